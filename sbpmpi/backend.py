@@ -1,0 +1,139 @@
+"""Array backends: NumPy for placement type ``"cpu"``, CuPy for ``"cuda"``.
+
+This is the only module that knows which array library holds a shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "get_xp",
+    "cupy_available",
+    "cuda_device_count",
+    "bind_device",
+    "device_type_of",
+    "is_device_array",
+    "asnumpy",
+    "from_dlpack",
+    "to_device",
+    "synchronize",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy() -> ModuleType | None:
+    try:
+        cp = importlib.import_module("cupy")
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return None
+        return cp
+    except Exception:
+        return None
+
+
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one GPU."""
+    return _cupy() is not None
+
+
+def cuda_device_count() -> int:
+    """Number of GPUs this process sees (0 without CuPy)."""
+    cp = _cupy()
+    return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
+
+
+_bound: int | None = None
+
+
+def bind_device() -> int:
+    """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
+    global _bound
+    if _bound is None:
+        cp = _cupy()
+        if cp is None:
+            raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
+        from .env import get_local_rank
+
+        _bound = get_local_rank() % cp.cuda.runtime.getDeviceCount()
+        cp.cuda.Device(_bound).use()
+    return _bound
+
+
+def get_xp(device_type: str) -> ModuleType:
+    """Return the array module for ``device_type`` (``numpy`` or ``cupy``)."""
+    if device_type == "cpu":
+        return np
+    if device_type == "cuda":
+        cp = _cupy()
+        if cp is None:
+            raise RuntimeError(
+                "placement type 'cuda' needs CuPy and a GPU: install sbpmpi[cuda12] or "
+                "sbpmpi[cuda13] and run on a GPU node, or use placement type 'cpu'"
+            )
+        bind_device()
+        return cp
+    raise ValueError(f"device type {device_type!r} is not one of ('cpu', 'cuda')")
+
+
+def is_device_array(a: Any) -> bool:
+    """True for arrays in GPU memory (exposing ``__cuda_array_interface__``)."""
+    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+
+
+def device_type_of(a: Any) -> str:
+    """``"cuda"`` for GPU arrays, ``"cpu"`` otherwise."""
+    return "cuda" if is_device_array(a) else "cpu"
+
+
+def asnumpy(a: Any) -> np.ndarray:
+    """Return ``a`` as a NumPy array (a device-to-host copy for GPU arrays)."""
+    if isinstance(a, np.ndarray):
+        return a
+    cp = _cupy()
+    if cp is not None and isinstance(a, cp.ndarray):
+        return cp.asnumpy(a)
+    return np.asarray(a)
+
+
+def from_dlpack(a: Any) -> Any:
+    """Return ``a`` as a NumPy or CuPy array without copying where DLPack allows."""
+    if isinstance(a, np.ndarray):
+        return a
+    cp = _cupy()
+    if cp is not None and isinstance(a, cp.ndarray):
+        return a
+    if hasattr(a, "__dlpack_device__"):
+        dev_type, _ = a.__dlpack_device__()
+        if int(dev_type) in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            if cp is None:
+                raise RuntimeError("got a CUDA DLPack array, but CuPy is not available")
+            return cp.from_dlpack(a)
+        return np.from_dlpack(a)
+    if hasattr(a, "__cuda_array_interface__"):
+        if cp is None:
+            raise RuntimeError("got a CUDA array, but CuPy is not available")
+        return cp.asarray(a)
+    return np.asarray(a)
+
+
+def to_device(a: Any, device_type: str) -> Any:
+    """Return ``a`` on ``device_type`` (copying across host and device when needed)."""
+    xp = get_xp(device_type)
+    if device_type == "cpu":
+        return asnumpy(a)
+    return xp.asarray(a)
+
+
+def synchronize(a: Any = None) -> None:
+    """Wait for pending GPU work on the current stream (no-op for host arrays)."""
+    if a is not None and not is_device_array(a):
+        return
+    cp = _cupy()
+    if cp is not None:
+        cp.cuda.get_current_stream().synchronize()

@@ -1,0 +1,294 @@
+"""Creating global tensors: from a generator, from a global value, or from local shards.
+
+Creation computes each rank's shard from global indices: no rank builds the whole
+tensor and nothing is communicated, except in ``to_global`` from local shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import numpy as np
+
+from . import backend, comm
+from . import random as _random
+from .env import get_rank, get_world_size
+from .identity import identity_value
+from .layout import Layout
+from .placement import Placement
+from .sbp import SBP, Broadcast, Split
+from .tensor import GlobalTensor
+
+__all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global",
+           "empty_like_layout"]
+
+_DEFAULT_FLOAT = np.float32
+
+
+def _shape_arg(shape: tuple[Any, ...], name: str = "shape") -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = tuple(shape[0])
+    out = []
+    for n in shape:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"{name} entries must be ints, got {type(n).__name__} {n!r}")
+        if n < 0:
+            raise ValueError(f"{name} {tuple(shape)} has a negative size {n}")
+        out.append(int(n))
+    return tuple(out)
+
+
+def _dtype_arg(dtype: Any, default: Any) -> np.dtype:
+    if dtype is None:
+        return np.dtype(default)
+    try:
+        return np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype") from e
+
+
+def _layout(shape: tuple[int, ...], placement: Any, sbp: Any) -> Layout:
+    if placement is None:
+        raise TypeError("placement= is required, e.g. sm.placement('cpu', ranks=[0, 1])")
+    if not isinstance(placement, Placement):
+        raise TypeError(f"placement must be an sm.placement, got {type(placement).__name__}")
+    if sbp is None:
+        raise TypeError("sbp= is required, e.g. sm.sbp.split(0) or sm.sbp.broadcast")
+    return Layout.make(shape, placement, sbp)
+
+
+def empty_like_layout(layout: Layout, dtype: Any) -> Any:
+    """An uninitialised shard for this rank under ``layout``."""
+    me = get_rank()
+    xp = backend.get_xp(layout.placement.type) if me in layout.placement else np
+    return xp.empty(layout.local_shape(me), dtype=dtype)
+
+
+def _build(layout: Layout, dtype: np.dtype,
+           fill: Callable[[Any, tuple[tuple[int, int], ...]], Any]) -> GlobalTensor:
+    """Shard of this rank from ``fill(xp, ranges)``; identity on non-holding partial ranks."""
+    me = get_rank()
+    ranges = layout.local_ranges(me)
+    if ranges is None:
+        return GlobalTensor(np.empty(layout.local_shape(me), dtype=dtype), layout, dtype)
+    xp = backend.get_xp(layout.placement.type)
+    shape = tuple(b - a for a, b in ranges)
+    op = layout.identity_op(me)
+    if op is not None:
+        return GlobalTensor(xp.full(shape, identity_value(op, dtype), dtype=dtype), layout, dtype)
+    local = xp.ascontiguousarray(xp.asarray(fill(xp, ranges)).astype(dtype, copy=False))
+    return GlobalTensor(local.reshape(shape), layout, dtype)
+
+
+def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+          dtype: Any = None) -> GlobalTensor:
+    """Standard normal values; depend only on the seed and the global index."""
+    shp = _shape_arg(shape)
+    layout = _layout(shp, placement, sbp)
+    dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
+    if dt.kind != "f":
+        raise TypeError(f"randn needs a floating dtype, got {dt}")
+    seed, call = _random.next_stream()
+    return _build(layout, dt, lambda xp, r: _random.normal(xp, shp, r, seed, call))
+
+
+def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+         dtype: Any = None) -> GlobalTensor:
+    """Uniform values in [0, 1); depend only on the seed and the global index."""
+    shp = _shape_arg(shape)
+    layout = _layout(shp, placement, sbp)
+    dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
+    if dt.kind != "f":
+        raise TypeError(f"rand needs a floating dtype, got {dt}")
+    seed, call = _random.next_stream()
+    return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call))
+
+
+def full(shape: Any, value: Any, *, placement: Placement | None = None,
+         sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+    """A tensor filled with ``value``."""
+    shp = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+    layout = _layout(shp, placement, sbp)
+    if dtype is None:
+        dtype = (np.bool_ if isinstance(value, (bool, np.bool_)) else
+                 np.int64 if isinstance(value, (int, np.integer)) else
+                 np.complex64 if isinstance(value, complex) else
+                 np.asarray(value).dtype if isinstance(value, np.generic) else _DEFAULT_FLOAT)
+    dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
+    return _build(layout, dt, lambda xp, r: xp.full(tuple(b - a for a, b in r), value, dtype=dt))
+
+
+def zeros(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+          dtype: Any = None) -> GlobalTensor:
+    """A tensor of zeros."""
+    return full(_shape_arg(shape), 0, placement=placement, sbp=sbp,
+                dtype=_dtype_arg(dtype, _DEFAULT_FLOAT))
+
+
+def ones(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+         dtype: Any = None) -> GlobalTensor:
+    """A tensor of ones."""
+    return full(_shape_arg(shape), 1, placement=placement, sbp=sbp,
+                dtype=_dtype_arg(dtype, _DEFAULT_FLOAT))
+
+
+def arange(start: Any, stop: Any = None, step: Any = 1, *, placement: Placement | None = None,
+           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+    """``start, start + step, ...`` below ``stop`` (``arange(n)`` is ``0 .. n-1``)."""
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange step must not be zero")
+    n = max(0, int(np.ceil((stop - start) / step)))
+    if dtype is None:
+        ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+        dtype = np.int64 if ints else _DEFAULT_FLOAT
+    dt = _dtype_arg(dtype, np.int64)
+    layout = _layout((n,), placement, sbp)
+    return _build(layout, dt, lambda xp, r: start + step * xp.arange(r[0][0], r[0][1]))
+
+
+def tensor(data: Any, *, placement: Placement | None = None,
+           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+    """A global tensor whose value is ``data`` (identical on every rank; no communication).
+
+    Each rank keeps its slice; a partial SBP keeps the value on the first rank of each
+    partial mesh axis and the reduction's identity elsewhere, so the value is exact.
+    """
+    if isinstance(data, GlobalTensor):
+        raise TypeError("sm.tensor takes the whole global value; to convert a GlobalTensor "
+                        "use x.to_global(placement=..., sbp=...)")
+    value = backend.asnumpy(backend.from_dlpack(data)) if not isinstance(data, (list, tuple)) \
+        else np.asarray(data)
+    value = np.asarray(value)
+    dt = _dtype_arg(dtype, value.dtype)
+    layout = _layout(value.shape, placement, sbp)
+    return _build(layout, dt, lambda xp, r: xp.asarray(value[tuple(slice(a, b) for a, b in r)]))
+
+
+# -- local shards -> global tensor ------------------------------------------------------------
+
+def _infer_global_shape(layout_pl: Placement, nd_sbp: tuple[SBP, ...],
+                        shapes: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """Global shape from the shard shapes: split dims add up along their mesh axes."""
+    first = shapes[layout_pl.rank_list[0]]
+    out = list(first)
+    for d in range(len(first)):
+        axes = [a for a, s in enumerate(nd_sbp) if isinstance(s, Split) and s.dim == d]
+        if not axes:
+            continue
+        total = 0
+        for r in layout_pl.rank_list:
+            c = layout_pl.coord_of(r)
+            assert c is not None
+            if all(c[a] == 0 for a in range(layout_pl.ndim) if a not in axes):
+                total += shapes[r][d]
+        out[d] = total
+    return tuple(out)
+
+
+def to_global(local: Any, *, placement: Placement | None = None,
+              sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """Make a global tensor from this rank's shard ``local`` (collective over the world).
+
+    ``split(d)``: the global tensor is the shards concatenated along ``d`` (uneven
+    shards are rebalanced). ``broadcast``: the first rank's shard along each broadcast
+    mesh axis is sent to the others. ``partial_*``: the shards' reduction, no transfer.
+    Shapes and dtypes are exchanged and checked, so a mismatch raises the same error on
+    every rank. A GlobalTensor is converted with ``x.to_global``. Any DLPack array works.
+    """
+    if isinstance(local, GlobalTensor):
+        return local.to_global(placement=placement, sbp=sbp)
+    if placement is None or not isinstance(placement, Placement):
+        raise TypeError("placement= must be an sm.placement, e.g. sm.placement('cpu', [0, 1]); "
+                        f"got {placement!r}")
+    if sbp is None:
+        raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
+    me = get_rank()
+    member = me in placement
+    arr = None
+    meta: tuple | None = None
+    if member:
+        try:
+            if local is None:
+                raise TypeError(f"rank {me} is in the placement but passed no local array")
+            arr = backend.from_dlpack(local)
+            if backend.device_type_of(arr) != placement.type:
+                arr = backend.to_device(arr, placement.type)
+            meta = (tuple(int(n) for n in arr.shape), np.dtype(arr.dtype).str)
+        except Exception as e:  # reported on every rank after the exchange
+            meta = ("error", f"{type(e).__name__}: {e}")
+    # one small collective: every rank learns every shard's shape and dtype
+    metas = comm.all_gather_object(meta)
+    errs = [(r, m[1]) for r, m in enumerate(metas) if m is not None and m[0] == "error"]
+    if errs:
+        raise TypeError(f"to_global: rank {errs[0][0]} could not use its local array: {errs[0][1]}")
+    shapes = {r: metas[r][0] for r in placement.rank_list}
+    dtypes = {r: metas[r][1] for r in placement.rank_list}
+    r0 = placement.rank_list[0]
+    bad_dt = [r for r in placement.rank_list if dtypes[r] != dtypes[r0]]
+    if bad_dt:
+        raise TypeError(
+            f"to_global: local arrays must share one dtype, but rank {r0} has "
+            f"{np.dtype(dtypes[r0])} and rank {bad_dt[0]} has {np.dtype(dtypes[bad_dt[0]])}")
+    ndims = {len(s) for s in shapes.values()}
+    if len(ndims) != 1:
+        raise ValueError(f"to_global: local arrays must have the same number of dims, got shapes "
+                         f"{[shapes[r] for r in placement.rank_list]} on ranks "
+                         f"{list(placement.rank_list)}")
+    ndim = ndims.pop()
+    from .sbp import normalize_nd_sbp
+    nd_sbp = normalize_nd_sbp(sbp, placement.ndim, ndim)
+    dtype = np.dtype(dtypes[r0])
+    split_dims = {s.dim for s in nd_sbp if isinstance(s, Split)}
+    for r in placement.rank_list:
+        for d in range(ndim):
+            if d not in split_dims and shapes[r][d] != shapes[r0][d]:
+                raise ValueError(
+                    f"to_global: shards cannot form one global tensor: rank {r} has shape "
+                    f"{shapes[r]} but rank {r0} has {shapes[r0]} (dim {d} is not split, so "
+                    f"it must be equal on every rank)")
+    gshape = _infer_global_shape(placement, nd_sbp, shapes)
+    layout = Layout(gshape, placement, nd_sbp)
+    balanced = all(layout.local_shape(r) == shapes[r] for r in placement.rank_list)
+    if not balanced:
+        if placement.ndim != 1:
+            raise ValueError(
+                f"to_global: shard shapes {[shapes[r] for r in placement.rank_list]} do not "
+                f"form a balanced {tuple(nd_sbp)} layout of {gshape} on mesh "
+                f"{placement.hierarchy}; on an N-d mesh shards must be balanced")
+        return _rebalance(arr, layout, shapes, dtype)
+    if not member:
+        return GlobalTensor(np.empty(layout.local_shape(me), dtype=dtype), layout, dtype)
+    assert arr is not None
+    groups = comm.mesh_groups(placement)
+    for axis, s in enumerate(nd_sbp):
+        if isinstance(s, Broadcast):
+            g = groups[axis]
+            assert g is not None
+            if me != g.ranks[0] and arr is local:
+                arr = arr.copy()  # the caller's array stays unchanged
+            backend.synchronize(arr)
+            comm.broadcast(arr, src=g.ranks[0], group=g)
+    return GlobalTensor(arr, layout, dtype)
+
+
+def _rebalance(arr: Any, layout: Layout, shapes: dict[int, tuple[int, ...]],
+               dtype: np.dtype) -> GlobalTensor:
+    """Uneven 1-D split shards: concatenate in placement order, then cut balanced."""
+    from .boxing.reference import slice_for
+
+    pl = layout.placement
+    counts = [int(np.prod(shapes[r])) if r in pl else 0 for r in range(get_world_size())]
+    me = get_rank()
+    flat_local = (np.ascontiguousarray(backend.asnumpy(arr)).reshape(-1) if arr is not None
+                  else np.empty(0, dtype=dtype))
+    flat = np.empty(sum(counts), dtype=dtype)
+    comm.all_gather_v(flat, flat_local, counts)
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    d = next(s.dim for s in layout.sbp if isinstance(s, Split))
+    parts = [flat[offs[r]:offs[r + 1]].reshape(shapes[r]) for r in pl.rank_list]
+    value = np.concatenate(parts, axis=d)
+    xp = backend.get_xp(pl.type) if me in pl else np
+    return GlobalTensor(slice_for(xp, xp.asarray(value), layout, me), layout, dtype)

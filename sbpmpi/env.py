@@ -1,0 +1,65 @@
+"""The process environment: world rank and size, local rank, launcher variables.
+
+A script run without ``mpiexec`` is a world of size 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from mpi4py import MPI
+
+__all__ = [
+    "get_rank",
+    "get_world_size",
+    "get_local_rank",
+    "get_local_world_size",
+    "world_comm",
+    "set_launcher_env",
+]
+
+
+def world_comm() -> MPI.Intracomm:
+    """Return the world communicator (``MPI.COMM_WORLD``)."""
+    return MPI.COMM_WORLD
+
+
+def get_rank() -> int:
+    """Return this process's rank in the world."""
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def get_world_size() -> int:
+    """Return the number of processes in the world."""
+    return MPI.COMM_WORLD.Get_size()
+
+
+@functools.lru_cache(maxsize=None)
+def _node_comm() -> MPI.Intracomm:
+    return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
+
+
+def get_local_rank() -> int:
+    """Return this process's index among the processes on its machine (MPI shared-memory split)."""
+    return _node_comm().Get_rank()
+
+
+def get_local_world_size() -> int:
+    """Return the number of processes on this machine."""
+    return _node_comm().Get_size()
+
+
+def set_launcher_env() -> dict[str, str]:
+    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from MPI.
+
+    Returns the variables set, for code (PyTorch, OneFlow) that reads them.
+    """
+    values = {
+        "RANK": str(get_rank()),
+        "WORLD_SIZE": str(get_world_size()),
+        "LOCAL_RANK": str(get_local_rank()),
+        "LOCAL_WORLD_SIZE": str(get_local_world_size()),
+    }
+    os.environ.update(values)
+    return values

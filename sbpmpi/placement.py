@@ -1,0 +1,164 @@
+"""Placement: the device type and the N-d mesh of ranks that hold a global tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Placement", "placement", "DEVICE_TYPES"]
+
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+class Placement:
+    """Device type plus an N-d mesh of world ranks.
+
+    Parameters
+    ----------
+    type : {"cpu", "cuda"}
+        Backend of the shards: NumPy on ``"cpu"``, CuPy on ``"cuda"``.
+    ranks : int, sequence or ndarray
+        World ranks; a nested sequence gives an N-d mesh (``[[0, 1], [2, 3]]`` is 2x2).
+        The order is kept: the first block of a split goes to ``ranks.flat[0]``.
+    world_size : int, optional
+        Bound for the ranks; the current world size by default.
+    """
+
+    __slots__ = ("_type", "_ranks", "_key", "_index")
+
+    def __init__(self, type: str, ranks: Any, *, world_size: int | None = None) -> None:
+        if not isinstance(type, str) or type not in DEVICE_TYPES:
+            raise ValueError(
+                f"placement type {type!r} is not supported; expected one of {DEVICE_TYPES}"
+            )
+        try:
+            arr = np.array(ranks, dtype=object)
+        except ValueError as e:  # ragged nesting
+            raise ValueError(f"placement ranks {ranks!r} do not form a rectangular mesh") from e
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if arr.size == 0:
+            raise ValueError("placement ranks must name at least one rank, got an empty list")
+        for r in arr.flat:
+            if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)):
+                raise TypeError(
+                    f"placement ranks must be integers, got {type_name(r)} {r!r} in {ranks!r}"
+                )
+        arr = arr.astype(np.int64)
+        if world_size is None:
+            from .env import get_world_size
+
+            world_size = get_world_size()
+        bad = [int(r) for r in arr.flat if not 0 <= r < world_size]
+        if bad:
+            raise ValueError(
+                f"placement ranks {bad} are out of range for a world of {world_size} "
+                f"process{'es' if world_size != 1 else ''} (valid ranks are 0..{world_size - 1})"
+            )
+        uniq, counts = np.unique(arr, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"placement ranks must be distinct, but {uniq[counts > 1].tolist()} "
+                f"appear more than once in {arr.tolist()}"
+            )
+        arr.setflags(write=False)
+        self._type = type
+        self._ranks = arr
+        self._key = (type, arr.shape, tuple(int(r) for r in arr.flat))
+        self._index = {int(r): i for i, r in enumerate(arr.flat)}
+
+    @classmethod
+    def all(cls, type: str) -> Placement:
+        """Return the 1-D placement over every rank of the world."""
+        from .env import get_world_size
+
+        return cls(type, list(range(get_world_size())))
+
+    @property
+    def type(self) -> str:
+        """Device type, ``"cpu"`` or ``"cuda"``."""
+        return self._type
+
+    device_type = type
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """The mesh of world ranks (read-only ndarray)."""
+        return self._ranks
+
+    @property
+    def hierarchy(self) -> tuple[int, ...]:
+        """Shape of the mesh."""
+        return tuple(self._ranks.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of mesh axes."""
+        return self._ranks.ndim
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the placement."""
+        return self._ranks.size
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        """The ranks in mesh (row-major) order."""
+        return self._key[2]
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._index
+
+    def index_of(self, rank: int) -> int | None:
+        """Row-major position of ``rank`` in the mesh, or None if it is not in the placement."""
+        return self._index.get(rank)
+
+    def coord_of(self, rank: int) -> tuple[int, ...] | None:
+        """Mesh coordinate of ``rank``, or None if it is not in the placement."""
+        i = self._index.get(rank)
+        if i is None:
+            return None
+        return tuple(int(c) for c in np.unravel_index(i, self.hierarchy))
+
+    def rank_at(self, coord: Sequence[int]) -> int:
+        """World rank at mesh coordinate ``coord``."""
+        return int(self._ranks[tuple(coord)])
+
+    def axis_group(self, rank: int, axis: int) -> tuple[int, ...]:
+        """Ranks that share every mesh coordinate with ``rank`` except along ``axis``."""
+        c = self.coord_of(rank)
+        if c is None:
+            raise ValueError(f"rank {rank} is not in {self!r}")
+        idx = list(c)
+        idx[axis] = slice(None)  # type: ignore[call-overload]
+        return tuple(int(r) for r in self._ranks[tuple(idx)])
+
+    def axis_groups(self, axis: int) -> tuple[tuple[int, ...], ...]:
+        """All groups of ranks along mesh ``axis`` (each a row/column of the mesh)."""
+        moved = np.moveaxis(self._ranks, axis, -1).reshape(-1, self.hierarchy[axis])
+        return tuple(tuple(int(r) for r in row) for row in moved)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Placement) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"placement(type={self._type!r}, ranks={self._ranks.tolist()})"
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self._type, self._ranks.tolist()))
+
+
+def _rebuild(type: str, ranks: list) -> Placement:
+    return Placement(type, ranks, world_size=1 + max(np.array(ranks).flat))
+
+
+def type_name(x: object) -> str:
+    return type(x).__name__
+
+
+placement = Placement

@@ -1,0 +1,186 @@
+"""GlobalTensor: one rank's shard plus the layout that places it in the global tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import backend
+from .env import get_rank
+from .layout import Layout
+from .placement import Placement
+from .sbp import SBP, NdSbp
+
+__all__ = ["GlobalTensor"]
+
+
+class GlobalTensor:
+    """A tensor whose value is spread over the ranks of a placement as described by its SBP.
+
+    Build one with the creation functions (``sm.randn``, ``sm.tensor``, ...) or
+    ``sm.to_global``; never from the constructor.
+    """
+
+    __slots__ = ("_local", "_layout", "_dtype", "__weakref__")
+    __array_priority__ = 1000  # NumPy defers binary operators to us
+
+    def __init__(self, local: Any, layout: Layout, dtype: np.dtype) -> None:
+        self._local = local
+        self._layout = layout
+        self._dtype = np.dtype(dtype)
+
+    # -- metadata ---------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Global shape."""
+        return self._layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def placement(self) -> Placement:
+        return self._layout.placement
+
+    @property
+    def sbp(self) -> NdSbp:
+        """One SBP per mesh axis."""
+        return self._layout.sbp
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def ndim(self) -> int:
+        return len(self._layout.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._layout.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def is_global(self) -> bool:
+        return True
+
+    @property
+    def is_local_member(self) -> bool:
+        """True when this rank is in the placement."""
+        return get_rank() in self._layout.placement
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d global tensor")
+        return self.shape[0]
+
+    # -- data -------------------------------------------------------------------
+    def to_local(self) -> Any:
+        """This rank's shard itself (no copy); an empty array outside the placement."""
+        return self._local
+
+    def numpy(self) -> np.ndarray:
+        """The whole global value as a NumPy array, on every rank (collective)."""
+        from .boxing import gather_global
+
+        return gather_global(self)
+
+    def to_global(
+        self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None
+    ) -> GlobalTensor:
+        """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
+        from .boxing import box
+
+        return box(self, placement=placement, sbp=sbp)
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python scalar (collective)."""
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor of one element, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        sbp = ", ".join(repr(s) for s in self.sbp)
+        return (
+            f"GlobalTensor(shape={self.shape}, dtype={self._dtype}, "
+            f"placement={self.placement!r}, sbp=({sbp}{',' if len(self.sbp) == 1 else ''}))"
+        )
+
+    # -- operators: computed by sbpmpi.ops -----------------------------------------
+    def _op(self, name: str, *args: Any, **kw: Any) -> Any:
+        from . import ops
+
+        return getattr(ops, name)(*args, **kw)
+
+    def __add__(self, o: Any) -> Any: return self._op("add", self, o)
+    def __radd__(self, o: Any) -> Any: return self._op("add", o, self)
+    def __sub__(self, o: Any) -> Any: return self._op("sub", self, o)
+    def __rsub__(self, o: Any) -> Any: return self._op("sub", o, self)
+    def __mul__(self, o: Any) -> Any: return self._op("mul", self, o)
+    def __rmul__(self, o: Any) -> Any: return self._op("mul", o, self)
+    def __truediv__(self, o: Any) -> Any: return self._op("div", self, o)
+    def __rtruediv__(self, o: Any) -> Any: return self._op("div", o, self)
+    def __pow__(self, o: Any) -> Any: return self._op("pow", self, o)
+    def __rpow__(self, o: Any) -> Any: return self._op("pow", o, self)
+    def __matmul__(self, o: Any) -> Any: return self._op("matmul", self, o)
+    def __rmatmul__(self, o: Any) -> Any: return self._op("matmul", o, self)
+    def __neg__(self) -> Any: return self._op("neg", self)
+    def __abs__(self) -> Any: return self._op("abs", self)
+    def __lt__(self, o: Any) -> Any: return self._op("lt", self, o)
+    def __le__(self, o: Any) -> Any: return self._op("le", self, o)
+    def __gt__(self, o: Any) -> Any: return self._op("gt", self, o)
+    def __ge__(self, o: Any) -> Any: return self._op("ge", self, o)
+    def __eq__(self, o: Any) -> Any: return self._op("eq", self, o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> Any: return self._op("ne", self, o)  # type: ignore[override]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getitem__(self, key: Any) -> Any: return self._op("getitem", self, key)
+
+    @property
+    def T(self) -> Any:
+        return self._op("transpose", self)
+
+    def transpose(self, *axes: Any) -> Any: return self._op("transpose", self, *axes)
+    def reshape(self, *shape: Any) -> Any: return self._op("reshape", self, *shape)
+    def astype(self, dtype: Any) -> Any: return self._op("astype", self, dtype)
+    def sum(self, dim: Any = None, keepdim: bool = False) -> Any:
+        return self._op("sum", self, dim, keepdim=keepdim)
+    def mean(self, dim: Any = None, keepdim: bool = False) -> Any:
+        return self._op("mean", self, dim, keepdim=keepdim)
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        return self._op("max", self, dim, keepdim=keepdim)
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        return self._op("min", self, dim, keepdim=keepdim)
+    def matmul(self, o: Any) -> Any: return self._op("matmul", self, o)
+    def exp(self) -> Any: return self._op("exp", self)
+    def log(self) -> Any: return self._op("log", self)
+    def sqrt(self) -> Any: return self._op("sqrt", self)
+    def tanh(self) -> Any: return self._op("tanh", self)
+    def relu(self) -> Any: return self._op("relu", self)
+    def sigmoid(self) -> Any: return self._op("sigmoid", self)
+    def softmax(self, dim: int = -1) -> Any: return self._op("softmax", self, dim)
+    def log_softmax(self, dim: int = -1) -> Any: return self._op("log_softmax", self, dim)
+
+
+def local_for(layout: Layout) -> tuple[slice, ...] | None:
+    """The global slice this rank holds under ``layout`` (None outside the placement)."""
+    return layout.local_slice(get_rank())
+
+
+def check_device_type(local: Any, placement: Placement) -> None:
+    """Raise if ``local`` lives on another device type than ``placement``."""
+    got = backend.device_type_of(local)
+    if got != placement.type:
+        raise TypeError(
+            f"local array is a {got} array but the placement type is {placement.type!r}"
+        )

@@ -1,0 +1,38 @@
+"""Shared fixtures: world info, device types (cuda skips without a GPU), reference helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sbpmpi import backend
+
+DEVICE_TYPES = ["cpu", "cuda"]
+
+
+@pytest.fixture(params=DEVICE_TYPES)
+def device_type(request: pytest.FixtureRequest) -> str:
+    """'cpu' always; 'cuda' only where CuPy sees a GPU."""
+    if request.param == "cuda" and not backend.cupy_available():
+        pytest.skip("no CuPy / no GPU")
+    return request.param
+
+
+@pytest.fixture
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def assert_same_on_all_ranks(value: object) -> None:
+    """Fail unless every rank passes an equal ``value``."""
+    from mpi4py import MPI
+
+    vals = MPI.COMM_WORLD.allgather(value)
+    assert all(v == vals[0] for v in vals), vals
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)

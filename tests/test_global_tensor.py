@@ -1,0 +1,213 @@
+"""Global tensors under MPI: scenarios S1-S5 and S10, creation, to_global/to_local.
+
+Each test builds the expected global value with NumPy and compares.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi import backend
+from sbpmpi.layout import Layout
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def placements(device_type):
+    """1-D over all ranks, 1-D reversed, a strict subset, and a 2x2 mesh when size == 4."""
+    out = [sm.placement(device_type, list(range(size)))]
+    if size > 1:
+        out.append(sm.placement(device_type, list(range(size))[::-1]))
+        out.append(sm.placement(device_type, list(range(1, size))))
+    if size == 4:
+        out.append(sm.placement(device_type, [[0, 1], [2, 3]]))
+        out.append(sm.placement(device_type, [[3, 1], [2, 0]]))
+    return out
+
+
+def all_sbps(pl, ndim):
+    one = [sm.sbp.broadcast, sm.sbp.partial_sum, sm.sbp.partial_max, sm.sbp.partial_min]
+    one += [sm.sbp.split(d) for d in range(ndim)]
+    return list(itertools.product(one, repeat=pl.ndim))
+
+
+def host(a):
+    return backend.asnumpy(a)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_s1_create_split0(device_type):
+    pl = sm.placement(device_type, ranks=[0, 1])
+    sm.manual_seed(0)
+    x = sm.randn(4, 5, placement=pl, sbp=sm.sbp.split(0))
+    assert x.shape == (4, 5)
+    full = x.numpy()
+    assert full.shape == (4, 5)
+    sm.manual_seed(0)
+    ref = sm.randn(4, 5, placement=sm.placement("cpu", [0]), sbp=sm.sbp.broadcast).numpy()
+    np.testing.assert_array_equal(full, ref)
+    if rank in (0, 1):
+        assert x.to_local().shape == (2, 5)
+        np.testing.assert_array_equal(host(x.to_local()), ref[2 * rank:2 * rank + 2])
+    else:
+        assert x.to_local().size == 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_random_values_do_not_depend_on_layout(device_type):
+    shape = (5, 7)
+    sm.manual_seed(42)
+    ref = sm.randn(*shape, placement=sm.placement("cpu", [0]), sbp=sm.sbp.broadcast).numpy()
+    for pl in placements(device_type):
+        for nd in all_sbps(pl, 2):
+            sm.manual_seed(42)
+            x = sm.randn(*shape, placement=pl, sbp=nd)
+            np.testing.assert_array_equal(x.numpy(), ref, err_msg=f"{pl} {nd}")
+    # successive calls differ; statistics look like a standard normal
+    sm.manual_seed(1)
+    a = sm.randn(200, 50, placement=placements(device_type)[0], sbp=sm.sbp.split(1)).numpy()
+    b = sm.randn(200, 50, placement=placements(device_type)[0], sbp=sm.sbp.split(1)).numpy()
+    assert not np.array_equal(a, b)
+    assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05
+    u = sm.rand(10000, placement=placements(device_type)[0], sbp=sm.sbp.split(0)).numpy()
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape", [(4, 5), (3, 7), (2, 1), (0, 3), (5,), ()])
+def test_tensor_every_sbp_every_placement(device_type, shape):
+    rng = np.random.default_rng(7)
+    value = (rng.standard_normal(shape) * 10).astype(np.float64)
+    ivalue = rng.integers(-50, 50, size=shape).astype(np.int32)
+    for pl in placements(device_type):
+        for nd in all_sbps(pl, len(shape)):
+            for v in (value, ivalue):
+                x = sm.tensor(v, placement=pl, sbp=nd)
+                assert x.shape == v.shape and x.dtype == v.dtype and x.sbp == Layout.make(
+                    shape, pl, nd).sbp
+                np.testing.assert_array_equal(x.numpy(), v, err_msg=f"{pl} {nd}")
+                lay = x.layout
+                if rank in pl:
+                    assert tuple(x.to_local().shape) == lay.local_shape(rank)
+                    if not any(isinstance(s, sm.sbp.Partial) for s in lay.sbp):
+                        np.testing.assert_array_equal(host(x.to_local()), v[lay.local_slice(rank)])
+                else:
+                    assert x.to_local().size == 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_fill_creators(device_type):
+    pl = placements(device_type)[-1]
+    for nd in all_sbps(pl, 2):
+        np.testing.assert_array_equal(sm.zeros(3, 5, placement=pl, sbp=nd).numpy(), np.zeros((3, 5)))
+        np.testing.assert_array_equal(sm.ones((3, 5), placement=pl, sbp=nd).numpy(), np.ones((3, 5)))
+        f = sm.full((2, 3), 7, placement=pl, sbp=nd)
+        assert f.dtype == np.int64
+        np.testing.assert_array_equal(f.numpy(), np.full((2, 3), 7))
+    for nd in all_sbps(pl, 1):
+        np.testing.assert_array_equal(sm.arange(11, placement=pl, sbp=nd).numpy(), np.arange(11))
+        np.testing.assert_allclose(sm.arange(1, 3, 0.25, placement=pl, sbp=nd).numpy(),
+                                   np.arange(1, 3, 0.25))
+    assert sm.zeros(2, placement=pl, sbp=sm.sbp.broadcast * 1 if False else [sm.sbp.broadcast] * pl.ndim,
+                    dtype=np.int16).dtype == np.int16
+
+
+@pytest.mark.mpi(min_size=2)
+def test_s2_local_to_global_split(device_type):
+    pl = sm.placement(device_type, ranks=[0, 1])
+    xp = backend.get_xp(device_type)
+    local = xp.asarray(np.arange(10, dtype=np.float32).reshape(2, 5) + 100 * rank)
+    before = host(local).copy()
+    x = sm.to_global(local if rank < 2 else None, placement=pl, sbp=sm.sbp.split(0))
+    assert x.shape == (4, 5)
+    ref = np.concatenate([np.arange(10, dtype=np.float32).reshape(2, 5) + 100 * r for r in (0, 1)])
+    np.testing.assert_array_equal(x.numpy(), ref)
+    np.testing.assert_array_equal(host(local), before)
+    if rank < 2:
+        assert x.to_local() is local  # S3: no copy
+
+
+@pytest.mark.mpi(min_size=1)
+def test_local_to_global_uneven_and_every_sbp():
+    pl = sm.placement("cpu", list(range(size)))
+    # uneven shards along dim 1: rank r has r + 1 columns
+    local = np.full((3, rank + 1), rank, dtype=np.int64)
+    x = sm.to_global(local, placement=pl, sbp=sm.sbp.split(1))
+    ref = np.concatenate([np.full((3, r + 1), r) for r in range(size)], axis=1)
+    np.testing.assert_array_equal(x.numpy(), ref)
+    assert x.to_local().shape == x.layout.local_shape(rank)
+    # broadcast: the first rank's value wins; local arrays are not modified
+    local = np.full((2, 2), float(rank))
+    x = sm.to_global(local, placement=pl, sbp=sm.sbp.broadcast)
+    np.testing.assert_array_equal(x.numpy(), np.zeros((2, 2)))
+    np.testing.assert_array_equal(x.to_local(), np.zeros((2, 2)))
+    np.testing.assert_array_equal(local, np.full((2, 2), float(rank)))
+    # partial: reductions of the shards
+    for op, f in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+        x = sm.to_global(np.array([rank, -rank, 3.0]), placement=pl, sbp=sm.sbp.Partial(op))
+        np.testing.assert_array_equal(
+            x.numpy(), f([np.array([r, -r, 3.0]) for r in range(size)], axis=0))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_s10_2d_sbp(device_type):
+    pl = sm.placement(device_type, ranks=[[0, 1], [2, 3]])
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    x = sm.tensor(value, placement=pl, sbp=(sm.sbp.broadcast, sm.sbp.split(0)))
+    if rank < 4:
+        expect = value[0:2] if rank in (0, 2) else value[2:4]
+        np.testing.assert_array_equal(host(x.to_local()), expect)
+    np.testing.assert_array_equal(x.numpy(), value)
+    # local -> global on the mesh: ranks 0, 2 pass rows 0-1, ranks 1, 3 rows 2-3;
+    # the broadcast axis takes the first rank of each column
+    local = value[0:2] if rank in (0, 2) else value[2:4]
+    local = backend.get_xp(device_type).asarray(local + (1000 if rank >= 2 else 0))
+    y = sm.to_global(local if rank < 4 else None, placement=pl,
+                     sbp=(sm.sbp.broadcast, sm.sbp.split(0)))
+    np.testing.assert_array_equal(y.numpy(), value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_s4_s5_global_to_global_reference(device_type):
+    rng = np.random.default_rng(3)
+    value = rng.integers(-9, 9, size=(5, 3)).astype(np.float64)
+    pls = placements(device_type)
+    for src_pl, dst_pl in itertools.product(pls[:3], pls[:3]):
+        for src in all_sbps(src_pl, 2):
+            x = sm.tensor(value, placement=src_pl, sbp=src)
+            for dst in all_sbps(dst_pl, 2):
+                y = x.to_global(placement=dst_pl, sbp=dst)
+                assert y.sbp == Layout.make(value.shape, dst_pl, dst).sbp
+                np.testing.assert_array_equal(y.numpy(), value, err_msg=f"{src}->{dst}")
+                if rank in dst_pl and all(isinstance(s, (sm.sbp.Split, sm.sbp.Broadcast)) for s in y.sbp):
+                    np.testing.assert_array_equal(host(y.to_local()), value[y.layout.local_slice(rank)])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_inputs_raise_same_error_everywhere():
+    with pytest.raises(ValueError, match="not supported"):
+        sm.placement("tpu", [0])
+    with pytest.raises(ValueError, match="out of range"):
+        sm.placement("cpu", [0, size])
+    with pytest.raises(ValueError, match="distinct"):
+        sm.placement("cpu", [0, 0])
+    pl = sm.placement("cpu", list(range(size)))
+    with pytest.raises(ValueError, match="split dim 2 is out of range for a tensor of 2 dims"):
+        sm.zeros(2, 3, placement=pl, sbp=sm.sbp.split(2))
+    with pytest.raises(ValueError, match="one SBP per mesh axis"):
+        sm.zeros(2, 3, placement=pl, sbp=(sm.sbp.split(0), sm.sbp.broadcast))
+    with pytest.raises(ValueError, match="cannot form one global tensor"):
+        sm.to_global(np.zeros((2, 3 + (rank == size - 1))), placement=pl, sbp=sm.sbp.split(0))
+        if size == 1:
+            raise ValueError("cannot form one global tensor (n=1 has nothing to mismatch)")
+    with pytest.raises(TypeError, match="dtype"):
+        sm.to_global(np.zeros(2, dtype=np.float32 if rank == size - 1 else np.float64),
+                     placement=pl, sbp=sm.sbp.split(0))
+        if size == 1:
+            raise TypeError("dtype (n=1 has nothing to mismatch)")
