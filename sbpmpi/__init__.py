@@ -4,6 +4,11 @@
 each global tensor.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from . import comm, env, sbp
 from ._version import __version__
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
@@ -12,7 +17,41 @@ from .placement import Placement, placement
 from .random import manual_seed
 from .tensor import GlobalTensor
 
+# Public names that live in larger modules, imported on first use.
+_LAZY: dict[str, str] = {
+    # ops
+    **{name: "sbpmpi.ops" for name in (
+        "matmul", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+        "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "tanh",
+        "relu", "sigmoid", "sum", "mean", "max", "min", "softmax", "log_softmax",
+        "transpose", "reshape", "astype", "cat", "where",
+    )},
+    "explain": "sbpmpi.explain",
+    "trace": "sbpmpi.trace",
+    "save": "sbpmpi.checkpoint",
+    "load": "sbpmpi.checkpoint",
+    "save_state": "sbpmpi.checkpoint",
+    "load_state": "sbpmpi.checkpoint",
+    "visualize": "sbpmpi.visualize",
+}
+_SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "checkpoint")
+
 __all__ = [
     "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed",
+    *_LAZY, *_SUBMODULES,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"sbpmpi.{name}")
+    raise AttributeError(f"module 'sbpmpi' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,7 +14,7 @@ from ..sbp import SBP
 from ..tensor import GlobalTensor
 from .reference import assemble, slice_for
 
-__all__ = ["box", "gather_global"]
+__all__ = ["box", "gather_global", "conversion_cost"]
 
 
 def gather_global(x: GlobalTensor) -> np.ndarray:
@@ -52,3 +52,37 @@ def box(x: GlobalTensor, placement: Placement | None = None,
     xp = np if get_rank() not in placement else backend.get_xp(placement.type)
     local = slice_for(xp, xp.asarray(value), dst, get_rank())
     return GlobalTensor(local, dst, x.dtype)
+
+
+def conversion_cost(src: Layout, dst: Layout, itemsize: int, device_type: str = "cpu") -> float:
+    """Modelled seconds to convert a tensor from ``src`` to ``dst`` (placeholder model).
+
+    Per-rank bytes for p ranks on one mesh axis: S->S (p-1)/p|T|/p, S->B (p-1)/p|T|,
+    P->S (p-1)/p|T|, P->B 2(p-1)/p|T|; B->S, S->P, B->P are local. The planned engine
+    replaces this with its cost table.
+    """
+    from ..sbp import Broadcast, Partial, Split
+
+    if src == dst:
+        return 0.0
+    nbytes = float(np.prod(src.shape, dtype=np.float64)) * itemsize
+    alpha, beta = 5e-6, 1e-10
+    if src.placement != dst.placement or len(src.sbp) != len(dst.sbp):
+        return alpha + beta * nbytes
+    t = 0.0
+    for axis, (a, b) in enumerate(zip(src.sbp, dst.sbp)):
+        p = src.placement.hierarchy[axis]
+        if a == b or p == 1:
+            continue
+        f = (p - 1) / p
+        if isinstance(a, Split) and isinstance(b, Split):
+            t += alpha + beta * f * nbytes / p
+        elif isinstance(a, Split) and isinstance(b, Broadcast):
+            t += alpha + beta * f * nbytes
+        elif isinstance(a, Partial) and isinstance(b, Split):
+            t += alpha + beta * f * nbytes
+        elif isinstance(a, Partial) and isinstance(b, Broadcast):
+            t += 2 * alpha + beta * 2 * f * nbytes
+        elif isinstance(a, Partial) and isinstance(b, Partial):
+            t += 3 * alpha + beta * 3 * f * nbytes
+    return t
