@@ -6,8 +6,8 @@ tensor and nothing is communicated, except in ``to_global`` from local shards.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

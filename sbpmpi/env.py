@@ -35,8 +35,8 @@ def get_world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
-@functools.lru_cache(maxsize=None)
-def _node_comm() -> MPI.Intracomm:
+@functools.cache
+def _node_comm() -> MPI.Comm:
     return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = [
     "SBP",
@@ -70,7 +69,7 @@ class Partial:
         return "P" if self.op == "sum" else f"P({self.op})"
 
 
-SBP = Union[Split, Broadcast, Partial]
+SBP = Split | Broadcast | Partial
 NdSbp = tuple[SBP, ...]
 
 broadcast = Broadcast()

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from . import backend
 from .env import get_rank
 from .layout import Layout
 from .placement import Placement
@@ -171,16 +170,3 @@ class GlobalTensor:
     def softmax(self, dim: int = -1) -> Any: return self._op("softmax", self, dim)
     def log_softmax(self, dim: int = -1) -> Any: return self._op("log_softmax", self, dim)
 
-
-def local_for(layout: Layout) -> tuple[slice, ...] | None:
-    """The global slice this rank holds under ``layout`` (None outside the placement)."""
-    return layout.local_slice(get_rank())
-
-
-def check_device_type(local: Any, placement: Placement) -> None:
-    """Raise if ``local`` lives on another device type than ``placement``."""
-    got = backend.device_type_of(local)
-    if got != placement.type:
-        raise TypeError(
-            f"local array is a {got} array but the placement type is {placement.type!r}"
-        )

@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
-from mpi4py import MPI
-
 import pytest
+from mpi4py import MPI
 
 rank = MPI.COMM_WORLD.Get_rank()
 size = MPI.COMM_WORLD.Get_size()
