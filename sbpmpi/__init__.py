@@ -16,6 +16,7 @@ from .layout import Layout
 from .placement import Placement, placement
 from .random import manual_seed
 from .tensor import GlobalTensor
+from .trace import trace  # after comm, whose import of sbpmpi.trace binds the module name
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
@@ -27,7 +28,6 @@ _LAZY: dict[str, str] = {
         "transpose", "reshape", "astype", "cat", "where",
     )},
     "explain": "sbpmpi.explain",
-    "trace": "sbpmpi.trace",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",
     "save_state": "sbpmpi.checkpoint",
@@ -38,7 +38,7 @@ _SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "check
 
 __all__ = [
     "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
-    "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed",
+    "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace",
     *_LAZY, *_SUBMODULES,
 ]
 

@@ -5,6 +5,7 @@ This is the only module that knows which array library holds a shard.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 from types import ModuleType
@@ -23,10 +24,21 @@ __all__ = [
     "from_dlpack",
     "to_device",
     "synchronize",
+    "is_cupy_array",
+    "device_array_meta",
+    "device_pointer",
+    "register_host_backed",
+    "sync_for_transfer",
+    "ascontiguous_device",
+    "copy_device_to_host",
+    "copy_host_to_device",
+    "empty_pinned",
+    "cupy_allocator_name",
+    "current_device",
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cupy() -> ModuleType | None:
     try:
         cp = importlib.import_module("cupy")
@@ -79,6 +91,11 @@ def get_xp(device_type: str) -> ModuleType:
         bind_device()
         return cp
     raise ValueError(f"device type {device_type!r} is not one of ('cpu', 'cuda')")
+
+
+def current_device() -> int | None:
+    """The GPU this process bound with :func:`bind_device`, or None."""
+    return _bound
 
 
 def is_device_array(a: Any) -> bool:
@@ -137,3 +154,132 @@ def synchronize(a: Any = None) -> None:
     cp = _cupy()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()
+
+
+# ---------------------------------------------------------------------------
+# Device buffers for communication (used by sbpmpi.comm to hand GPU data to MPI)
+# ---------------------------------------------------------------------------
+
+# Array types whose ``__cuda_array_interface__`` points at host memory (test stand-ins):
+# copies to and from them go through ctypes.memmove instead of the CUDA runtime.
+_HOST_BACKED: set[type] = set()
+
+
+def register_host_backed(cls: type) -> type:
+    """Mark ``cls`` as a CUDA-array stand-in over host memory (usable as a class decorator)."""
+    _HOST_BACKED.add(cls)
+    return cls
+
+
+def is_cupy_array(a: Any) -> bool:
+    """True for CuPy arrays (False without CuPy)."""
+    cp = _cupy()
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def device_array_meta(a: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """(dtype, shape, C-contiguous) of a GPU array, from CuPy or ``__cuda_array_interface__``."""
+    if is_cupy_array(a):
+        return a.dtype, tuple(a.shape), bool(a.flags.c_contiguous)
+    cai = a.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    contiguous = strides is None or _c_contiguous(shape, tuple(strides), dtype.itemsize)
+    if cai.get("mask") is not None:
+        raise TypeError(f"masked CUDA arrays are not supported, got {type(a).__name__}")
+    return dtype, shape, contiguous
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    expected = itemsize
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n == 0:
+            return True
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def device_pointer(a: Any) -> int:
+    """Address of the first element of a GPU array."""
+    if is_cupy_array(a):
+        return int(a.data.ptr)
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def sync_for_transfer(a: Any) -> None:
+    """Wait until pending GPU work that produces ``a`` is done, before MPI reads or writes it.
+
+    Synchronises CuPy's current stream and, for foreign arrays, the stream named in
+    ``__cuda_array_interface__`` (version 3). Host-backed stand-ins need nothing.
+    """
+    if type(a) in _HOST_BACKED:
+        return
+    cp = _cupy()
+    if cp is None:
+        return
+    cp.cuda.get_current_stream().synchronize()
+    if not isinstance(a, cp.ndarray):
+        stream = a.__cuda_array_interface__.get("stream")
+        if isinstance(stream, int) and stream > 2:  # 1, 2: legacy/per-thread default
+            cp.cuda.ExternalStream(stream).synchronize()
+
+
+def ascontiguous_device(a: Any) -> Any:
+    """Return a C-contiguous GPU array with the values of ``a`` (a copy if needed)."""
+    cp = _cupy()
+    if cp is not None:
+        return cp.ascontiguousarray(cp.asarray(a))
+    if type(a) in _HOST_BACKED and hasattr(a, "copy_contiguous"):
+        return a.copy_contiguous()
+    raise ValueError(
+        f"cannot make a contiguous copy of a non-contiguous {type(a).__name__} without CuPy; "
+        "pass a contiguous array")
+
+
+def _memcpy(dst: int, src: int, nbytes: int, host_backed: bool) -> None:
+    if nbytes == 0:
+        return
+    if host_backed:
+        ctypes.memmove(dst, src, nbytes)
+        return
+    cp = _cupy()
+    if cp is None:
+        raise RuntimeError("copying a CUDA array needs CuPy, which is not available")
+    cp.cuda.runtime.memcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault (unified addressing)
+
+
+def copy_device_to_host(src: Any, dst: np.ndarray) -> None:
+    """Copy the contiguous GPU array ``src`` into the contiguous host array ``dst`` (bytes)."""
+    _memcpy(dst.ctypes.data, device_pointer(src), dst.nbytes, type(src) in _HOST_BACKED)
+
+
+def copy_host_to_device(src: np.ndarray, dst: Any) -> None:
+    """Copy the contiguous host array ``src`` into the contiguous GPU array ``dst`` (bytes)."""
+    _memcpy(device_pointer(dst), src.ctypes.data, src.nbytes, type(dst) in _HOST_BACKED)
+
+
+def empty_pinned(nbytes: int) -> np.ndarray:
+    """A page-locked host byte buffer when CuPy is available, else an ordinary one."""
+    cp = _cupy()
+    if cp is not None:
+        import cupyx
+
+        return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def cupy_allocator_name() -> str | None:
+    """Name of CuPy's current device allocator (None without CuPy).
+
+    ``"MemoryPool"`` is CuPy's default; ``"MemoryAsyncPool"`` (stream-ordered) breaks the
+    CUDA IPC that CUDA-aware MPI libraries use between processes on one node.
+    """
+    cp = _cupy()
+    if cp is None:
+        return None
+    alloc = cp.cuda.get_allocator()
+    owner = getattr(alloc, "__self__", None)
+    return type(owner).__name__ if owner is not None else getattr(alloc, "__name__", str(alloc))

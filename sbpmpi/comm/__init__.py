@@ -1,15 +1,41 @@
 """Collective communication on NumPy and CuPy arrays, named as in torch.distributed.
 
-This package is the only part of sbpmpi that hands array data to MPI.
+This package is the only part of sbpmpi that hands array data to MPI. Every call acts
+in place on the arrays passed; ranks given as ``src``/``dst`` are world ranks and
+``group=`` (default WORLD) picks the communicator.
+
+Modules: :mod:`.group` (groups, mesh sub-communicators), :mod:`.dtypes` (dtype ->
+MPI datatype), :mod:`.reduce_op` (ReduceOp -> MPI op), :mod:`.buffers` (contiguity,
+GPU staging), :mod:`.cuda_aware`, :mod:`.checks` (checked mode), :mod:`.p2p`,
+:mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`, :mod:`.info`.
 """
 
-from .collectives import all_gather_v, all_reduce, barrier, broadcast
+from .checks import checking, set_checking
+from .collectives import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
+from .cuda_aware import is_cuda_aware, set_cuda_aware
 from .group import WORLD, Group, get_group, mesh_groups, new_group, placement_group
+from .info import info
 from .objects import all_agree, all_gather_object, broadcast_object
+from .p2p import Work, irecv, isend, recv, send
 from .reduce_op import ReduceOp
+from .vcollectives import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v, scatter_v
 
 __all__ = [
     "ReduceOp", "Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups",
     "all_gather_object", "broadcast_object", "all_agree",
-    "barrier", "broadcast", "all_reduce", "all_gather_v",
+    "send", "recv", "isend", "irecv", "Work",
+    "barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
+    "reduce_scatter", "all_to_all",
+    "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v",
+    "info", "is_cuda_aware", "set_cuda_aware", "checking", "set_checking",
 ]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import numpy as np
 from mpi4py import MPI
 
 from ..placement import Placement
 
-__all__ = ["Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups"]
+__all__ = ["Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups",
+           "resolve", "root_rank"]
 
 
 class Group:
@@ -51,9 +53,10 @@ class Group:
 
 
 WORLD = Group(tuple(range(MPI.COMM_WORLD.Get_size())), MPI.COMM_WORLD)
+_WORLD_COMM: MPI.Intracomm = MPI.COMM_WORLD
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _group_for(ranks: tuple[int, ...]) -> Group:
     world = MPI.COMM_WORLD
     if ranks == WORLD.ranks:
@@ -98,3 +101,29 @@ def mesh_groups(placement: Placement) -> tuple[Group | None, ...]:
     if me not in placement:
         return (None,) * placement.ndim
     return tuple(get_group(placement.axis_group(me, a)) for a in range(placement.ndim))
+
+
+def resolve(group: Group | None, op: str) -> tuple[Group, MPI.Intracomm]:
+    """The group (WORLD for None) and its communicator; errors if this rank is not a member."""
+    if group is None:
+        return WORLD, _WORLD_COMM
+    g = group
+    comm = getattr(g, "comm", None)
+    if comm is None:
+        if not isinstance(g, Group):
+            raise TypeError(f"{op}: group must be an sbpmpi.comm.Group or None, "
+                            f"got {type(g).__name__}")
+        raise ValueError(f"{op}: this rank ({MPI.COMM_WORLD.Get_rank()}) is not a member of "
+                         f"{g!r}; only its members may call it")
+    return g, comm
+
+
+def root_rank(g: Group, world_rank: int, arg: str, op: str) -> int:
+    """Group rank of the world rank ``world_rank`` given as argument ``arg``."""
+    if type(world_rank) is not int and not isinstance(world_rank, np.integer):
+        raise TypeError(f"{op}: {arg} must be an int world rank, got {world_rank!r}")
+    i = g._index.get(int(world_rank))
+    if i is None:
+        raise ValueError(f"{op}: {arg}={world_rank} is not a rank of the group "
+                         f"{list(g.ranks)} (ranks are world ranks)")
+    return i

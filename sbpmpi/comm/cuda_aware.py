@@ -1,0 +1,159 @@
+"""Is the MPI library CUDA-aware? Decided once, at the first GPU transfer.
+
+mpi4py has no query for this, and handing a device pointer to an MPI that is not
+CUDA-aware usually crashes, so the decision is conservative, in this order:
+
+1. ``SBPMPI_CUDA_AWARE=1`` / ``0`` in the environment (an explicit override);
+2. what the library reports, identified by ``MPI.Get_library_version()``:
+   Cray MPICH: ``MPICH_GPU_SUPPORT_ENABLED=1``; MVAPICH: ``MV2_USE_CUDA=1``;
+   Open MPI: ``MPIX_Query_cuda_support()``; MPICH: ``MPIR_CVAR_ENABLE_GPU`` not 0 and
+   ``MPIX_GPU_query_support(CUDA)`` (or ``MPIX_Query_cuda_support()``); Intel MPI:
+   ``I_MPI_OFFLOAD`` >= 1; the ``MPIX_`` functions are looked up with ctypes in the
+   loaded MPI library;
+3. otherwise not aware: GPU data is staged through pinned host buffers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+__all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
+           "library_name"]
+
+ENV = "SBPMPI_CUDA_AWARE"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class CudaAwareness:
+    """The decision and why it was made."""
+
+    aware: bool
+    reason: str
+
+
+def library_name() -> str:
+    """First line of ``MPI.Get_library_version()``, e.g. ``"MPICH Version: 4.2.0"``."""
+    lines = MPI.Get_library_version().strip().splitlines()
+    return " ".join(lines[0].split()) if lines else "unknown MPI"
+
+
+def _mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The C function ``name`` of the loaded MPI library, or None."""
+    candidates = [MPI.__file__]
+    try:
+        with open("/proc/self/maps") as f:
+            candidates += sorted({line.split()[-1] for line in f
+                                  if "mpi" in line.lower() and ".so" in line})
+    except OSError:
+        pass
+    for path in candidates:
+        try:
+            return getattr(ctypes.CDLL(path), name)
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _env_flag(name: str) -> bool | None:
+    v = os.environ.get(name)
+    if v is None:
+        return None
+    v = v.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    try:
+        return int(v) > 0
+    except ValueError:
+        return None
+
+
+def _query_cuda_support() -> tuple[bool | None, str]:
+    fn = _mpi_symbol("MPIX_Query_cuda_support")
+    if fn is None:
+        return None, "MPIX_Query_cuda_support not found"
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    res = bool(fn())
+    return res, f"MPIX_Query_cuda_support() returned {int(res)}"
+
+
+def _mpich_gpu_query() -> tuple[bool | None, str]:
+    fn = _mpi_symbol("MPIX_GPU_query_support")
+    if fn is None:
+        return _query_cuda_support()
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    out = ctypes.c_int(0)
+    if fn(0, ctypes.byref(out)) != 0:  # 0 = MPIX_GPU_SUPPORT_CUDA
+        return None, "MPIX_GPU_query_support failed"
+    return bool(out.value), f"MPIX_GPU_query_support(CUDA) returned {out.value}"
+
+
+def detect() -> CudaAwareness:
+    """Decide CUDA-awareness now (see the module docstring for the order)."""
+    override = os.environ.get(ENV)
+    if override is not None and override.strip():
+        flag = _env_flag(ENV)
+        if flag is None:
+            raise ValueError(f"{ENV}={override!r} is not one of 0/1 (or true/false)")
+        return CudaAwareness(flag, f"{ENV}={override.strip()} (explicit override)")
+    lib = library_name()
+    text = MPI.Get_library_version()
+    if "CRAY MPICH" in text.upper():
+        flag = _env_flag("MPICH_GPU_SUPPORT_ENABLED")
+        return CudaAwareness(bool(flag), f"{lib}: MPICH_GPU_SUPPORT_ENABLED="
+                             f"{os.environ.get('MPICH_GPU_SUPPORT_ENABLED', 'unset')}")
+    if "MVAPICH" in text.upper():
+        flag = _env_flag("MV2_USE_CUDA")
+        return CudaAwareness(bool(flag), f"{lib}: MV2_USE_CUDA="
+                             f"{os.environ.get('MV2_USE_CUDA', 'unset')}")
+    if "Open MPI" in text:
+        res, why = _query_cuda_support()
+        return CudaAwareness(bool(res), f"{lib}: {why}")
+    if "Intel(R) MPI" in text:
+        flag = _env_flag("I_MPI_OFFLOAD")
+        return CudaAwareness(bool(flag), f"{lib}: I_MPI_OFFLOAD="
+                             f"{os.environ.get('I_MPI_OFFLOAD', 'unset')}")
+    if "MPICH" in text:
+        if _env_flag("MPIR_CVAR_ENABLE_GPU") is False:
+            return CudaAwareness(False, f"{lib}: MPIR_CVAR_ENABLE_GPU=0")
+        res, why = _mpich_gpu_query()
+        return CudaAwareness(bool(res), f"{lib}: {why}")
+    return CudaAwareness(False, f"{lib}: no known CUDA-support query; assuming not CUDA-aware")
+
+
+_decision: CudaAwareness | None = None
+
+
+def cuda_awareness() -> CudaAwareness:
+    """The cached decision (made on first call)."""
+    global _decision
+    if _decision is None:
+        _decision = detect()
+    return _decision
+
+
+def is_cuda_aware() -> bool:
+    """True when GPU arrays are handed to MPI directly."""
+    d = _decision
+    return (d if d is not None else cuda_awareness()).aware
+
+
+def set_cuda_aware(aware: bool | None) -> CudaAwareness:
+    """Force the decision (True/False), or re-detect it (None); returns the new decision.
+
+    For tests and for sites whose MPI reports wrongly; every rank may choose for itself,
+    the results are the same either way.
+    """
+    global _decision
+    _decision = detect() if aware is None else CudaAwareness(
+        bool(aware), f"set_cuda_aware({bool(aware)})")
+    return _decision

@@ -1,0 +1,55 @@
+"""What the communication layer runs on: MPI library, CUDA-awareness, staging, GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mpi4py
+from mpi4py import MPI
+
+from .. import backend
+from .buffers import POOL
+from .checks import checking
+from .cuda_aware import cuda_awareness, library_name
+
+__all__ = ["info"]
+
+
+def info(all_ranks: bool = False) -> dict[str, Any]:
+    """This rank's communication setup as a dict.
+
+    Keys: ``mpi_library`` (first line of ``MPI.Get_library_version()``), ``mpi_version``
+    (standard version), ``mpi4py``, ``rank``, ``world_size``, ``cuda_aware`` (bool),
+    ``cuda_aware_reason``, ``staging`` (how GPU arrays reach MPI), ``pinned_pool``
+    (staging buffer statistics), ``gpus_visible``, ``gpu`` (device id this rank uses, or
+    None), ``cupy_allocator`` (keep CuPy's default ``MemoryPool`` with a CUDA-aware MPI:
+    stream-ordered allocations break CUDA IPC), ``checked_mode``. With ``all_ranks=True`` (collective over WORLD), also
+    ``ranks``: the per-rank dicts of every rank.
+    """
+    aware = cuda_awareness()
+    gpus = backend.cuda_device_count()
+    gpu = backend.current_device() if gpus else None
+    d: dict[str, Any] = {
+        "mpi_library": library_name(),
+        "mpi_version": "{}.{}".format(*MPI.Get_version()),
+        "mpi4py": mpi4py.__version__,
+        "rank": MPI.COMM_WORLD.Get_rank(),
+        "world_size": MPI.COMM_WORLD.Get_size(),
+        "cuda_aware": aware.aware,
+        "cuda_aware_reason": aware.reason,
+        "staging": ("none: GPU arrays go to MPI directly (user-defined reductions are staged)"
+                    if aware.aware else
+                    "pinned host buffers, reused across calls"
+                    + ("" if backend.cupy_available() else " (no CuPy: ordinary host memory)")),
+        "pinned_pool": {"allocations": POOL.allocations, "reuses": POOL.reuses,
+                        "cached_bytes": POOL.cached_bytes()},
+        "gpus_visible": gpus,
+        "gpu": gpu,
+        "cupy_allocator": backend.cupy_allocator_name(),
+        "checked_mode": checking(),
+    }
+    if all_ranks:
+        per_rank = MPI.COMM_WORLD.allgather(
+            {k: d[k] for k in ("rank", "cuda_aware", "gpus_visible", "gpu")})
+        d["ranks"] = per_rank
+    return d

@@ -1,0 +1,65 @@
+"""Lists of per-rank arrays (the torch.distributed list forms) packed into one flat buffer.
+
+The list forms cost one copy per entry; pass one array of group size x block
+elements instead to avoid it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .buffers import ArrayMeta, check_output, check_same_dtype, describe
+
+__all__ = ["list_metas", "scatter_list_out", "gather_list_in"]
+
+
+def list_metas(lst: Sequence[Any], p: int, m: ArrayMeta, arg: str, ref: str, op: str,
+               output: bool) -> list[ArrayMeta]:
+    """Check a list of ``p`` arrays of ``m``'s dtype and size; return their metadata."""
+    if len(lst) != p:
+        raise ValueError(f"{op}: {arg} has {len(lst)} arrays, expected one per rank of the "
+                         f"group ({p})")
+    metas = []
+    for i, a in enumerate(lst):
+        name = f"{arg}[{i}]"
+        mi = describe(a, name, op)
+        if output:
+            check_output(a, mi, name, op)
+        check_same_dtype(mi, m, name, ref, op)
+        if mi[1] != m[1]:
+            raise ValueError(f"{op}: {name} has {mi[1]} elements but {ref} has {m[1]}; "
+                             "every block must have the same size")
+        metas.append(mi)
+    return metas
+
+
+def scatter_list_out(flat: np.ndarray, lst: Sequence[Any], metas: list[ArrayMeta]) -> None:
+    """Copy block i of the host array ``flat`` into ``lst[i]``."""
+    n = metas[0][1] if metas else 0
+    for i, (a, mi) in enumerate(zip(lst, metas)):
+        chunk = flat[i * n:(i + 1) * n]
+        if mi[3]:
+            backend.sync_for_transfer(a)
+            backend.copy_host_to_device(chunk, a)
+        else:
+            a.reshape(-1)[...] = chunk
+
+
+def gather_list_in(lst: Sequence[Any], metas: list[ArrayMeta], dtype: np.dtype) -> np.ndarray:
+    """The arrays of ``lst`` concatenated into one new flat host array."""
+    n = metas[0][1] if metas else 0
+    flat = np.empty(len(lst) * n, dtype=dtype)
+    for i, (a, mi) in enumerate(zip(lst, metas)):
+        chunk = flat[i * n:(i + 1) * n]
+        if mi[3]:
+            if not mi[2]:
+                a = backend.ascontiguous_device(a)
+            backend.sync_for_transfer(a)
+            backend.copy_device_to_host(a, chunk)
+        else:
+            chunk[...] = a.reshape(-1)
+    return flat

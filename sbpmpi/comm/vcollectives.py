@@ -1,0 +1,256 @@
+"""Vector collectives: blocks of different sizes per rank (uneven splits).
+
+``counts`` and ``displs`` are in elements of flat C-contiguous buffers, one entry per
+rank of the group, in group rank order; ``displs`` defaults to the packed layout
+(exclusive prefix sums of ``counts``). Counts and displacements beyond 2**31 - 1 use
+MPI's large-count calls (mpi4py 4 picks them where the MPI library has them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import checks
+from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .collectives import _average, _host_only
+from .dtypes import dtype_info
+from .group import Group, resolve, root_rank
+from .reduce_op import ReduceOp, mpi_reduction
+from .tracing import ACTIVE, note
+
+__all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
+
+
+def _counts(counts: Any, p: int, arg: str, op: str) -> list[int]:
+    """``counts`` as a list of ``p`` non-negative ints."""
+    try:
+        out = list(map(int, counts))
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {arg} must be a sequence of ints, got {counts!r}") from None
+    if len(out) != p:
+        raise ValueError(f"{op}: {arg} has {len(out)} entries, expected one per rank of the "
+                         f"group ({p}): {out}")
+    if out and min(out) < 0:
+        raise ValueError(f"{op}: {arg} must be non-negative, got {out}")
+    return out
+
+
+def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
+            op: str) -> tuple[list[int], list[int], int]:
+    """(counts, displs, elements a buffer needs); displs default to the packed layout."""
+    c = _counts(counts, p, carg, op)
+    if displs is None:
+        d = []
+        total = 0
+        for ci in c:
+            d.append(total)
+            total += ci
+        return c, d, total
+    d = _counts(displs, p, darg, op)
+    return c, d, max((di + ci for ci, di in zip(c, d) if ci), default=0)
+
+
+def _check_extent(m: ArrayMeta, need: int, arg: str, what: str, op: str) -> None:
+    if m[1] < need:
+        raise ValueError(f"{op}: {arg} has {m[1]} elements but {what} need {need}")
+
+
+def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, op: str) -> None:
+    if m[1] != counts[me]:
+        raise ValueError(f"{op}: {arg} has {m[1]} elements but {carg}[{me}] = {counts[me]} "
+                         f"(this rank is group rank {me})")
+
+
+def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
+                 group: Group | None = None) -> None:
+    """Every rank receives ``arr`` of group rank i at ``out[displs[i]:][:counts[i]]`` (flat)."""
+    op = "all_gather_v"
+    g, comm = resolve(group, op)
+    try:
+        me, p = comm.Get_rank(), g.size
+        m = describe(arr, "arr", op)
+        mo = describe_out(out, "out", op)
+        check_same_dtype(mo, m, "out", "arr", op)
+        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, c, me, "arr", "counts", op)
+        _check_extent(mo, need, "out", "counts and displs", op)
+        t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        checks.agree(comm, op, e)
+        raise
+    if checks._enabled:
+        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d)])
+    st = stager(m[3] or mo[3])
+    try:
+        sbuf = st.inp(arr, m)
+        rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
+        if ACTIVE:
+            note(op, m[1] * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
+        comm.Allgatherv([sbuf, m[1], t], [rbuf, (c, d), t])
+        st.finish()
+    finally:
+        st.release()
+
+
+def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
+             dst: int = 0, group: Group | None = None) -> None:
+    """World rank ``dst`` receives ``arr`` of group rank i at ``out[displs[i]:][:counts[i]]``.
+
+    ``out`` is used on ``dst`` only (pass None elsewhere).
+    """
+    op = "gather_v"
+    g, comm = resolve(group, op)
+    try:
+        me, p = comm.Get_rank(), g.size
+        m = describe(arr, "arr", op)
+        root = root_rank(g, dst, "dst", op)
+        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, c, me, "arr", "counts", op)
+        mo = None
+        if me == root:
+            if out is None:
+                raise ValueError(f"{op}: out is required on dst rank {dst}")
+            mo = describe_out(out, "out", op)
+            check_same_dtype(mo, m, "out", "arr", op)
+            _check_extent(mo, need, "out", "counts and displs", op)
+        t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        checks.agree(comm, op, e)
+        raise
+    if checks._enabled:
+        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d),
+                                      ("dst", dst)])
+    st = stager(m[3] or (mo is not None and mo[3]))
+    try:
+        sbuf = st.inp(arr, m)
+        if ACTIVE:
+            note(op, m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
+        if mo is None:
+            comm.Gatherv([sbuf, m[1], t], None, root=root)
+        else:
+            rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)
+            comm.Gatherv([sbuf, m[1], t], [rbuf, (c, d), t], root=root)
+            st.finish()
+    finally:
+        st.release()
+
+
+def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
+              src: int = 0, group: Group | None = None) -> None:
+    """Group rank i receives ``in_[displs[i]:][:counts[i]]`` (flat) of world rank ``src`` in ``arr``.
+
+    ``in_`` is used on ``src`` only (pass None elsewhere).
+    """
+    op = "scatter_v"
+    g, comm = resolve(group, op)
+    try:
+        me, p = comm.Get_rank(), g.size
+        m = describe_out(arr, "arr", op)
+        root = root_rank(g, src, "src", op)
+        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, c, me, "arr", "counts", op)
+        mi = None
+        if me == root:
+            if in_ is None:
+                raise ValueError(f"{op}: the input is required on src rank {src}")
+            mi = describe(in_, "in", op)
+            check_same_dtype(mi, m, "in", "arr", op)
+            _check_extent(mi, need, "in", "counts and displs", op)
+        t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        checks.agree(comm, op, e)
+        raise
+    if checks._enabled:
+        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d),
+                                      ("src", src)])
+    st = stager(m[3] or (mi is not None and mi[3]))
+    try:
+        sbuf = None if mi is None else st.inp(in_, mi)
+        rbuf = st.out(arr, m)
+        if ACTIVE:
+            note(op, 0 if mi is None else mi[1] * m[0].itemsize, g, m[0], src, m[3], st.staged)
+        comm.Scatterv(None if sbuf is None else [sbuf, (c, d), t], [rbuf, m[1], t], root=root)
+        st.finish()
+    finally:
+        st.release()
+
+
+def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = ReduceOp.SUM,
+                     group: Group | None = None) -> None:
+    """Reduce ``arr`` (``sum(counts)`` elements) over the group; rank i gets block i in ``out``.
+
+    Block i is ``counts[i]`` elements, packed in group rank order.
+    """
+    name = "reduce_scatter_v"
+    g, comm = resolve(group, name)
+    try:
+        me, p = comm.Get_rank(), g.size
+        m = describe_out(out, "out", name)
+        mi = describe(arr, "arr", name)
+        check_same_dtype(mi, m, "arr", "out", name)
+        c = _counts(counts, p, "counts", name)
+        _check_mine(m, c, me, "out", "counts", name)
+        if mi[1] != sum(c):
+            raise ValueError(f"{name}: arr has {mi[1]} elements but sum(counts) = {sum(c)}")
+        info = dtype_info(m[0])
+        red = mpi_reduction(op, info)
+    except (TypeError, ValueError) as e:
+        checks.agree(comm, name, e)
+        raise
+    if checks._enabled:
+        checks.agree(comm, name, None, [("dtype", m[0].str), ("counts", c), ("op", op.name)])
+    st = stager(m[3] or mi[3], _host_only(red, out, m))
+    try:
+        sbuf = st.inp(arr, mi)
+        rbuf = st.out(out, m)
+        if ACTIVE:
+            note(name, mi[1] * m[0].itemsize, g, m[0], None, m[3] or mi[3], st.staged)
+        comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], c, op=red.op)
+        if red.average:
+            _average(rbuf, p)
+        st.finish()
+    finally:
+        st.release()
+
+
+def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Sequence[int],
+                 out_displs: Sequence[int] | None = None, in_displs: Sequence[int] | None = None,
+                 group: Group | None = None) -> None:
+    """Rank i sends ``arr[in_displs[j]:][:in_counts[j]]`` to rank j, which stores it at
+    ``out[out_displs[i]:][:out_counts[i]]`` (flat; ``out_counts[i]`` on rank j must equal
+    ``in_counts[j]`` on rank i)."""
+    op = "all_to_all_v"
+    g, comm = resolve(group, op)
+    try:
+        p = g.size
+        m = describe(arr, "arr", op)
+        mo = describe_out(out, "out", op)
+        check_same_dtype(mo, m, "out", "arr", op)
+        oc, od, oneed = _layout(out_counts, out_displs, p, "out_counts", "out_displs", op)
+        ic, idd, ineed = _layout(in_counts, in_displs, p, "in_counts", "in_displs", op)
+        _check_extent(mo, oneed, "out", "out_counts and out_displs", op)
+        _check_extent(m, ineed, "arr", "in_counts and in_displs", op)
+        t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        checks.agree(comm, op, e)
+        raise
+    if checks._enabled:
+        sigs = checks.agree(comm, op, None, [("dtype", m[0].str)], extra=(ic, oc))
+        for i, (_, (ici, _)) in enumerate(sigs):
+            for j, (_, (_, ocj)) in enumerate(sigs):
+                if ici[j] != ocj[i]:
+                    raise ValueError(
+                        f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
+                        f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
+    st = stager(m[3] or mo[3])
+    try:
+        sbuf = st.inp(arr, m)
+        rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
+        if ACTIVE:
+            note(op, sum(ic) * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
+        comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
+        st.finish()
+    finally:
+        st.release()
+

@@ -1,0 +1,142 @@
+"""Record the communication calls ``sbpmpi.comm`` makes on this rank.
+
+    with sm.trace() as t:
+        y = sm.boxing.box(x, sbp=sm.sbp.broadcast)
+    print(t)                    # one table row per call
+    t.count("all_gather_v")     # -> 1
+
+Every buffer call of ``sbpmpi.comm`` (and the object calls) appends one frozen
+:class:`CommRecord` to every active trace. When no trace is active the cost is one
+truth test of a module-level list.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["CommRecord", "Trace", "trace"]
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One communication call on this rank.
+
+    Attributes
+    ----------
+    op : str
+        The ``sbpmpi.comm`` function, e.g. ``"all_reduce"``, ``"all_gather_v"``, ``"send"``.
+    nbytes : int
+        Bytes of array data this rank hands to MPI as input: the whole input buffer of
+        a collective (e.g. ``arr`` of all_reduce, the full input of reduce_scatter or
+        all_to_all), the root's buffer for broadcast and scatter (0 on other ranks), the
+        sent buffer for send/isend (0 for recv/irecv and barrier), the pickled size for
+        object calls.
+    group_size : int
+        Number of ranks of the communicator used.
+    dtype : str
+        NumPy dtype name of the data (``""`` for barrier and object calls).
+    group_ranks : tuple of int
+        World ranks of the group, in group order.
+    peer : int or None
+        Root (src/dst world rank) of rooted calls and the peer of point-to-point calls.
+    device : str
+        ``"cpu"`` or ``"cuda"``: where the caller's buffers live.
+    staged : bool
+        True when GPU data went through pinned host buffers.
+    """
+
+    op: str
+    nbytes: int
+    group_size: int
+    dtype: str = ""
+    group_ranks: tuple[int, ...] = ()
+    peer: int | None = None
+    device: str = "cpu"
+    staged: bool = False
+
+
+class Trace:
+    """The records collected by one ``with trace():`` block, in call order."""
+
+    def __init__(self) -> None:
+        self.records: list[CommRecord] = []
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[CommRecord]:
+        return iter(self.records)
+
+    def __getitem__(self, i: int) -> CommRecord:
+        return self.records[i]
+
+    def __bool__(self) -> bool:
+        return True
+
+    def count(self, op: str | None = None) -> int:
+        """Number of calls of ``op`` (all calls if None)."""
+        if op is None:
+            return len(self.records)
+        return sum(1 for r in self.records if r.op == op)
+
+    def nbytes(self, op: str | None = None) -> int:
+        """Total ``nbytes`` over the calls of ``op`` (all calls if None)."""
+        return sum(r.nbytes for r in self.records if op is None or r.op == op)
+
+    def ops(self) -> list[str]:
+        """The op names in call order."""
+        return [r.op for r in self.records]
+
+    def summary(self) -> dict[str, int]:
+        """Calls per op name."""
+        return dict(Counter(r.op for r in self.records))
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def __repr__(self) -> str:
+        return f"<Trace of {len(self.records)} calls: {self.summary()}>"
+
+    def __str__(self) -> str:
+        head = ("#", "op", "nbytes", "group", "dtype", "peer", "device")
+        rows = [head]
+        for i, r in enumerate(self.records):
+            ranks = ",".join(map(str, r.group_ranks)) if r.group_ranks else str(r.group_size)
+            dev = r.device + ("+staged" if r.staged else "")
+            rows.append((str(i), r.op, str(r.nbytes), f"[{ranks}]", r.dtype,
+                         "" if r.peer is None else str(r.peer), dev))
+        widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                 for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"{len(self.records)} calls, {self.nbytes()} bytes sent")
+        return "\n".join(lines)
+
+
+# The traces currently recording (innermost last); comm tests its truth before recording.
+ACTIVE: list[Trace] = []
+
+
+def record(rec: CommRecord) -> None:
+    """Append ``rec`` to every active trace (called by sbpmpi.comm)."""
+    for t in ACTIVE:
+        t.records.append(rec)
+
+
+class trace:  # noqa: N801 - used as ``sm.trace()``, a context manager
+    """Context manager collecting a :class:`Trace` of this rank's comm calls.
+
+    Traces nest: a call is recorded in every active trace.
+    """
+
+    def __init__(self) -> None:
+        self._t = Trace()
+
+    def __enter__(self) -> Trace:
+        ACTIVE.append(self._t)
+        return self._t
+
+    def __exit__(self, *exc: object) -> None:
+        ACTIVE.remove(self._t)

@@ -1,0 +1,249 @@
+"""Serial tests of sbpmpi.comm's pure parts: CUDA-awareness decision, dtype and op tables,
+the pinned-buffer pool, host copies of CUDA stand-ins, and sm.trace records."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from fake_cuda import FakeCudaArray
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi import backend, trace
+from sbpmpi.comm import ReduceOp, cuda_aware
+from sbpmpi.comm.buffers import PinnedPool, Stager, describe
+from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
+from sbpmpi.comm.reduce_op import mpi_reduction
+
+# ----------------------------------------------------------------------------- CUDA-awareness
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    for var in ("SBPMPI_CUDA_AWARE", "MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA",
+                "MPIR_CVAR_ENABLE_GPU", "I_MPI_OFFLOAD"):
+        monkeypatch.delenv(var, raising=False)
+    yield monkeypatch
+    monkeypatch.undo()
+    cuda_aware.set_cuda_aware(None)
+
+
+def lib(monkeypatch, text):
+    monkeypatch.setattr(cuda_aware.MPI, "Get_library_version", lambda: text)
+
+
+class FakeFn:
+    def __init__(self, value, out=None):
+        self.value, self.out = value, out
+        self.restype = self.argtypes = None
+
+    def __call__(self, *args):
+        if args:  # MPIX_GPU_query_support(type, int*)
+            args[1]._obj.value = self.out
+        return self.value
+
+
+def test_override_wins(fresh):
+    fresh.setenv("SBPMPI_CUDA_AWARE", "1")
+    d = cuda_aware.detect()
+    assert d.aware and "SBPMPI_CUDA_AWARE=1" in d.reason and "override" in d.reason
+    fresh.setenv("SBPMPI_CUDA_AWARE", "0")
+    lib(fresh, "Open MPI v5.0.3")
+    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(1))
+    assert cuda_aware.detect().aware is False
+    fresh.setenv("SBPMPI_CUDA_AWARE", "maybe")
+    with pytest.raises(ValueError, match="SBPMPI_CUDA_AWARE='maybe'"):
+        cuda_aware.detect()
+
+
+def test_open_mpi_query(fresh):
+    lib(fresh, "Open MPI v5.0.3, package: Open MPI ...")
+    fresh.setattr(cuda_aware, "_mpi_symbol",
+                  lambda name: FakeFn(1) if name == "MPIX_Query_cuda_support" else None)
+    d = cuda_aware.detect()
+    assert d.aware and "MPIX_Query_cuda_support() returned 1" in d.reason
+    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(0))
+    assert not cuda_aware.detect().aware
+    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: None)
+    d = cuda_aware.detect()
+    assert not d.aware and "not found" in d.reason
+
+
+def test_mpich_query_and_cvar(fresh):
+    lib(fresh, "MPICH Version:      4.2.0\nMPICH Release date: ...")
+    fresh.setattr(cuda_aware, "_mpi_symbol",
+                  lambda name: FakeFn(0, out=1) if name == "MPIX_GPU_query_support" else None)
+    d = cuda_aware.detect()
+    assert d.aware and "MPIX_GPU_query_support(CUDA) returned 1" in d.reason
+    fresh.setenv("MPIR_CVAR_ENABLE_GPU", "0")
+    d = cuda_aware.detect()
+    assert not d.aware and "MPIR_CVAR_ENABLE_GPU=0" in d.reason
+
+
+def test_cray_mvapich_intel_use_environment(fresh):
+    lib(fresh, "MPI VERSION    : CRAY MPICH version 8.1.28")
+    assert not cuda_aware.detect().aware
+    fresh.setenv("MPICH_GPU_SUPPORT_ENABLED", "1")
+    d = cuda_aware.detect()
+    assert d.aware and "MPICH_GPU_SUPPORT_ENABLED=1" in d.reason
+    lib(fresh, "MVAPICH2 Version      :\t2.3.7")
+    assert not cuda_aware.detect().aware
+    fresh.setenv("MV2_USE_CUDA", "1")
+    assert cuda_aware.detect().aware
+    lib(fresh, "Intel(R) MPI Library 2021.10 for Linux* OS")
+    assert not cuda_aware.detect().aware
+    fresh.setenv("I_MPI_OFFLOAD", "1")
+    assert cuda_aware.detect().aware
+    lib(fresh, "Some Other MPI 1.0")
+    d = cuda_aware.detect()
+    assert not d.aware and "assuming not CUDA-aware" in d.reason
+
+
+def test_this_mpi_is_detected(fresh):
+    d = cuda_aware.detect()
+    assert isinstance(d.aware, bool) and d.reason
+    assert cuda_aware.library_name().split()[0] in MPI.Get_library_version()
+    cuda_aware.set_cuda_aware(True)
+    assert cuda_aware.is_cuda_aware()
+    cuda_aware.set_cuda_aware(None)
+    assert cuda_aware.is_cuda_aware() == d.aware
+
+
+def test_info_reports_the_decision(fresh):
+    fresh.setenv("SBPMPI_CUDA_AWARE", "0")
+    cuda_aware.set_cuda_aware(None)
+    info = sm.comm.info()
+    assert info["cuda_aware"] is False and "SBPMPI_CUDA_AWARE=0" in info["cuda_aware_reason"]
+    assert "pinned host buffers" in info["staging"]
+    assert info["mpi_library"] and info["gpus_visible"] == backend.cuda_device_count()
+    for key in ("mpi_version", "mpi4py", "rank", "world_size", "gpu", "pinned_pool"):
+        assert key in info
+
+
+# ----------------------------------------------------------------------------- dtypes and ops
+
+
+def test_dtype_table():
+    cats = {np.bool_: BOOL, np.int8: INT, np.uint64: INT, np.float16: EMULATED,
+            np.float32: FLOAT, np.float64: FLOAT, np.longdouble: FLOAT, np.complex64: COMPLEX,
+            np.clongdouble: COMPLEX, "U3": OPAQUE, ">f8": OPAQUE, "datetime64[s]": OPAQUE}
+    for dt, cat in cats.items():
+        info = dtype_info(np.dtype(dt))
+        assert info.category == cat, dt
+        assert info.mpi.Get_size() == np.dtype(dt).itemsize, dt
+        assert dtype_info(np.dtype(dt)) is info  # cached
+    with pytest.raises(TypeError, match="Python object"):
+        dtype_info(np.dtype(object))
+
+
+def test_reduction_table():
+    f16 = dtype_info(np.dtype(np.float16))
+    for op in ReduceOp:
+        red = mpi_reduction(op, f16)
+        assert red.host_only and red.average == (op is ReduceOp.AVG)
+    assert mpi_reduction(ReduceOp.SUM, dtype_info(np.dtype(bool))).op == MPI.LOR
+    assert mpi_reduction(ReduceOp.MIN, dtype_info(np.dtype(bool))).op == MPI.LAND
+    assert mpi_reduction(ReduceOp.AVG, dtype_info(np.dtype("f8"))).op == MPI.SUM
+    for op in (ReduceOp.MAX, ReduceOp.MIN):
+        with pytest.raises(TypeError, match="complex"):
+            mpi_reduction(op, dtype_info(np.dtype(np.complex128)))
+    with pytest.raises(TypeError, match="AVG"):
+        mpi_reduction(ReduceOp.AVG, dtype_info(np.dtype(np.uint8)))
+    with pytest.raises(TypeError, match="cannot reduce"):
+        mpi_reduction(ReduceOp.SUM, dtype_info(np.dtype(">f8")))
+
+
+def test_float16_user_op_matches_numpy():
+    red = mpi_reduction(ReduceOp.SUM, dtype_info(np.dtype(np.float16)))
+    a = np.array([1.5, 2049, -3], np.float16)
+    b = np.array([0.25, 1, 3], np.float16)
+    want = a + b
+    red.op.Reduce_local([a, MPI.UINT16_T], [b, MPI.UINT16_T])
+    np.testing.assert_array_equal(b, want)
+
+
+# ----------------------------------------------------------------------------- buffers
+
+
+def test_pinned_pool_reuses_by_size_class():
+    pool = PinnedPool(keep=2)
+    a = pool.acquire(5000)
+    assert a.nbytes == 8192 and pool.allocations == 1
+    pool.release(a)
+    b = pool.acquire(6000)
+    assert b is a and pool.reuses == 1
+    c = pool.acquire(100)
+    assert c.nbytes == 4096 and pool.allocations == 2
+    pool.release(b)
+    pool.release(c)
+    assert pool.cached_bytes() == 8192 + 4096
+    pool.clear()
+    assert pool.cached_bytes() == 0
+
+
+def test_fake_cuda_copies_and_meta():
+    h = np.arange(12, dtype=np.int32).reshape(3, 4)
+    d = FakeCudaArray.from_numpy(h)
+    assert describe(d, "x", "t") == (np.dtype(np.int32), 12, True, True)
+    nc = d[:, ::2]
+    assert describe(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
+    assert describe(d[1:2], "x", "t")[2]  # a contiguous slice
+    out = np.empty(12, np.int32)
+    backend.copy_device_to_host(d, out)
+    np.testing.assert_array_equal(out, h.ravel())
+    backend.copy_host_to_device(out * 2, d)
+    np.testing.assert_array_equal(d.get(), h * 2)
+    np.testing.assert_array_equal(backend.ascontiguous_device(nc).get(), (h * 2)[:, ::2])
+    with pytest.raises(TypeError, match="NumPy or CuPy"):
+        describe([1, 2], "arr", "all_reduce")
+
+
+def test_stager_round_trip_without_mpi():
+    cuda_aware.set_cuda_aware(False)
+    try:
+        d = FakeCudaArray.from_numpy(np.arange(5.0))
+        st = Stager()
+        m = describe(d, "arr", "t")
+        buf = st.out(d, m, copy_in=True)
+        assert isinstance(buf, np.ndarray) and st.staged
+        buf *= 3
+        st.finish()
+        st.release()
+        np.testing.assert_array_equal(d.get(), np.arange(5.0) * 3)
+    finally:
+        cuda_aware.set_cuda_aware(None)
+
+
+# ----------------------------------------------------------------------------- trace
+
+
+def test_trace_records_and_table():
+    with sm.trace() as t:
+        x = np.arange(4.0)
+        sm.comm.all_reduce(x)
+        sm.comm.broadcast(x, src=0)
+        sm.comm.all_reduce(np.zeros(3, np.float32))
+        with sm.trace() as inner:
+            sm.comm.barrier()
+    assert len(t) == 4 and len(inner) == 1
+    assert t.count("all_reduce") == 2 and t.count() == 4 and t.count("scatter") == 0
+    assert [r.op for r in t] == ["all_reduce", "broadcast", "all_reduce", "barrier"]
+    assert t.nbytes("all_reduce") == 32 + 12 and t.nbytes() == 32 + 32 + 12
+    r = t[0]
+    assert (r.op, r.nbytes, r.group_size, r.dtype) == ("all_reduce", 32, 1, "float64")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.nbytes = 0  # type: ignore[misc]
+    text = str(t)
+    assert "all_reduce" in text and "broadcast" in text and "4 calls" in text
+    assert t.summary() == {"all_reduce": 2, "broadcast": 1, "barrier": 1}
+    sm.comm.all_reduce(np.zeros(1))  # outside: not recorded
+    assert len(t) == 4 and not trace.ACTIVE
+
+
+def test_trace_is_callable_from_the_package():
+    assert isinstance(sm.trace(), trace.trace)
+    with sm.trace() as t:
+        pass
+    assert isinstance(t, trace.Trace) and len(t) == 0
