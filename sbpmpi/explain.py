@@ -1,0 +1,98 @@
+"""``sm.explain``: why an op call or a conversion does what it does (no communication).
+
+    print(sm.explain(sm.matmul, x, w))          # candidate signatures, costs, the choice
+    print(sm.explain(x, sbp=sm.sbp.broadcast))  # the boxing plan of a conversion
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .layout import Layout
+from .placement import Placement
+from .sbp import SBP
+from .tensor import GlobalTensor
+
+__all__ = ["explain", "ConversionSummary"]
+
+
+@dataclass(frozen=True, repr=False)
+class ConversionSummary:
+    """Source and target layouts of a conversion and its modelled cost.
+
+    Shown when the boxing package offers no ``explain_conversion``.
+    """
+
+    src: Layout
+    dst: Layout
+    itemsize: int
+    cost: float
+
+    def __str__(self) -> str:
+        if self.src == self.dst:
+            return f"no conversion: {self.src} already has the requested layout"
+        return (f"convert {self.src}\n     to {self.dst}\n"
+                f"modelled cost {self.cost * 1e6:.3g}us (boxing.conversion_cost, "
+                f"{self.itemsize}-byte items)")
+
+    __repr__ = __str__
+
+
+def explain(op: Any, *args: Any, placement: Placement | None = None,
+            sbp: SBP | Sequence[SBP] | None = None, **kwargs: Any) -> Any:
+    """Explain an op call or a tensor conversion, without running it.
+
+    Parameters
+    ----------
+    op : GlobalOp, str or GlobalTensor
+        An op (``sm.matmul``) or its name (``"matmul"``), followed by the op's
+        arguments; or a GlobalTensor to explain its conversion to ``placement`` and
+        ``sbp`` (either may be left out to keep the tensor's own).
+
+    Returns
+    -------
+    An object that prints as a table: for an op, :class:`sbpmpi.ops.Inference` (every
+    candidate signature with its boxing costs and partial-output charge, the chosen
+    one marked); for a conversion, the boxing plan of ``boxing.explain_conversion``.
+    """
+    if isinstance(op, GlobalTensor):
+        if args or kwargs:
+            raise TypeError("explain(x, placement=..., sbp=...) takes no other arguments for a "
+                            "tensor conversion")
+        return _conversion(op, placement, sbp)
+    from . import ops
+
+    if isinstance(op, str):
+        if op not in ops.OPS:
+            raise ValueError(f"explain: unknown op {op!r}; known ops: {sorted(ops.OPS)}")
+        op = ops.OPS[op]
+    if not isinstance(op, ops.GlobalOp):
+        raise TypeError(f"explain: op must be an sbpmpi op such as sm.matmul, its name, or a "
+                        f"GlobalTensor; got {type(op).__name__} {op!r}")
+    if placement is not None or sbp is not None:
+        raise TypeError("explain: placement= and sbp= are for explaining a tensor conversion, "
+                        "explain(x, placement=..., sbp=...)")
+    return ops.infer(op.build(*args, **kwargs))
+
+
+def _conversion(x: GlobalTensor, placement: Placement | None,
+                sbp: SBP | Sequence[SBP] | None) -> Any:
+    from . import boxing
+
+    fn = getattr(boxing, "explain_conversion", None)
+    if fn is not None:
+        return fn(x, placement=placement, sbp=sbp)
+    pl = x.placement if placement is None else placement
+    if not isinstance(pl, Placement):
+        raise TypeError(f"placement must be an sm.placement, got {type(pl).__name__}")
+    if sbp is None:
+        if pl.ndim != x.placement.ndim:
+            raise ValueError(f"sbp is required when the mesh changes from {x.placement.ndim}-d "
+                             f"to {pl.ndim}-d")
+        sbp = x.sbp
+    dst = Layout.make(x.shape, pl, sbp)
+    cost = 0.0 if dst == x.layout else float(
+        boxing.conversion_cost(x.layout, dst, x.dtype.itemsize, pl.type))
+    return ConversionSummary(x.layout, dst, x.dtype.itemsize, cost)

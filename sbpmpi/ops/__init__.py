@@ -1,0 +1,60 @@
+"""Global ops: computed on local shards, with SBP signature inference and automatic boxing.
+
+Each op declares its valid signatures in a table next to it (``sm.ops.matmul.table``);
+:mod:`sbpmpi.ops.inference` picks the cheapest for the operands' layouts, boxes the
+operands, runs the op on the local shards and labels the result. ``sm.explain(op,
+*args)`` shows the candidates and their costs.
+"""
+
+from __future__ import annotations
+
+from .call import OpCall
+from .elementwise import (
+    abs,
+    add,
+    div,
+    eq,
+    exp,
+    ge,
+    gt,
+    le,
+    log,
+    lt,
+    maximum,
+    minimum,
+    mul,
+    ne,
+    neg,
+    pow,
+    relu,
+    sigmoid,
+    sqrt,
+    sub,
+    tanh,
+    where,
+)
+from .inference import Candidate, GlobalOp, Inference, execute, infer
+from .linalg import matmul
+from .reduction import log_softmax, mean, softmax
+from .reduction import max_ as max
+from .reduction import min_ as min
+from .reduction import sum_ as sum
+from .shape import astype, cat, getitem, reshape, transpose
+from .signature import AnySplit, DimMatch, Resolved, Signature
+
+__all__ = [
+    "matmul", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+    "eq", "ne", "lt", "le", "gt", "ge", "where",
+    "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
+    "sum", "mean", "max", "min", "softmax", "log_softmax",
+    "transpose", "reshape", "getitem", "astype", "cat",
+    "OPS", "GlobalOp", "OpCall", "Signature", "AnySplit", "DimMatch", "Resolved",
+    "Candidate", "Inference", "infer", "execute",
+]
+
+#: Every op by name.
+OPS: dict[str, GlobalOp] = {op.name: op for op in (
+    matmul, add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge, where,
+    neg, abs, exp, log, sqrt, tanh, relu, sigmoid, sum, mean, max, min, softmax, log_softmax,
+    transpose, reshape, getitem, astype, cat,
+)}

@@ -1,0 +1,348 @@
+"""Signature inference: pick the cheapest valid signature for an op call, box, run, label.
+
+For every placement an input lives on (in argument order) and every combination of
+the op's resolved signatures over the mesh axes (one per axis, axis 0 outermost), a
+:class:`Candidate` costs
+
+* the boxing of each tensor operand from its layout to the layout the signature needs,
+  ``boxing.conversion_cost`` (0 when it already has it), and
+* for a partial output, the reduction it will need later: the cost of converting the
+  output from its partial layout to broadcast on the partial mesh axes (an all-reduce),
+  less the same charge of each partial operand the op consumes as it is (that reduction
+  was owed already and the op only hands it on, so ``P * B -> P`` or ``P + P -> P`` stay
+  lazy while a partial made from split or broadcast inputs pays in full). Never below 0.
+
+The cheapest total wins. Ties (totals within a relative 1e-9) go to the candidate that
+boxes the fewest operands, then to the first in enumeration order: placements in
+argument order, then table rows lexicographically over the mesh axes (axis 0 most
+significant), wildcard rows by increasing dim. All of this is a pure function of
+metadata, so every rank makes the same choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ..env import get_rank
+from ..layout import Layout
+from ..placement import Placement
+from ..sbp import Broadcast, NdSbp, Partial
+from ..tensor import GlobalTensor
+from .call import OpCall
+from .signature import Resolved, admissible, format_table, resolve
+
+__all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp", "partial_charge",
+           "TIE_RTOL", "choose", "clear_cache"]
+
+#: Totals within this relative distance of the cheapest count as ties.
+TIE_RTOL = 1e-9
+
+
+def _cost(src: Layout, dst: Layout, itemsize: int, device_type: str) -> float:
+    if src == dst:
+        return 0.0
+    from ..boxing import conversion_cost
+
+    return float(conversion_cost(src, dst, itemsize, device_type))
+
+
+def partial_charge(out: Layout, itemsize: int, device_type: str) -> float:
+    """Modelled cost of the reduction a partial output will need: its partial mesh axes to B."""
+    if not any(isinstance(s, Partial) for s in out.sbp):
+        return 0.0
+    return _cost(out, _reduced(out), itemsize, device_type)
+
+
+def _reduced(out: Layout) -> Layout:
+    return Layout(out.shape, out.placement,
+                  tuple(Broadcast() if isinstance(s, Partial) else s for s in out.sbp))
+
+
+_COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
+_CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int]] = {}
+_CACHE_SIZE = 4096
+_table: list[Any] = [None]  # the cost table the caches were filled under
+
+
+def clear_cache() -> None:
+    """Forget cached inferences and conversion costs."""
+    _CACHE.clear()
+    _COSTS.clear()
+
+
+def _check_table() -> None:
+    """Clear the caches when the boxing cost table in use is another object than before."""
+    from .. import boxing
+
+    get = getattr(boxing, "get_cost_table", None)
+    table = None if get is None else get()
+    if table is not _table[0]:
+        clear_cache()
+        _table[0] = table  # held, so its id cannot be reused by a new table
+
+
+class _Costs:
+    """``conversion_cost``, memoised (planning a conversion is not free and candidates
+    share many); the memo is cleared when the cost table changes."""
+
+    def __init__(self, device_type: str) -> None:
+        from ..boxing import conversion_cost
+
+        self._f = conversion_cost
+        self._dt = device_type
+
+    def __call__(self, src: Layout, dst: Layout, itemsize: int) -> float:
+        if src == dst:
+            return 0.0
+        key = (src, dst, itemsize, self._dt)
+        c = _COSTS.get(key)
+        if c is None:
+            if len(_COSTS) >= 8 * _CACHE_SIZE:
+                _COSTS.clear()
+            c = _COSTS[key] = float(self._f(src, dst, itemsize, self._dt))
+        return c
+
+    def partial(self, out: Layout, itemsize: int) -> float:
+        if not any(isinstance(s, Partial) for s in out.sbp):
+            return 0.0
+        return self(out, _reduced(out), itemsize)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the op: a placement and a resolved signature per mesh axis."""
+
+    placement: Placement
+    signatures: tuple[Resolved, ...]
+    inputs: tuple[Layout | None, ...]  # required layout per operand (None for scalars)
+    output: Layout
+    moved: tuple[bool, ...]  # per operand: whether it needs boxing
+    boxing: tuple[float, ...]  # modelled seconds per operand
+    partial: float  # net charge for the output's later reduction
+    order: int  # enumeration position (the final tie-break)
+
+    @property
+    def total(self) -> float:
+        """Modelled seconds: boxing plus the partial-output charge."""
+        return float(sum(self.boxing)) + self.partial
+
+    @property
+    def n_boxed(self) -> int:
+        """Number of operands that need boxing."""
+        return sum(self.moved)
+
+    @property
+    def signature(self) -> str:
+        """The per-axis signatures, ``" x "``-joined on an N-d mesh."""
+        return " x ".join(str(s) for s in self.signatures)
+
+
+@dataclass(frozen=True, repr=False)
+class Inference:
+    """The candidates of an op call with their costs, and the chosen one."""
+
+    call: OpCall
+    candidates: tuple[Candidate, ...]
+    chosen: int
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[self.chosen]
+
+    def __str__(self) -> str:
+        call = self.call
+        lines = [_header(call)]
+        tens = [i for i, o in enumerate(call.operands) if isinstance(o, GlobalTensor)]
+        head = ["", "#", "signature"] + [f"{call.label(i)} boxing" for i in tens] + \
+            ["partial out", "total", "output"]
+        rows = [head]
+        multi_pl = len({c.placement for c in self.candidates}) > 1
+        for k, c in enumerate(self.candidates):
+            row = ["*" if k == self.chosen else "", str(k), c.signature]
+            for i in tens:
+                lay = c.inputs[i]
+                assert lay is not None
+                x = call.operands[i]
+                row.append("-" if not c.moved[i] else
+                           f"{_sbp(x.sbp)}->{_sbp(lay.sbp)} {_us(c.boxing[i])}")
+            row += [_us(c.partial) if c.partial else "-", _us(c.total), _sbp(c.output.sbp)
+                    + (f" on {c.placement.ranks.tolist()}" if multi_pl else "")]
+            rows.append(row)
+        widths = [max(len(r[j]) for r in rows) for j in range(len(head))]
+        for r in rows:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        best = self.best
+        lines.append(f"chosen: #{self.chosen} {best.signature}, output sbp {_sbp(best.output.sbp)}"
+                     f" on {best.placement.ranks.tolist()}, modelled cost {_us(best.total)}")
+        lines.append("(costs in microseconds from boxing.conversion_cost; a partial output is "
+                     "charged the all-reduce it will need later, less those its partial "
+                     "operands already owed; ties go to fewer boxed operands, then table order)")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def table(self) -> str:
+        """The op's signature table."""
+        return format_table(self.call.name, self.call.table)
+
+
+def _sbp(nd: NdSbp) -> str:
+    return "(" + ", ".join(str(s) for s in nd) + ")" if len(nd) > 1 else str(nd[0])
+
+
+def _us(t: float) -> str:
+    if t == float("inf"):
+        return "inf"
+    return f"{t * 1e6:.3g}us" if t else "0"
+
+
+def _header(call: OpCall) -> str:
+    parts = []
+    for i, o in enumerate(call.operands):
+        if isinstance(o, GlobalTensor):
+            parts.append(f"{call.label(i)}: {o.shape} {o.dtype} {_sbp(o.sbp)} on "
+                         f"{o.placement.ranks.tolist()}")
+        else:
+            parts.append(f"{call.label(i)}: scalar {o!r}")
+    if call.params:
+        parts.append(call.params)
+    return f"{call.name}({'; '.join(parts)}) -> {call.out_shape} {call.out_dtype}"
+
+
+def _placements(call: OpCall) -> list[Placement]:
+    pls: list[Placement] = []
+    for x in call.tensors:
+        if x.placement not in pls:
+            pls.append(x.placement)
+    if not pls:
+        raise TypeError(f"{call.name}: needs at least one GlobalTensor operand")
+    types = {p.type for p in pls}
+    if len(types) > 1:
+        desc = ", ".join(f"{call.label(i)} on {o.placement.type!r}"
+                         for i, o in enumerate(call.operands) if isinstance(o, GlobalTensor))
+        raise TypeError(f"{call.name}: operands live on different device types ({desc}); "
+                        f"move them to one with x.to_global(placement=...)")
+    return pls
+
+
+def _key(call: OpCall) -> tuple[Any, ...]:
+    ops = tuple((o.layout, o.dtype) if isinstance(o, GlobalTensor) else type(o)
+                for o in call.operands)
+    return (call.name, call.table, tuple(sorted(call.dims.items())), call.out_shape,
+            call.out_dtype, ops)
+
+
+def infer(call: OpCall) -> Inference:
+    """Enumerate and cost every candidate of ``call``; choose one (no communication).
+
+    Results are cached per (op, table, operand layouts and dtypes), and cleared when the
+    boxing cost table changes, as the choice depends on nothing else; every rank makes
+    the same calls, so the caches agree.
+    """
+    pls = _placements(call)
+    _check_table()
+    key = _key(call)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return Inference(call, *hit)
+    ops = call.operands
+    is_t = [isinstance(o, GlobalTensor) for o in ops]
+    in_ndims = [o.ndim if t else 0 for o, t in zip(ops, is_t)]
+    in_dtypes = [o.dtype if t else None for o, t in zip(ops, is_t)]
+    rows = resolve(call.table, call.dims, in_ndims, len(call.out_shape),
+                   fixed=[not t for t in is_t])
+    rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype))
+    if not rows:
+        raise RuntimeError(f"{call.name}: no signature applies (internal error: the table "
+                           f"lacks an all-broadcast row)")
+    out_item = call.out_dtype.itemsize
+    cands: list[Candidate] = []
+    for pl in pls:
+        cost = _Costs(pl.type)
+        for combo in itertools.product(rows, repeat=pl.ndim):
+            need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
+                         else None for i, o in enumerate(ops))
+            moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
+            costs = tuple(cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
+                          else 0.0 for o, lay, m in zip(ops, need, moved))
+            out = Layout(call.out_shape, pl, tuple(r.output for r in combo))
+            charge = cost.partial(out, out_item)
+            if charge:
+                owed = sum(cost.partial(o.layout, o.dtype.itemsize)
+                           for o, t, m in zip(ops, is_t, moved) if t and not m)
+                charge = max(0.0, charge - owed)
+            cands.append(Candidate(pl, tuple(combo), need, out, moved, costs, charge,
+                                   len(cands)))
+    result = (tuple(cands), choose(cands))
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.clear()
+    _CACHE[key] = result
+    return Inference(call, *result)
+
+
+def choose(cands: Sequence[Candidate]) -> int:
+    """Index of the cheapest candidate; ties: fewer boxed operands, then enumeration order."""
+    best = min(c.total for c in cands)
+    tol = TIE_RTOL * abs(best) + 1e-15
+    tied = [k for k, c in enumerate(cands) if c.total <= best + tol]
+    return min(tied, key=lambda k: (cands[k].n_boxed, cands[k].order))
+
+
+def execute(call: OpCall) -> GlobalTensor:
+    """Run ``call``: infer, box the operands, compute local shards, label the output."""
+    from ..boxing import box
+
+    inf = infer(call)
+    best = inf.best
+    args: list[Any] = []
+    for o, lay in zip(call.operands, best.inputs):
+        if isinstance(o, GlobalTensor):
+            assert lay is not None
+            if o.layout != lay:
+                o = box(o, placement=lay.placement, sbp=lay.sbp)
+            args.append(o.to_local())
+        else:
+            args.append(o)
+    out = best.output
+    me = get_rank()
+    shape = out.local_shape(me)
+    if me not in out.placement:
+        return GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
+    xp = backend.get_xp(out.placement.type)
+    res = xp.asarray(call.kernel(xp, args, shape))
+    if res.dtype != call.out_dtype:
+        res = res.astype(call.out_dtype)
+    if not res.flags.c_contiguous:
+        res = res.copy()
+    if tuple(res.shape) != shape:
+        raise RuntimeError(f"{call.name}: internal error: local result has shape "
+                           f"{tuple(res.shape)}, layout {out} expects {shape} on rank {me}")
+    return GlobalTensor(res, out, call.out_dtype)
+
+
+class GlobalOp:
+    """A global op: calling it runs the op; ``.build`` makes the :class:`OpCall` only.
+
+    ``.table`` is the op's signature table (plain data).
+    """
+
+    def __init__(self, name: str, build: Callable[..., OpCall], table: Any,
+                 doc: str | None = None) -> None:
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__doc__ = doc or build.__doc__
+        self.name = name
+        self.build = build
+        self.table = table
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return execute(self.build(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"<sbpmpi op {self.name}>"

@@ -1,0 +1,70 @@
+"""Matrix product of global tensors (2-D and batched, NumPy ``matmul`` semantics)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..tensor import GlobalTensor
+from .call import OpCall, describe, probe_dtype
+from .inference import GlobalOp
+from .signature import AnySplit, B, DimMatch, P, S, Signature
+
+__all__ = ["MATMUL", "matmul"]
+
+S_BATCH = AnySplit("batch")
+
+# a: (..., m, k) @ b: (..., k, n) -> (..., m, n); S(-2) is the second-to-last dim of that operand.
+MATMUL = (
+    Signature((S(-2), B), S(-2)),          # rows of a: data parallel
+    Signature((B, S(-1)), S(-1)),          # columns of b: model parallel
+    Signature((S(-1), S(-2)), P),          # the contracted dim k: partial sums
+    Signature((P, B), P),
+    Signature((B, P), P),
+    Signature((B, B), B),
+    Signature((S_BATCH, S_BATCH), S_BATCH),  # batch dims pass through
+)
+
+
+def _build(a: Any, b: Any) -> OpCall:
+    """Build the OpCall of ``matmul``."""
+    for what, x in (("a", a), ("b", b)):
+        if not isinstance(x, GlobalTensor):
+            raise TypeError(f"matmul: {what} must be a GlobalTensor, got {describe(x)} "
+                            f"(matmul takes no scalars; use mul)")
+        if x.ndim < 2:
+            raise ValueError(f"matmul: {what} has shape {x.shape}; matmul needs at least 2 dims "
+                             f"(reshape a vector to (1, n) or (n, 1))")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: a has shape {a.shape} and b has shape {b.shape}: the "
+                         f"contracted dims differ (a's last dim {a.shape[-1]} != b's "
+                         f"second-to-last dim {b.shape[-2]})")
+    try:
+        batch = tuple(int(n) for n in np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"matmul: batch dims {a.shape[:-2]} of a and {b.shape[:-2]} of b "
+                         f"cannot be broadcast together") from None
+    out_shape = batch + (a.shape[-2], b.shape[-1])
+    dtype = probe_dtype("matmul", lambda x, y: np.matmul(x[None, None], y[None, None]), a, b)
+    nb = len(batch)
+    matches = []
+    for d in range(nb):
+        ins: list[int | None] = []
+        for x in (a, b):
+            j = d - (nb - (x.ndim - 2))
+            ins.append(j if j >= 0 and x.shape[j] == batch[d] else None)
+        matches.append(DimMatch(tuple(ins), d))
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return xp.matmul(local[0], local[1])
+
+    return OpCall("matmul", (a, b), MATMUL, {"batch": tuple(matches)}, out_shape, dtype,
+                  kernel, labels=("a", "b"))
+
+
+matmul = GlobalOp("matmul", _build, MATMUL, doc=(
+    "Matrix product ``a @ b`` of global tensors (2-D, or batched with broadcast batch "
+    "dims); the output SBP follows from the cheapest signature in ``matmul.table``."))
