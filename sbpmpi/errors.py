@@ -1,0 +1,25 @@
+"""Exceptions raised by sbpmpi's reliability checks.
+
+Each is raised identically on every rank that takes part in the failing step, so an
+SPMD program either handles it everywhere or aborts everywhere.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SbpmpiError", "CollectiveMismatchError", "CheckpointError"]
+
+
+class SbpmpiError(RuntimeError):
+    """Base class of sbpmpi's own errors."""
+
+
+class CollectiveMismatchError(SbpmpiError):
+    """Ranks disagree on a collective step: different op, shape, SBP, dtype or placement.
+
+    Also raised in debug mode (``SBPMPI_DEBUG=1``) when the shards of a broadcast
+    mesh axis are not identical.
+    """
+
+
+class CheckpointError(SbpmpiError, ValueError):
+    """A checkpoint file or index is missing parts, truncated, or not what it claims to be."""

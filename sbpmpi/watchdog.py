@@ -1,0 +1,231 @@
+"""Watchdog: abort a job whose rank is stuck in a collective for too long.
+
+With ``SBPMPI_TIMEOUT=<seconds>`` set, every blocking call wrapped in
+:func:`watch` gets a deadline. A daemon thread checks the deadlines; when one
+passes, it prints which op the rank is stuck in, which peers it waits on, and the
+stuck thread's stack, then aborts the whole job (exit code 124). Unset (the
+default), :func:`watch` returns a shared no-op context manager.
+
+    with watchdog.watch("all_reduce", peers=group.ranks):
+        comm.Allreduce(...)
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["ENV_VAR", "EXIT_CODE", "timeout", "configure", "watch", "watched", "active"]
+
+ENV_VAR = "SBPMPI_TIMEOUT"
+EXIT_CODE = 124
+
+_UNSET: Any = object()
+_timeout: Any = _UNSET
+_cond = threading.Condition()
+_entries: dict[int, _Entry] = {}
+_ids = itertools.count()
+_thread: threading.Thread | None = None
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _parse(value: str | None) -> float | None:
+    if value is None or value.strip() in ("", "0", "off", "none"):
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ValueError(
+            f"{ENV_VAR}={value!r} is not a positive number of seconds; set e.g. "
+            f"{ENV_VAR}=600, or 0 / unset to turn the watchdog off"
+        )
+    return t
+
+
+def timeout() -> float | None:
+    """The watchdog timeout in seconds, or None when off (read once from ``SBPMPI_TIMEOUT``)."""
+    global _timeout
+    if _timeout is _UNSET:
+        _timeout = _parse(os.environ.get(ENV_VAR))
+    return _timeout  # type: ignore[no-any-return]
+
+
+def configure(seconds: float | None | Any = _UNSET) -> float | None:
+    """Set the timeout (None turns the watchdog off); with no argument re-read the environment."""
+    global _timeout
+    if seconds is _UNSET:
+        _timeout = _parse(os.environ.get(ENV_VAR))
+    elif seconds is None:
+        _timeout = None
+    else:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"watchdog timeout must be a positive number of seconds, got "
+                             f"{seconds!r}")
+        _timeout = float(seconds)
+    return _timeout  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    op: str
+    peers: tuple[int, ...] | None
+    start: float
+    deadline: float
+    thread_id: int
+    thread_name: str
+
+
+class _NullWatch:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL = _NullWatch()
+
+
+def _peer_ranks(peers: Any) -> tuple[int, ...] | None:
+    if peers is None:
+        return None
+    ranks = getattr(peers, "ranks", None)  # a comm.Group
+    if ranks is not None and not hasattr(ranks, "tolist"):
+        peers = ranks
+    elif hasattr(peers, "rank_list"):  # a Placement
+        peers = peers.rank_list
+    if isinstance(peers, int):
+        return (peers,)
+    return tuple(int(r) for r in peers)
+
+
+class _Watch:
+    __slots__ = ("_op", "_peers", "_seconds", "_id")
+
+    def __init__(self, op: str, peers: Any, seconds: float) -> None:
+        self._op = op
+        self._peers = _peer_ranks(peers)
+        self._seconds = seconds
+        self._id = -1
+
+    def __enter__(self) -> None:
+        now = time.monotonic()
+        th = threading.current_thread()
+        entry = _Entry(self._op, self._peers, now, now + self._seconds, th.ident or 0, th.name)
+        self._id = next(_ids)
+        with _cond:
+            _entries[self._id] = entry
+            _ensure_thread()
+            _cond.notify()
+
+    def __exit__(self, *exc: object) -> None:
+        with _cond:
+            _entries.pop(self._id, None)
+
+
+def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = None) -> Any:
+    """Context manager: abort the job if the block takes longer than the timeout.
+
+    Parameters
+    ----------
+    op : str
+        What the block does, e.g. ``"all_reduce"``; printed if it times out.
+    peers : sequence of int, Group or Placement, optional
+        World ranks the call waits on (all ranks of the world if None).
+    seconds : float, optional
+        Overrides ``SBPMPI_TIMEOUT`` for this block.
+    """
+    t = timeout() if seconds is None else seconds
+    if t is None:
+        return _NULL
+    return _Watch(op, peers, t)
+
+
+def watched(op: str) -> Callable[[F], F]:
+    """Decorator form of :func:`watch` (peers: the world)."""
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            with watch(op):
+                return fn(*args, **kw)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def active() -> list[tuple[str, tuple[int, ...] | None, float]]:
+    """The watched blocks now open, as ``(op, peers, seconds so far)``, oldest first."""
+    now = time.monotonic()
+    with _cond:
+        items = sorted(_entries.values(), key=lambda e: e.start)
+    return [(e.op, e.peers, now - e.start) for e in items]
+
+
+def _ensure_thread() -> None:
+    global _thread
+    if _thread is None or not _thread.is_alive():
+        _thread = threading.Thread(target=_run, name="sbpmpi-watchdog", daemon=True)
+        _thread.start()
+
+
+def _run() -> None:
+    while True:
+        with _cond:
+            while True:
+                if not _entries:
+                    _cond.wait()
+                    continue
+                now = time.monotonic()
+                late = min(_entries.values(), key=lambda e: e.deadline)
+                if late.deadline > now:
+                    _cond.wait(late.deadline - now)
+                    continue
+                stack = [e for e in _entries.values() if e.thread_id == late.thread_id]
+                break
+        _fire(late, sorted(stack, key=lambda e: e.start))
+
+
+def _describe_peers(peers: tuple[int, ...] | None, size: int) -> str:
+    if peers is None:
+        return f"all {size} ranks of the world"
+    return f"ranks {list(peers)}"
+
+
+def _fire(late: _Entry, stack: list[_Entry]) -> None:
+    from mpi4py import MPI
+
+    from .abort import abort
+
+    rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else 0
+    size = MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
+    waited = time.monotonic() - late.start
+    lines = [
+        f"sbpmpi: rank {rank}: watchdog: stuck for {waited:.1f} s in {late.op!r} waiting on "
+        f"{_describe_peers(late.peers, size)} ({ENV_VAR}={late.deadline - late.start:g})",
+        f"sbpmpi: rank {rank}: a peer has crashed, hangs, or called a different collective "
+        f"at this step",
+    ]
+    if len(stack) > 1:
+        lines.append(f"sbpmpi: rank {rank}: inside: " + " > ".join(e.op for e in stack))
+    frame = sys._current_frames().get(late.thread_id)
+    if frame is not None:
+        lines.append(f"stack of thread {late.thread_name!r} (most recent call last):")
+        lines.append("".join(traceback.format_stack(frame)).rstrip("\n"))
+    lines.append(f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort, exit code "
+                 f"{EXIT_CODE})")
+    abort("\n".join(lines), EXIT_CODE)

@@ -1,0 +1,334 @@
+"""Checkpoints: sm.save / sm.load / sm.save_state / sm.load_state against NumPy.
+
+MPI tests (n = 1..4) round-trip every SBP and placement and check the files with
+numpy.load; serial tests run the cross-size cases (save on 4 ranks, load on 2 and 1)
+and the crash cases under their own mpiexec.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from conftest import assert_same_on_all_ranks
+from fault_programs.runner import mpiexec, run_mpi
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi import backend, checkpoint
+from sbpmpi.errors import CheckpointError
+from sbpmpi.layout import Layout
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+@pytest.fixture
+def shared_dir():
+    """A fresh directory that every rank sees (rank 0 creates and removes it)."""
+    d = tempfile.mkdtemp(prefix="sbpmpi-ckpt-") if rank == 0 else None
+    d = comm.bcast(d, root=0)
+    yield d
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def placements(device_type):
+    out = [sm.placement(device_type, list(range(size)))]
+    if size > 1:
+        out.append(sm.placement(device_type, list(range(1, size))[::-1]))
+    if size == 4:
+        out.append(sm.placement(device_type, [[0, 1], [2, 3]]))
+        out.append(sm.placement(device_type, [[3, 1], [2, 0]]))
+    return out
+
+
+def all_sbps(pl, ndim, partial=True):
+    one = [sm.sbp.broadcast] + [sm.sbp.split(d) for d in range(ndim)]
+    if partial:
+        one += [sm.sbp.partial_sum, sm.sbp.partial_max]
+    return list(itertools.product(one, repeat=pl.ndim))
+
+
+def on_root(fn, *args):
+    """Run ``fn`` on rank 0 only (file surgery), then barrier."""
+    if rank == 0:
+        fn(*args)
+    comm.Barrier()
+
+
+def errors_of(fn):
+    """(type name, message) of what ``fn`` raised, checked to be the same on every rank."""
+    try:
+        fn()
+    except Exception as e:
+        got = (type(e).__name__, str(e))
+    else:
+        got = ("no error", "")
+    assert_same_on_all_ranks(got)
+    return got
+
+
+# -- MPI round trips -----------------------------------------------------------------------------
+
+def check_local(y, value, pl, nd):
+    """This rank's shard of ``y`` is the right slice of ``value`` (or the partial identity)."""
+    lay = Layout.make(value.shape, pl, nd)
+    assert y.layout == lay and y.dtype == value.dtype
+    local = y.to_local()
+    assert tuple(local.shape) == lay.local_shape(rank) and local.flags.c_contiguous
+    op = lay.identity_op(rank)
+    if rank not in pl:
+        assert local.size == 0
+    elif op is None:
+        np.testing.assert_array_equal(backend.asnumpy(local), value[lay.local_slice(rank)],
+                                      err_msg=f"{pl} {nd}")
+    else:  # partial non-holder: the reduction's identity
+        ident = {"sum": 0.0, "max": -np.inf, "min": np.inf}[op]
+        assert (backend.asnumpy(local) == ident).all(), f"{pl} {nd}"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape", [(5, 7), (3,), (), (0, 3), (2, 3, 4)])
+def test_round_trip_every_sbp_and_placement(device_type, shared_dir, shape):
+    """Save from every layout (numpy.load checks the file), load into every layout."""
+    rng = np.random.default_rng(11)
+    value = rng.integers(-50, 50, size=shape).astype(np.float64)
+    path = os.path.join(shared_dir, "x.npy")
+    pls = placements(device_type)
+    if len(shape) != 2:  # fewer placements for the other shapes: keeps the test short
+        pls = list(dict.fromkeys([pls[0], pls[-1]]))
+    for pl in pls:
+        for nd in all_sbps(pl, len(shape)):
+            checkpoint.save(sm.tensor(value, placement=pl, sbp=nd), path)
+            if rank == 0:
+                np.testing.assert_array_equal(np.load(path), value, err_msg=f"{pl} {nd}")
+            comm.Barrier()
+    for pl in pls:
+        for nd in all_sbps(pl, len(shape)):
+            check_local(checkpoint.load(path, placement=pl, sbp=nd), value, pl, nd)
+    # the whole value once per placement, through boxing
+    y = checkpoint.load(path, placement=pls[-1], sbp=all_sbps(pls[-1], len(shape))[-1])
+    np.testing.assert_array_equal(y.numpy(), value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_save_partial_0d(shared_dir):
+    """A 0-d partial tensor is reduced by boxing before the write (P -> B)."""
+    pl = sm.placement("cpu", list(range(size)))
+    for op in ("sum", "max", "min"):
+        x = sm.tensor(np.array(-2.5), placement=pl, sbp=sm.sbp.Partial(op))
+        path = os.path.join(shared_dir, f"{op}.npy")
+        checkpoint.save(x, path)
+        if rank == 0:
+            np.testing.assert_array_equal(np.load(path), np.array(-2.5))
+        y = checkpoint.load(path, placement=pl, sbp=sm.sbp.Partial(op))
+        np.testing.assert_array_equal(y.numpy(), np.array(-2.5))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dtypes_and_foreign_npy_files(shared_dir):
+    pl = sm.placement("cpu", list(range(size)))
+    rng = np.random.default_rng(5)
+    values = {
+        "f32": rng.standard_normal((4, 3)).astype(np.float32),
+        "i8": rng.integers(-100, 100, (7,)).astype(np.int8),
+        "bool": rng.integers(0, 2, (3, 5)).astype(bool),
+        "c64": (rng.standard_normal((3, 2)) + 1j * rng.standard_normal((3, 2))).astype(np.complex64),
+        "u64": np.array([0, 2**64 - 1, 17], dtype=np.uint64),
+        "f16": rng.standard_normal((2, 2, 2)).astype(np.float16),
+    }
+    for name, v in values.items():
+        path = os.path.join(shared_dir, f"{name}.npy")
+        checkpoint.save(sm.tensor(v, placement=pl, sbp=sm.sbp.split(0)), path)
+        if rank == 0:
+            got = np.load(path)
+            assert got.dtype == v.dtype
+            np.testing.assert_array_equal(got, v)
+        y = checkpoint.load(path, placement=pl, sbp=sm.sbp.split(v.ndim - 1))
+        assert y.dtype == v.dtype
+        np.testing.assert_array_equal(y.numpy(), v, err_msg=name)
+    # files written by numpy itself: Fortran order, big-endian, format 2.0
+    v = np.arange(30, dtype=np.int32).reshape(5, 6)
+    on_root(np.save, os.path.join(shared_dir, "fortran.npy"), np.asfortranarray(v))
+    on_root(np.save, os.path.join(shared_dir, "big.npy"), v.astype(">i4"))
+
+    def save_v2():
+        with open(os.path.join(shared_dir, "v2.npy"), "wb") as f:
+            np.lib.format.write_array(f, v, version=(2, 0))
+
+    on_root(save_v2)
+    for name in ("fortran", "big", "v2"):
+        for nd in (sm.sbp.split(0), sm.sbp.split(1), sm.sbp.broadcast, sm.sbp.partial_min):
+            y = checkpoint.load(os.path.join(shared_dir, f"{name}.npy"), placement=pl, sbp=nd)
+            assert y.dtype == np.int32 and y.dtype.isnative
+            np.testing.assert_array_equal(y.numpy(), v, err_msg=f"{name} {nd}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_save_replaces_atomically_and_leaves_no_temporary(shared_dir):
+    pl = sm.placement("cpu", list(range(size)))
+    path = os.path.join(shared_dir, "w.npy")
+    for k in range(3):
+        v = np.full((size + 2, 3), float(k))
+        checkpoint.save(sm.tensor(v, placement=pl, sbp=sm.sbp.split(0)), path)
+        if rank == 0:
+            np.testing.assert_array_equal(np.load(path), v)
+    comm.Barrier()
+    assert sorted(os.listdir(shared_dir)) == ["w.npy"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_files_give_the_same_clear_error_everywhere(shared_dir):
+    pl = sm.placement("cpu", list(range(size)))
+    v = np.arange(24, dtype=np.float64).reshape(4, 6)
+    good = os.path.join(shared_dir, "good.npy")
+    checkpoint.save(sm.tensor(v, placement=pl, sbp=sm.sbp.broadcast), good)
+    raw = open(good, "rb").read()
+    cases = {
+        "truncated.npy": (raw[:-9], "CheckpointError", "is truncated: the header says shape (4, 6) "
+                          "float64 = 192 data bytes after a 128-byte header, 320 bytes in all, "
+                          "but the file has 311 bytes"),
+        "header_cut.npy": (raw[:40], "CheckpointError", "is truncated inside its .npy header"),
+        "empty.npy": (b"", "CheckpointError", "is not a .npy file"),
+        "magic.npy": (b"PK\x03\x04" + raw[4:], "CheckpointError", "is not a .npy file"),
+        "version.npy": (raw[:6] + b"\x07\x00" + raw[8:], "CheckpointError",
+                        "has .npy format version 7.0"),
+        "trailing.npy": (raw + b"\0" * 8, "CheckpointError", "longer than its header says"),
+        "header.npy": (raw.replace(b"'shape': (4, 6)", b"'shape': [4, 6]"), "CheckpointError",
+                       "is not a tuple of non-negative ints"),
+        "descr.npy": (raw.replace(b"'<f8'", b"'<q9'"), "CheckpointError", "is not a dtype"),
+        "garbage.npy": (raw.replace(b"'descr'", b"'descr("), "CheckpointError",
+                        "malformed .npy header"),
+    }
+
+    def write_all():
+        for name, (data, _, _) in cases.items():
+            with open(os.path.join(shared_dir, name), "wb") as f:
+                f.write(data)
+
+    on_root(write_all)
+    for name, (_, etype, frag) in cases.items():
+        path = os.path.join(shared_dir, name)
+        got = errors_of(lambda p=path: checkpoint.load(p, placement=pl, sbp=sm.sbp.split(0)))
+        assert got[0] == etype and frag in got[1] and got[1].startswith("sm.load: "), (name, got)
+        assert isinstance(CheckpointError("x"), ValueError)
+    got = errors_of(lambda: checkpoint.load(os.path.join(shared_dir, "nope.npy"), placement=pl,
+                                            sbp=sm.sbp.split(0)))
+    assert got[0] == "FileNotFoundError" and "no such file" in got[1], got
+    got = errors_of(lambda: checkpoint.load(shared_dir, placement=pl, sbp=sm.sbp.split(0)))
+    assert got[0] == "IsADirectoryError", got
+    # the good file still loads after all that
+    np.testing.assert_array_equal(
+        checkpoint.load(good, placement=pl, sbp=sm.sbp.split(1)).numpy(), v)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_state_round_trip_and_replacement(shared_dir):
+    d = os.path.join(shared_dir, "state")
+    pl = sm.placement("cpu", list(range(size)))
+    rng = np.random.default_rng(2)
+    vals = {"w 1/odd name": rng.standard_normal((5, 3)), "b": rng.integers(0, 9, (4,)),
+            "W 1.odd_name": rng.standard_normal((2, 2)).astype(np.float32)}
+    sbps = {"w 1/odd name": sm.sbp.split(1), "b": sm.sbp.partial_sum,
+            "W 1.odd_name": sm.sbp.broadcast}
+    state = {k: sm.tensor(v, placement=pl, sbp=sbps[k]) for k, v in vals.items()}
+    checkpoint.save_state(state, d)
+    out = checkpoint.load_state(d)  # placement and SBP as saved
+    assert list(out) == list(vals)
+    for k, v in vals.items():
+        assert out[k].dtype == v.dtype and out[k].placement == pl
+        assert out[k].sbp == Layout.make(v.shape, pl, sbps[k]).sbp
+        np.testing.assert_array_equal(out[k].numpy(), v, err_msg=k)
+    # the index and the files are plain JSON and .npy
+    index = json.load(open(os.path.join(d, checkpoint.INDEX_NAME)))
+    assert index["format"] == "sbpmpi.state" and list(index["tensors"]) == list(vals)
+    if rank == 0:
+        for k, v in vals.items():
+            np.testing.assert_array_equal(np.load(os.path.join(d, index["tensors"][k]["file"])), v)
+    assert len({e["file"] for e in index["tensors"].values()}) == 3
+    # other placement / SBP per name
+    one = sm.placement("cpu", [size - 1])
+    out = checkpoint.load_state(d, placement=one, sbp={"b": sm.sbp.split(0)})
+    for k, v in vals.items():
+        assert out[k].placement == one
+        np.testing.assert_array_equal(out[k].numpy(), v, err_msg=k)
+    # replace with a smaller state: old files go, the index names only the new ones
+    checkpoint.save_state({"b": state["b"]}, d)
+    comm.Barrier()
+    files = sorted(f for f in os.listdir(d) if f != checkpoint.INDEX_NAME)
+    index = json.load(open(os.path.join(d, checkpoint.INDEX_NAME)))
+    assert files == [index["tensors"]["b"]["file"]]
+    np.testing.assert_array_equal(checkpoint.load_state(d)["b"].numpy(), vals["b"])
+    got = errors_of(lambda: checkpoint.load_state(d, sbp={"nope": sm.sbp.broadcast}))
+    assert got[0] == "KeyError" and "not in the checkpoint" in got[1], got
+    got = errors_of(lambda: checkpoint.load_state(os.path.join(shared_dir, "none")))
+    assert got[0] == "FileNotFoundError" and "sm.load_state: no such state directory" in got[1]
+    # a missing tensor file is reported before anything is read
+    on_root(os.remove, os.path.join(d, index["tensors"]["b"]["file"]))
+    got = errors_of(lambda: checkpoint.load_state(d))
+    assert got[0] == "CheckpointError" and "is missing" in got[1], got
+
+
+@pytest.mark.mpi(min_size=1)
+def test_save_errors_before_any_write(shared_dir):
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.tensor(np.zeros((2, 2)), placement=pl, sbp=sm.sbp.broadcast)
+    got = errors_of(lambda: checkpoint.save(x, os.path.join(shared_dir, "no", "such", "x.npy")))
+    assert got[0] == "FileNotFoundError" and "does not exist" in got[1], got
+    got = errors_of(lambda: checkpoint.save(x, shared_dir))
+    assert got[0] == "IsADirectoryError", got
+    assert os.listdir(shared_dir) == []
+
+
+# -- across world sizes and crashes (serial tests, own mpiexec) ----------------------------------
+
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
+
+
+def reference(shape, salt):
+    """Same values as fault_programs/ckpt.py value()."""
+    n = int(np.prod(shape))
+    return ((np.arange(n, dtype=np.float64) * 1.5 + salt) % 97 - 40).reshape(shape)
+
+
+@needs_mpiexec
+def test_save_on_4_ranks_2x2_mesh_load_on_2_and_1(tmp_path):
+    res = run_mpi(4, "ckpt.py", "save", str(tmp_path))
+    assert res.rc == 0, res
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), reference((5, 7), 0))
+    index = json.loads((tmp_path / "state" / "index.json").read_text())
+    w = index["tensors"]["layer.w"]
+    assert w["sbp"] == ["partial_sum", "split(2)"] and w["placement"]["ranks"] == [[0, 1], [2, 3]]
+    np.testing.assert_array_equal(np.load(tmp_path / "state" / w["file"]),
+                                  reference((3, 4, 2), 1).astype(np.float32))
+    for n in (2, 1):
+        res = run_mpi(n, "ckpt.py", "load", str(tmp_path))
+        assert res.rc == 0 and f"LOADED-OK n={n}" in res.out, res
+
+
+@needs_mpiexec
+def test_rank_killed_mid_write_leaves_no_file(tmp_path):
+    res = run_mpi(2, "ckpt.py", "crash-during", str(tmp_path))
+    assert res.rc != 0, res
+    assert not (tmp_path / "x.npy").exists(), os.listdir(tmp_path)
+    leftovers = os.listdir(tmp_path)
+    assert all(f.startswith(".x.npy.sbpmpi-tmp-") for f in leftovers), leftovers
+
+
+@needs_mpiexec
+def test_crash_before_rename_keeps_the_old_file(tmp_path):
+    old = reference((5, 7), 0)
+    np.save(tmp_path / "x.npy", old)
+    res = run_mpi(2, "ckpt.py", "crash-commit", str(tmp_path))
+    assert res.rc != 0 and "temporary file complete" in res.out, res
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), old)
+    tmps = [f for f in os.listdir(tmp_path) if f != "x.npy"]
+    assert len(tmps) == 1 and tmps[0].startswith(".x.npy.sbpmpi-tmp-"), tmps
+    np.testing.assert_array_equal(np.load(tmp_path / tmps[0]), reference((5, 7), 5))
