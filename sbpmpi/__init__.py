@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import abort as _abort
 from . import comm, env, sbp
 from ._version import __version__
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
@@ -17,6 +18,8 @@ from .placement import Placement, placement
 from .random import manual_seed
 from .tensor import GlobalTensor
 from .trace import trace  # after comm, whose import of sbpmpi.trace binds the module name
+
+_abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {

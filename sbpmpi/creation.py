@@ -55,7 +55,16 @@ def _layout(shape: tuple[int, ...], placement: Any, sbp: Any) -> Layout:
         raise TypeError(f"placement must be an sm.placement, got {type(placement).__name__}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0) or sm.sbp.broadcast")
+    check_device_available(placement)
     return Layout.make(shape, placement, sbp)
+
+
+def check_device_available(placement: Placement) -> None:
+    """Raise on every rank (not only members) when a "cuda" placement has no GPU backend."""
+    if placement.type == "cuda" and not backend.cupy_available():
+        raise RuntimeError(
+            f"placement type 'cuda' needs CuPy and a GPU on every rank ({placement!r}): install "
+            "sbpmpi[cuda12] or sbpmpi[cuda13] and run on GPU nodes, or use placement type 'cpu'")
 
 
 def empty_like_layout(layout: Layout, dtype: Any) -> Any:
@@ -68,6 +77,8 @@ def empty_like_layout(layout: Layout, dtype: Any) -> Any:
 def _build(layout: Layout, dtype: np.dtype,
            fill: Callable[[Any, tuple[tuple[int, int], ...]], Any]) -> GlobalTensor:
     """Shard of this rank from ``fill(xp, ranges)``; identity on non-holding partial ranks."""
+    for a in layout.partial_axes():  # same error on every rank, e.g. partial_max of complex
+        identity_value(layout.sbp[a].op, dtype)  # type: ignore[union-attr]
     me = get_rank()
     ranges = layout.local_ranges(me)
     if ranges is None:
@@ -110,6 +121,9 @@ def full(shape: Any, value: Any, *, placement: Placement | None = None,
     """A tensor filled with ``value``."""
     shp = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
     layout = _layout(shp, placement, sbp)
+    if np.ndim(value) != 0:
+        raise TypeError(f"full: value must be a scalar, got {type(value).__name__} of shape "
+                        f"{np.shape(value)}; use sm.tensor(data, ...) for an array value")
     if dtype is None:
         dtype = (np.bool_ if isinstance(value, (bool, np.bool_)) else
                  np.int64 if isinstance(value, (int, np.integer)) else
@@ -138,6 +152,12 @@ def arange(start: Any, stop: Any = None, step: Any = 1, *, placement: Placement 
     """``start, start + step, ...`` below ``stop`` (``arange(n)`` is ``0 .. n-1``)."""
     if stop is None:
         start, stop = 0, start
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                                  np.floating)):
+            raise TypeError(f"arange {name} must be a real number, got {type(v).__name__} {v!r}")
+        if not np.isfinite(v):
+            raise ValueError(f"arange {name} must be finite, got {v!r}")
     if step == 0:
         raise ValueError("arange step must not be zero")
     n = max(0, int(np.ceil((stop - start) / step)))
@@ -162,8 +182,11 @@ def tensor(data: Any, *, placement: Placement | None = None,
     value = backend.asnumpy(backend.from_dlpack(data)) if not isinstance(data, (list, tuple)) \
         else np.asarray(data)
     value = np.asarray(value)
+    if value.dtype == object:
+        raise TypeError("sm.tensor: data must be numeric (got an object array; ragged lists?)")
     dt = _dtype_arg(dtype, value.dtype)
     layout = _layout(value.shape, placement, sbp)
+    value = value.astype(dt, copy=False)  # once, so a bad cast fails on every rank
     return _build(layout, dt, lambda xp, r: xp.asarray(value[tuple(slice(a, b) for a, b in r)]))
 
 
@@ -205,6 +228,10 @@ def to_global(local: Any, *, placement: Placement | None = None,
                         f"got {placement!r}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
+    from .consistency import check_collective
+
+    check_collective("sm.to_global", (placement, sbp))
+    check_device_available(placement)
     me = get_rank()
     member = me in placement
     arr = None
@@ -213,7 +240,14 @@ def to_global(local: Any, *, placement: Placement | None = None,
         try:
             if local is None:
                 raise TypeError(f"rank {me} is in the placement but passed no local array")
+            if not (isinstance(local, np.ndarray) or hasattr(local, "__dlpack__")
+                    or hasattr(local, "__cuda_array_interface__")):
+                raise TypeError(
+                    f"local must be an array (NumPy, CuPy or any DLPack array), got "
+                    f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
             arr = backend.from_dlpack(local)
+            if np.dtype(arr.dtype).kind not in "biufc":
+                raise TypeError(f"local array dtype {arr.dtype} is not numeric")
             if backend.device_type_of(arr) != placement.type:
                 arr = backend.to_device(arr, placement.type)
             meta = (tuple(int(n) for n in arr.shape), np.dtype(arr.dtype).str)

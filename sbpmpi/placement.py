@@ -34,8 +34,9 @@ class Placement:
                 f"placement type {type!r} is not supported; expected one of {DEVICE_TYPES}"
             )
         try:
+            np.array(ranks)  # NumPy refuses ragged nesting here
             arr = np.array(ranks, dtype=object)
-        except ValueError as e:  # ragged nesting
+        except (ValueError, TypeError) as e:
             raise ValueError(f"placement ranks {ranks!r} do not form a rectangular mesh") from e
         if arr.ndim == 0:
             arr = arr.reshape(1)

@@ -87,7 +87,9 @@ class GlobalTensor:
     def numpy(self) -> np.ndarray:
         """The whole global value as a NumPy array, on every rank (collective)."""
         from .boxing import gather_global
+        from .consistency import check_collective
 
+        check_collective("x.numpy", (self,))
         return gather_global(self)
 
     def to_global(
@@ -95,7 +97,10 @@ class GlobalTensor:
     ) -> GlobalTensor:
         """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
         from .boxing import box
+        from .consistency import check_broadcast_shards, check_collective
 
+        check_collective("x.to_global", (self, placement, sbp))
+        check_broadcast_shards(self, "x.to_global input")
         return box(self, placement=placement, sbp=sbp)
 
     def item(self) -> Any:

@@ -297,9 +297,19 @@ def choose(cands: Sequence[Candidate]) -> int:
 def execute(call: OpCall) -> GlobalTensor:
     """Run ``call``: infer, box the operands, compute local shards, label the output."""
     from ..boxing import box
+    from ..consistency import check_broadcast_shards, check_collective, note_step
 
     inf = infer(call)
     best = inf.best
+    meta = (call.operands, call.params)
+    if any(isinstance(o, GlobalTensor) and o.layout != lay
+           for o, lay in zip(call.operands, best.inputs)):
+        check_collective(call.name, meta)  # data moves: all ranks must agree now
+    else:
+        note_step(call.name, meta)  # local only: verified at the next check
+    for o in call.operands:
+        if isinstance(o, GlobalTensor):
+            check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
     args: list[Any] = []
     for o, lay in zip(call.operands, best.inputs):
         if isinstance(o, GlobalTensor):
