@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
+from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .dtypes import dtype_info
@@ -40,7 +41,8 @@ def barrier(group: Group | None = None) -> None:
     g, comm = resolve(group, "barrier")
     if ACTIVE:
         note("barrier", 0, g)
-    comm.Barrier()
+    with watch("barrier", g.ranks):
+        comm.Barrier()
 
 
 def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
@@ -62,7 +64,8 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
         if ACTIVE:
             note("broadcast", m[1] * m[0].itemsize if me == root else 0, g, m[0], src,
                  m[3], st.staged)
-        comm.Bcast([buf, m[1], t], root=root)
+        with watch("broadcast", g.ranks):
+            comm.Bcast([buf, m[1], t], root=root)
         st.finish()
     finally:
         st.release()
@@ -95,7 +98,8 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
             buf = st.out(arr, m, copy_in=True)
             if ACTIVE:
                 note("reduce", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-            comm.Reduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op, root=root)
+            with watch("reduce", g.ranks):
+                comm.Reduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op, root=root)
             if red.average:
                 _average(buf, g.size)
             st.finish()
@@ -103,7 +107,8 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
             buf = st.inp(arr, m)
             if ACTIVE:
                 note("reduce", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-            comm.Reduce([buf, m[1], info.mpi], None, op=red.op, root=root)
+            with watch("reduce", g.ranks):
+                comm.Reduce([buf, m[1], info.mpi], None, op=red.op, root=root)
     finally:
         st.release()
 
@@ -125,7 +130,8 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         buf = st.out(arr, m, copy_in=True)
         if ACTIVE:
             note("all_reduce", m[1] * m[0].itemsize, g, m[0], None, m[3], st.staged)
-        comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
+        with watch("all_reduce", g.ranks):
+            comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
         if red.average:
             _average(buf, g.size)
         st.finish()
@@ -188,16 +194,19 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
         if ACTIVE:
             note(op, m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
         if me != root:
-            comm.Gather([sbuf, m[1], t], None, root=root)
+            with watch("gather", g.ranks):
+                comm.Gather([sbuf, m[1], t], None, root=root)
             return
         if mo is not None:
             rbuf = st.out(gather_list, mo)
-            comm.Gather([sbuf, m[1], t], [rbuf, m[1], t], root=root)
+            with watch("gather", g.ranks):
+                comm.Gather([sbuf, m[1], t], [rbuf, m[1], t], root=root)
             st.finish()
         else:
             assert metas is not None
             tmp = np.empty(p * m[1], dtype=m[0])
-            comm.Gather([sbuf, m[1], t], [tmp, m[1], t], root=root)
+            with watch("gather", g.ranks):
+                comm.Gather([sbuf, m[1], t], [tmp, m[1], t], root=root)
             scatter_list_out(tmp, gather_list, metas)
     finally:
         st.release()
@@ -235,7 +244,8 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
             rbuf = np.empty(p * m[1], dtype=m[0])
         if ACTIVE:
             note(op, m[1] * m[0].itemsize, g, m[0], None, m[3], st.staged)
-        comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
+        with watch("all_gather", g.ranks):
+            comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
         st.finish()
@@ -282,7 +292,8 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
         if ACTIVE:
             note(op, p * m[1] * m[0].itemsize if me == root else 0, g, m[0], src, m[3],
                  st.staged)
-        comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t], root=root)
+        with watch("scatter", g.ranks):
+            comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t], root=root)
         st.finish()
     finally:
         st.release()
@@ -380,7 +391,8 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         if ACTIVE:
             note(name, p * m[1] * m[0].itemsize, g, m[0], None,
                  bool((mo and mo[3]) or (mi and mi[3])), st.staged)
-        comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
+        with watch("all_to_all", g.ranks):
+            comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
         if out_metas is not None:
             scatter_list_out(rbuf, out, out_metas)
         st.finish()

@@ -10,6 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
 from .dtypes import dtype_info
 from .group import Group, resolve, root_rank
@@ -78,7 +79,8 @@ class Work:
         """Block until the message is sent or received; returns True."""
         if not self._done:
             status = MPI.Status()
-            self._req.Wait(status)
+            with watch("wait", self._g.ranks):
+                self._req.Wait(status)
             self._complete(status)
         return True
 
@@ -116,7 +118,8 @@ def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
         buf = st.inp(arr, m)
         if ACTIVE:
             note("send", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        comm.Send([buf, m[1], t], dest=peer, tag=tag)
+        with watch("send", g.ranks):
+            comm.Send([buf, m[1], t], dest=peer, tag=tag)
     finally:
         st.release()
 
@@ -134,7 +137,8 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
         if ACTIVE:
             note("recv", 0, g, m[0], src, m[3], st.staged)
         status = MPI.Status()
-        comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
+        with watch("recv", g.ranks):
+            comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
         sender = g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
         st.finish()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .collectives import _average, _host_only
@@ -87,7 +88,8 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
         if ACTIVE:
             note(op, m[1] * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
-        comm.Allgatherv([sbuf, m[1], t], [rbuf, (c, d), t])
+        with watch("all_gather_v", g.ranks):
+            comm.Allgatherv([sbuf, m[1], t], [rbuf, (c, d), t])
         st.finish()
     finally:
         st.release()
@@ -127,10 +129,12 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
         if ACTIVE:
             note(op, m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
         if mo is None:
-            comm.Gatherv([sbuf, m[1], t], None, root=root)
+            with watch("gather_v", g.ranks):
+                comm.Gatherv([sbuf, m[1], t], None, root=root)
         else:
             rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)
-            comm.Gatherv([sbuf, m[1], t], [rbuf, (c, d), t], root=root)
+            with watch("gather_v", g.ranks):
+                comm.Gatherv([sbuf, m[1], t], [rbuf, (c, d), t], root=root)
             st.finish()
     finally:
         st.release()
@@ -170,7 +174,8 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
         rbuf = st.out(arr, m)
         if ACTIVE:
             note(op, 0 if mi is None else mi[1] * m[0].itemsize, g, m[0], src, m[3], st.staged)
-        comm.Scatterv(None if sbuf is None else [sbuf, (c, d), t], [rbuf, m[1], t], root=root)
+        with watch("scatter_v", g.ranks):
+            comm.Scatterv(None if sbuf is None else [sbuf, (c, d), t], [rbuf, m[1], t], root=root)
         st.finish()
     finally:
         st.release()
@@ -206,7 +211,8 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         rbuf = st.out(out, m)
         if ACTIVE:
             note(name, mi[1] * m[0].itemsize, g, m[0], None, m[3] or mi[3], st.staged)
-        comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], c, op=red.op)
+        with watch("reduce_scatter_v", g.ranks):
+            comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], c, op=red.op)
         if red.average:
             _average(rbuf, p)
         st.finish()
@@ -249,7 +255,8 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
         rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
         if ACTIVE:
             note(op, sum(ic) * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
-        comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
+        with watch("all_to_all_v", g.ranks):
+            comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
         st.finish()
     finally:
         st.release()
