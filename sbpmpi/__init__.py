@@ -18,8 +18,10 @@ from .placement import Placement, placement
 from .random import manual_seed
 from .tensor import GlobalTensor
 from .trace import trace  # after comm, whose import of sbpmpi.trace binds the module name
+from .visualize import visualize  # a submodule import would otherwise shadow the function
 
-_abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
+_abort.install()
+env.init()  # the node split is collective: every rank takes part now, not in a later call  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
@@ -35,13 +37,12 @@ _LAZY: dict[str, str] = {
     "load": "sbpmpi.checkpoint",
     "save_state": "sbpmpi.checkpoint",
     "load_state": "sbpmpi.checkpoint",
-    "visualize": "sbpmpi.visualize",
 }
 _SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "checkpoint")
 
 __all__ = [
     "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
-    "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace",
+    "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
     *_LAZY, *_SUBMODULES,
 ]
 

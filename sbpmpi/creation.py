@@ -187,7 +187,8 @@ def tensor(data: Any, *, placement: Placement | None = None,
     dt = _dtype_arg(dtype, value.dtype)
     layout = _layout(value.shape, placement, sbp)
     value = value.astype(dt, copy=False)  # once, so a bad cast fails on every rank
-    return _build(layout, dt, lambda xp, r: xp.asarray(value[tuple(slice(a, b) for a, b in r)]))
+    # a copy: the shard must not alias the caller's array
+    return _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
 
 
 # -- local shards -> global tensor ------------------------------------------------------------

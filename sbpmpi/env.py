@@ -40,6 +40,15 @@ def _node_comm() -> MPI.Comm:
     return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
 
 
+def init() -> None:
+    """Build the per-node communicator now (collective over the world; done at import).
+
+    Later calls of :func:`get_local_rank` from a subset of ranks (binding a GPU for a
+    placement that excludes some ranks, say) then need no communication.
+    """
+    _node_comm()
+
+
 def get_local_rank() -> int:
     """Return this process's index among the processes on its machine (MPI shared-memory split)."""
     return _node_comm().Get_rank()
