@@ -1,0 +1,293 @@
+"""Benchmark: boxing conversions against the raw mpi4py call a user would write.
+
+    mpiexec -n 4 python scripts/bench_boxing.py [--sizes-mib 1,16,64] [--json out.json]
+
+Each conversion (``sm.boxing.box``, the engine behind ``x.to_global``) is timed at each
+size in the same run as its raw counterpart (raw and
+sbpmpi alternate, after warm-up); a repeat's time is the slowest rank's, and the
+table reports medians and the ratio sbpmpi / raw. Both sides allocate their output,
+as user code converting a layout must. A second table measures the per-conversion
+Python overhead on tiny tensors: the best repeat of sbpmpi minus the best repeat of
+the raw call (minima, because scheduling noise on a shared machine only adds time);
+its last row goes through ``x.to_global``, which adds ``sbpmpi.consistency``'s
+cross-rank check (``SBPMPI_CHECK=0`` turns it off).
+
+The raw reference calls mpi4py directly: that is what is being compared against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["main", "run", "Result"]
+
+
+@dataclass
+class Result:
+    """One measured conversion."""
+
+    conversion: str
+    mib: float
+    shape: tuple[int, ...]
+    plan: str
+    raw_ms: float
+    sbpmpi_ms: float
+    ratio: float
+    world_size: int
+
+
+Case = tuple[str, Callable[[], Any], Callable[[], Any], str]
+
+
+def _time_pair(raw: Callable[[], Any], ours: Callable[[], Any], repeats: int,
+               warmup: int, sync: Callable[[], None], best: bool = False) -> tuple[float, float]:
+    """Median (or with ``best`` the minimum) over repeats of the slowest rank's seconds of
+    ``raw`` and ``ours``, interleaved."""
+    world = MPI.COMM_WORLD
+    for _ in range(warmup):
+        raw()
+        ours()
+    sync()
+    tr: list[float] = []
+    to: list[float] = []
+    for _ in range(repeats):
+        for fn, acc in ((raw, tr), (ours, to)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            acc.append(time.perf_counter() - t0)
+    both = np.array([tr, to])
+    world.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+    tr_max, to_max = both
+    pick = min if best else statistics.median
+    return float(pick(tr_max)), float(pick(to_max))
+
+
+class _Raw:
+    """The raw mpi4py calls, on host arrays or (CUDA-aware MPI) GPU arrays; without a
+    CUDA-aware MPI, GPU data is copied to and from host arrays around the call, as user
+    code would have to."""
+
+    def __init__(self, xp: Any, dtype: np.dtype) -> None:
+        from .. import backend, comm
+
+        self.xp = xp
+        self.t = MPI._typedict[dtype.char]  # type: ignore[attr-defined]
+        self.gpu = xp is not np
+        self.direct = not self.gpu or comm.is_cuda_aware()
+        self._sync = backend.synchronize
+
+    def __call__(self, fn: Callable[..., Any], send: Any, recv: Any, **kw: Any) -> None:
+        if self.direct:
+            if self.gpu:
+                self._sync()
+            fn([send, self.t], [recv, self.t], **kw)
+            return
+        hs = self.xp.asnumpy(send)
+        hr = np.empty(recv.shape, dtype=hs.dtype)
+        fn([hs, self.t], [hr, self.t], **kw)
+        recv.set(hr)
+
+
+def _cases(nbytes: int, dtype: np.dtype, device_type: str = "cpu",
+           user_api: bool = False) -> list[Case]:
+    """(name, raw, sbpmpi, plan) for a tensor of about ``nbytes``."""
+    import sbpmpi as sm
+
+    from .. import backend
+
+    world = MPI.COMM_WORLD
+    p, me = world.Get_size(), world.Get_rank()
+    xp = backend.get_xp(device_type)
+    mpi = _Raw(xp, dtype)
+    cols = 240 * max(1, p // 4 * 2) if p > 4 else 240  # divisible by p for p <= 6
+    rows = max(p, nbytes // (cols * dtype.itemsize) // (2 * p) * (2 * p))
+    shape = (rows, cols)
+    pl = sm.placement(device_type, list(range(p)))
+    rng = np.random.default_rng(me)
+    full = xp.asarray(rng.standard_normal(shape).astype(dtype))
+    r = rows // p
+    out: list[Case] = []
+
+    def plan_of(x: Any, placement: Any = None, sbp: Any = None) -> str:
+        return sm.boxing.plan_for(x, placement, sbp).summary()
+
+    box = sm.boxing.box  # the engine itself; x.to_global adds sbpmpi.consistency's check
+
+    # S(0) -> B: Allgather
+    xs = sm.to_global(full[:r].copy(), placement=pl, sbp=sm.sbp.split(0))
+    ls = xs.to_local()
+
+    def raw_ag() -> Any:
+        o = xp.empty(shape, dtype)
+        mpi(world.Allgather, ls, o)
+        return o
+    out.append(("S(0)->B", raw_ag, lambda: box(xs, None, sm.sbp.broadcast),
+                plan_of(xs, sbp=sm.sbp.broadcast)))
+
+    # P -> B: Allreduce
+    xp_ = sm.to_global(full, placement=pl, sbp=sm.sbp.partial_sum)
+    lp = xp_.to_local()
+
+    def raw_ar() -> Any:
+        o = xp.empty_like(lp)
+        mpi(world.Allreduce, lp, o, op=MPI.SUM)
+        return o
+    out.append(("P->B", raw_ar, lambda: box(xp_, None, sm.sbp.broadcast),
+                plan_of(xp_, sbp=sm.sbp.broadcast)))
+
+    # P -> S(0): Reduce_scatter_block
+    def raw_rs() -> Any:
+        o = xp.empty((r, cols), dtype)
+        mpi(world.Reduce_scatter_block, lp, o, op=MPI.SUM)
+        return o
+    out.append(("P->S(0)", raw_rs, lambda: box(xp_, None, sm.sbp.split(0)),
+                plan_of(xp_, sbp=sm.sbp.split(0))))
+
+    # S(0) -> S(1): pack the column blocks, Alltoall
+    c = cols // p
+
+    def raw_a2a() -> Any:
+        send = xp.ascontiguousarray(ls.reshape(r, p, c).transpose(1, 0, 2))
+        o = xp.empty((rows, c), dtype)
+        mpi(world.Alltoall, send, o)
+        return o
+    out.append(("S(0)->S(1)", raw_a2a, lambda: box(xs, None, sm.sbp.split(1)),
+                plan_of(xs, sbp=sm.sbp.split(1))))
+
+    # B -> S(0): a slice, no communication
+    xb = sm.to_global(full, placement=pl, sbp=sm.sbp.broadcast)
+    lb = xb.to_local()
+    out.append(("B->S(0)", lambda: lb[me * r:(me + 1) * r],
+                lambda: box(xb, None, sm.sbp.split(0)), plan_of(xb, sbp=sm.sbp.split(0))))
+
+    if user_api:  # the same conversion through x.to_global (adds the consistency check)
+        out.append(("S(0)->B x.to_global", raw_ag, lambda: xs.to_global(sbp=sm.sbp.broadcast),
+                    plan_of(xs, sbp=sm.sbp.broadcast)))
+
+    if p == 4:  # 2x2 mesh
+        mesh = sm.placement(device_type, [[0, 1], [2, 3]])
+        i, j = divmod(me, 2)
+        rr, cc = rows // 2, cols // 2
+        blk = full[i * rr:(i + 1) * rr, j * cc:(j + 1) * cc].copy()
+        xm = sm.to_global(blk, placement=mesh, sbp=(sm.sbp.split(0), sm.sbp.split(1)))
+        lm = xm.to_local()
+
+        def raw_nd() -> Any:
+            blocks = xp.empty((4, rr, cc), dtype)
+            mpi(world.Allgather, lm, blocks)
+            return blocks.reshape(2, 2, rr, cc).transpose(0, 2, 1, 3).reshape(rows, cols)
+        bb = (sm.sbp.broadcast, sm.sbp.broadcast)
+        out.append(("2x2 (S(0),S(1))->(B,B)", raw_nd, lambda: box(xm, None, bb),
+                    plan_of(xm, sbp=bb)))
+        xq = sm.to_global(full, placement=mesh, sbp=(sm.sbp.partial_sum, sm.sbp.partial_sum))
+        lq = xq.to_local()
+
+        def raw_nd_ar() -> Any:
+            o = xp.empty_like(lq)
+            mpi(world.Allreduce, lq, o, op=MPI.SUM)
+            return o
+        out.append(("2x2 (P,P)->(B,B)", raw_nd_ar, lambda: box(xq, None, bb),
+                    plan_of(xq, sbp=bb)))
+    return out
+
+
+def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int = 2,
+        dtype: Any = np.float32, overhead_repeats: int = 300, device_type: str = "cpu",
+        ) -> tuple[list[Result], list[Result]]:
+    """Measure every conversion at every size, and the overhead at a tiny size.
+
+    ``device_type="cuda"`` places the tensors (and the raw buffers) on the GPU.
+    """
+    from .. import backend
+
+    dt = np.dtype(dtype)
+    p = MPI.COMM_WORLD.Get_size()
+
+    def sync() -> None:
+        if device_type != "cpu":
+            backend.synchronize()
+
+    results = []
+    for mib in sizes_mib:
+        for name, raw, ours, plan in _cases(int(mib * (1 << 20)), dt, device_type):
+            shape = tuple(ours().shape)
+            tr, to = _time_pair(raw, ours, repeats, warmup, sync)
+            results.append(Result(name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p))
+    small = []
+    for name, raw, ours, plan in _cases(p * 2 * 240 * dt.itemsize, dt, device_type, True):
+        tr, to = _time_pair(raw, ours, overhead_repeats, 20, sync, best=True)
+        small.append(Result(name, 0.0, tuple(ours().shape), plan, tr * 1e3, to * 1e3,
+                            to / tr, p))
+    return results, small
+
+
+def format_tables(results: Sequence[Result], small: Sequence[Result]) -> str:
+    p = results[0].world_size if results else MPI.COMM_WORLD.Get_size()
+    lines = [f"boxing vs raw mpi4py, {p} ranks (medians of the slowest rank; ratio = "
+             f"sbpmpi / raw)",
+             f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}  plan"]
+    for r in results:
+        lines.append(f"{r.conversion:<24}{r.mib:>6g}{r.raw_ms:>10.3f}{r.sbpmpi_ms:>11.3f}"
+                     f"{r.ratio:>8.2f}  {r.plan}")
+    lines.append("")
+    lines.append(f"per-conversion overhead on tiny tensors ({p} ranks; best of the repeats)")
+    lines.append(f"{'conversion':<24}{'shape':>12}{'raw us':>9}{'sbpmpi us':>11}"
+                 f"{'overhead us':>13}")
+    for r in small:
+        lines.append(f"{r.conversion:<24}{str(r.shape):>12}{r.raw_ms * 1e3:>9.1f}"
+                     f"{r.sbpmpi_ms * 1e3:>11.1f}{(r.sbpmpi_ms - r.raw_ms) * 1e3:>13.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_boxing", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mib", default="1,16,64",
+                    help="tensor sizes in MiB, comma separated (default 1,16,64)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed repeats per size")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
+    ap.add_argument("--overhead-repeats", type=int, default=300,
+                    help="repeats of the tiny conversions")
+    ap.add_argument("--json", default=None, help="write the results as JSON to this file")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="placement type of the tensors (default cpu)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="measure the cost table first (sm.boxing.calibrate) so plans use it")
+    a = ap.parse_args(argv)
+    sizes = [float(s) for s in a.sizes_mib.split(",") if s]
+    if a.calibrate:
+        from . import calibrate
+
+        table = calibrate()
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(table, flush=True)
+    results, small = run(sizes, a.repeats, a.warmup, overhead_repeats=a.overhead_repeats,
+                         device_type=a.device)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(format_tables(results, small), flush=True)
+        if a.json:
+            doc = {"world_size": MPI.COMM_WORLD.Get_size(), "device": a.device,
+                   "mpi": MPI.Get_library_version().splitlines()[0],
+                   "results": [asdict(r) for r in results],
+                   "overhead": [asdict(r) | {"overhead_us": (r.sbpmpi_ms - r.raw_ms) * 1e3}
+                                for r in small]}
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+            print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

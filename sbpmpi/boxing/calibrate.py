@@ -1,0 +1,140 @@
+"""Measure the cost table's alpha and beta on the running machine (``sm.boxing.calibrate()``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import backend, comm
+from .cost import (
+    PRIMITIVES,
+    AlphaBeta,
+    CostTable,
+    DeviceCosts,
+    factor,
+    get_cost_table,
+    rounds,
+    set_cost_table,
+)
+
+__all__ = ["calibrate"]
+
+_FLOOR_ALPHA = 1e-7
+_FLOOR_BETA = 1e-13
+
+
+def _timer(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
+    fn()  # warm up (buffers, communicators, protocol switch)
+    sync()
+    ts = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return float(min(ts))  # the best repeat: scheduling noise only ever adds time
+
+
+def _measure(primitive: str, nbytes: int, xp: Any, repeats: int, sync: Callable[[], None],
+             ) -> tuple[float, float]:
+    """(seconds, modelled bytes n) of one primitive on WORLD with about ``nbytes``."""
+    p = comm.WORLD.size
+    me = comm.WORLD.rank
+    blk = max(1, nbytes // 8 // p)
+    n = blk * p
+    x = xp.ones(n, dtype=np.float64)
+    y = xp.empty(n, dtype=np.float64)
+    if primitive == "all_gather":
+        return _timer(lambda: comm.all_gather(y, x[:blk]), repeats, sync), n * 8
+    if primitive == "reduce_scatter":
+        return _timer(lambda: comm.reduce_scatter(y[:blk], x), repeats, sync), n * 8
+    if primitive == "all_reduce":
+        return _timer(lambda: comm.all_reduce(y), repeats, sync), n * 8
+    if primitive == "all_to_all":
+        return _timer(lambda: comm.all_to_all(y, x), repeats, sync), n * 8 * p
+    if primitive == "broadcast":
+        return _timer(lambda: comm.broadcast(y, 0), repeats, sync), n * 8
+    if primitive == "copy":
+        def copy() -> None:
+            y[...] = x
+        return _timer(copy, repeats, sync), n * 8
+    assert primitive == "p2p"
+    peer = me ^ 1
+
+    def exchange() -> None:
+        if peer < p:
+            w = [comm.irecv(y, peer, 7), comm.isend(x, peer, 7)]
+            for r in w:
+                r.wait()
+    return _timer(exchange, repeats, sync), n * 8
+
+
+def _fit(primitive: str, p: int, small: tuple[float, float], large: tuple[float, float],
+         old: AlphaBeta) -> AlphaBeta:
+    if primitive == "p2p":  # one exchange: a send and a receive per rank
+        r, f = (2.0 if p > 1 else 0.0), 1.0
+    elif primitive == "copy":
+        r, f = 1.0, 1.0
+    else:
+        r, f = rounds(primitive, p), factor(primitive, p)
+    if r == 0 or f == 0:
+        return old  # a single rank moves nothing: keep the previous parameters
+    (ts, bs), (tl, bl) = small, large
+    beta = max((tl - ts) / (f * max(bl - bs, 1.0)), _FLOOR_BETA)
+    alpha = max((ts - beta * f * bs) / r, _FLOOR_ALPHA)
+    return AlphaBeta(alpha, beta)
+
+
+def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 64,
+              large_bytes: int = 16 << 20, repeats: int = 3, install: bool = True) -> CostTable:
+    """Measure alpha and beta of every primitive on the running machine (collective).
+
+    Runs each collective on WORLD at two sizes (best of ``repeats``), takes the
+    slowest rank's time, and fits ``alpha * rounds + beta * factor * bytes``. The
+    result is the same on every rank. ``device_types``: ``"cpu"`` and, where every
+    rank has a GPU, ``"cuda"`` by default; parameters not measured are kept from the
+    current table. With ``install`` the table is used by boxing from now on.
+    """
+    have_gpu = comm.all_agree(backend.cupy_available())
+    if device_types is None:
+        device_types = ("cpu", "cuda") if have_gpu else ("cpu",)
+    for dt in device_types:
+        if dt not in ("cpu", "cuda"):
+            raise ValueError(f"device type {dt!r} is not one of ('cpu', 'cuda')")
+        if dt == "cuda" and not have_gpu:
+            raise RuntimeError("calibrate('cuda') needs CuPy and a GPU on every rank")
+    if not (isinstance(small_bytes, int) and isinstance(large_bytes, int)
+            and 0 < small_bytes < large_bytes):
+        raise ValueError(f"need 0 < small_bytes < large_bytes, got {small_bytes}, {large_bytes}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    old = get_cost_table()
+    p = comm.WORLD.size
+    params = {"cpu": old.host, "cuda": old.device}
+    for dt in device_types:
+        xp = backend.get_xp(dt)
+
+        def sync(xp: Any = xp) -> None:
+            if xp is not np:
+                backend.synchronize()
+
+        times = np.zeros((len(PRIMITIVES), 2, 2), dtype=np.float64)
+        for k, prim in enumerate(PRIMITIVES):
+            for s, nb in enumerate((small_bytes, large_bytes)):
+                times[k, s] = _measure(prim, nb, xp, repeats * (4 if s == 0 else 1), sync)
+        comm.all_reduce(times, comm.ReduceOp.MAX)  # slowest rank; identical everywhere
+        cur = params[dt]
+        new = {prim: _fit(prim, p, (times[k, 0, 0], times[k, 0, 1]),
+                          (times[k, 1, 0], times[k, 1, 1]), cur.get(prim))
+               for k, prim in enumerate(PRIMITIVES)}
+        params[dt] = DeviceCosts(**new, step=cur.step)
+    table = CostTable(params["cpu"], params["cuda"],
+                      source=f"calibrated on {p} rank{'s' if p != 1 else ''} "
+                             f"({', '.join(device_types)})")
+    if install:
+        set_cost_table(table)
+    return table

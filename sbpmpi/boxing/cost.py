@@ -1,0 +1,231 @@
+"""The cost table of boxing: one alpha-beta model per communication primitive.
+
+Every modelled time in sbpmpi comes from here. A primitive on a group of ``p`` ranks
+moving a buffer of ``n`` bytes costs
+
+    alpha * rounds(p) + beta * factor(p) * n
+
+where ``rounds`` counts the latency-bound message rounds (as the usual short-message
+algorithms need them) and ``factor`` is the algorithmic share of ``n`` that each rank
+sends (and receives; the usual long-message algorithms reach it):
+
+==============  ==========================  ==================  ===========================
+primitive       n (bytes)                   rounds(p)           factor(p)
+==============  ==========================  ==================  ===========================
+all_gather      gathered output per rank    ceil(log2 p)        (p-1)/p
+reduce_scatter  input per rank              ceil(log2 p)        (p-1)/p
+all_reduce      buffer per rank             ceil(log2 p)        2(p-1)/p
+all_to_all      p x input per rank (|T|)    p-1                 (p-1)/p^2
+broadcast       buffer                      ceil(log2 p)        min(ceil(log2 p), 2(p-1)/p)
+p2p             most bytes one rank moves   messages            1
+copy            bytes copied locally        1 (per step)        1
+==============  ==========================  ==================  ===========================
+
+Host (``"cpu"``) and device (``"cuda"``) buffers have separate parameters. The table
+in use must be the same on every rank (plans are computed independently on each rank);
+:func:`sbpmpi.boxing.calibrate` measures one and installs it everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+__all__ = [
+    "PRIMITIVES",
+    "AlphaBeta",
+    "DeviceCosts",
+    "CostTable",
+    "DEFAULT_TABLE",
+    "rounds",
+    "factor",
+    "primitive_seconds",
+    "copy_seconds",
+    "step_seconds",
+    "get_cost_table",
+    "set_cost_table",
+]
+
+PRIMITIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "p2p",
+              "copy")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Latency ``alpha`` (seconds per round) and inverse bandwidth ``beta`` (seconds per byte)."""
+
+    alpha: float
+    beta: float
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive finite number of seconds, got {v!r}")
+
+
+@dataclass(frozen=True)
+class DeviceCosts:
+    """Alpha-beta parameters of every primitive for one kind of buffer (host or device).
+
+    ``step``: fixed seconds each plan step costs on top (dispatch, allocation), so that
+    of two plans moving the same bytes the one with fewer steps wins.
+    """
+
+    all_gather: AlphaBeta
+    reduce_scatter: AlphaBeta
+    all_reduce: AlphaBeta
+    all_to_all: AlphaBeta
+    broadcast: AlphaBeta
+    p2p: AlphaBeta
+    copy: AlphaBeta
+    step: float = 2e-6
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step, (int, float)) or not math.isfinite(self.step) \
+                or self.step < 0:
+            raise ValueError(f"step must be a non-negative number of seconds, got {self.step!r}")
+
+    @classmethod
+    def uniform(cls, alpha: float, beta: float, copy_alpha: float, copy_beta: float,
+                p2p_alpha: float | None = None, step: float = 2e-6) -> DeviceCosts:
+        """The same collective parameters for every primitive, and a copy rate."""
+        ab = AlphaBeta(alpha, beta)
+        return cls(ab, ab, ab, ab, ab, AlphaBeta(p2p_alpha or alpha, beta),
+                   AlphaBeta(copy_alpha, copy_beta), step)
+
+    def get(self, primitive: str) -> AlphaBeta:
+        if primitive not in PRIMITIVES:
+            raise ValueError(f"primitive {primitive!r} is not one of {PRIMITIVES}")
+        return getattr(self, primitive)  # type: ignore[no-any-return]
+
+    def with_(self, primitive: str, alpha: float | None = None,
+              beta: float | None = None) -> DeviceCosts:
+        """A copy with one primitive's parameters replaced."""
+        old = self.get(primitive)
+        new = AlphaBeta(old.alpha if alpha is None else alpha, old.beta if beta is None else beta)
+        return replace(self, **{primitive: new})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Host and device parameters, and where they came from."""
+
+    host: DeviceCosts
+    device: DeviceCosts
+    source: str = "defaults"
+
+    def __hash__(self) -> int:  # cached: tables key the plan caches
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.host, self.device, self.source))
+            object.__setattr__(self, "_hash", h)
+        return h  # type: ignore[no-any-return]
+
+    def params(self, device_type: str) -> DeviceCosts:
+        """Parameters for buffers of ``device_type`` (``"cpu"`` or ``"cuda"``)."""
+        if device_type == "cpu":
+            return self.host
+        if device_type == "cuda":
+            return self.device
+        raise ValueError(f"device type {device_type!r} is not one of ('cpu', 'cuda')")
+
+    def __str__(self) -> str:
+        lines = [f"boxing cost table ({self.source})",
+                 f"  {'primitive':<15}{'cpu alpha':>11}{'cpu GB/s':>10}"
+                 f"{'cuda alpha':>12}{'cuda GB/s':>11}"]
+        for f in fields(DeviceCosts):
+            if f.name == "step":
+                continue
+            h, d = getattr(self.host, f.name), getattr(self.device, f.name)
+            lines.append(f"  {f.name:<15}{h.alpha * 1e6:>9.2f}us{1e-9 / h.beta:>10.2f}"
+                         f"{d.alpha * 1e6:>10.2f}us{1e-9 / d.beta:>11.2f}")
+        lines.append(f"  {'per step':<15}{self.host.step * 1e6:>9.2f}us{'':>10}"
+                     f"{self.device.step * 1e6:>10.2f}us")
+        return "\n".join(lines)
+
+
+# Defaults: shared-memory MPI between processes of one node for host buffers; a
+# CUDA-aware (or staged) MPI between GPUs for device buffers. Calibrate for real numbers.
+DEFAULT_TABLE = CostTable(
+    host=DeviceCosts.uniform(alpha=4e-6, beta=1 / 4e9, copy_alpha=1e-6, copy_beta=1 / 8e9,
+                             p2p_alpha=3e-6, step=2e-6),
+    device=DeviceCosts.uniform(alpha=15e-6, beta=1 / 20e9, copy_alpha=8e-6,
+                               copy_beta=1 / 500e9, p2p_alpha=10e-6, step=10e-6),
+)
+
+_current: CostTable = DEFAULT_TABLE
+
+
+def get_cost_table() -> CostTable:
+    """The table in use."""
+    return _current
+
+
+def set_cost_table(table: CostTable | None) -> CostTable:
+    """Install ``table`` (the defaults for None) on this rank; returns the previous one.
+
+    Every rank must install the same table, or plans may differ between ranks.
+    """
+    global _current
+    if table is not None and not isinstance(table, CostTable):
+        raise TypeError(f"table must be a CostTable or None, got {type(table).__name__}")
+    prev, _current = _current, (DEFAULT_TABLE if table is None else table)
+    return prev
+
+
+def _log2(p: int) -> int:
+    return (p - 1).bit_length()  # ceil(log2 p) for p >= 1
+
+
+def rounds(primitive: str, p: int) -> float:
+    """Latency rounds of ``primitive`` on ``p`` ranks (messages for p2p)."""
+    if primitive in ("all_gather", "reduce_scatter", "broadcast", "all_reduce"):
+        return float(_log2(p))  # all_reduce: recursive doubling for short messages
+    if primitive == "all_to_all":
+        return float(p - 1)
+    if primitive in ("p2p", "copy"):
+        return float(p)
+    raise ValueError(f"primitive {primitive!r} is not one of {PRIMITIVES}")
+
+
+def factor(primitive: str, p: int) -> float:
+    """Algorithmic share of the buffer each rank sends and receives."""
+    if p <= 1 and primitive not in ("p2p", "copy"):
+        return 0.0
+    if primitive in ("all_gather", "reduce_scatter"):
+        return (p - 1) / p
+    if primitive == "all_reduce":
+        return 2 * (p - 1) / p
+    if primitive == "all_to_all":
+        return (p - 1) / (p * p)
+    if primitive == "broadcast":
+        return min(float(_log2(p)), 2 * (p - 1) / p)
+    if primitive in ("p2p", "copy"):
+        return 1.0
+    raise ValueError(f"primitive {primitive!r} is not one of {PRIMITIVES}")
+
+
+def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = "cpu",
+                      table: CostTable | None = None) -> float:
+    """Modelled seconds of one collective ``primitive`` over ``p`` ranks on ``nbytes``.
+
+    For ``p2p``, ``p`` is the number of messages of the busiest rank and ``nbytes`` the
+    bytes it sends or receives.
+    """
+    ab = (table or _current).params(device_type).get(primitive)
+    if primitive != "p2p" and p <= 1:
+        return 0.0
+    return ab.alpha * rounds(primitive, p) + ab.beta * factor(primitive, p) * float(nbytes)
+
+
+def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> float:
+    """The fixed cost of one plan step."""
+    return (table or _current).params(device_type).step
+
+
+def copy_seconds(nbytes: float, device_type: str = "cpu", table: CostTable | None = None,
+                 ops: int = 1) -> float:
+    """Modelled seconds of ``ops`` local steps copying or filling ``nbytes`` bytes in all."""
+    ab = (table or _current).params(device_type).copy
+    return ab.alpha * ops + ab.beta * float(nbytes)

@@ -1,0 +1,479 @@
+"""Executor: runs a boxing plan on this rank's shard, through :mod:`sbpmpi.comm` only.
+
+Each step of a plan is compiled once per rank into a closure with its counts, shapes,
+slices and communicator worked out; running a plan then calls the closures in turn.
+Outputs are allocated once and filled in place; a block goes to MPI as it is whenever
+it is contiguous, and a split along a non-leading dim is packed (or unpacked) with one
+strided copy. Every step leaves its input untouched. The code is the same for NumPy
+and CuPy (``backend.get_xp``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import backend, comm
+from ..identity import identity_value
+from ..layout import Layout, balanced_range, empty_shape
+from ..sbp import Partial, Split
+from .plan import Box, Plan, Step, group_of
+from .schedule import is_contiguous_box, slots_of, transfer_schedule
+
+__all__ = ["Program", "compile_plan", "TAG"]
+
+TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
+
+
+def _max_count() -> int | None:
+    """Elements one message may hold: None where MPI-4 large counts are available."""
+    from mpi4py import MPI
+
+    return None if MPI.Get_version() >= (4, 0) else (1 << 31) - 1
+
+
+# Point-to-point messages longer than this are sent in pieces (tests lower it).
+MAX_COUNT: int | None = _max_count()
+
+_REDUCE = {"sum": comm.ReduceOp.SUM, "max": comm.ReduceOp.MAX, "min": comm.ReduceOp.MIN}
+
+Fn = Callable[[Any], Any]
+
+
+class Program:
+    """A plan compiled for one rank: call it with the rank's shard, get the new shard."""
+
+    __slots__ = ("plan", "fns", "out_shape", "member")
+
+    def __init__(self, plan: Plan, fns: Sequence[Fn], out_shape: tuple[int, ...],
+                 member: bool) -> None:
+        self.plan = plan
+        self.fns = tuple(fns)
+        self.out_shape = out_shape
+        self.member = member
+
+    def __call__(self, local: Any) -> Any:
+        a = local
+        for f in self.fns:
+            a = f(a)
+        if not self.member:
+            return np.empty(self.out_shape, dtype=local.dtype)
+        return a
+
+
+def compile_plan(plan: Plan, me: int) -> Program:
+    """Compile ``plan`` for world rank ``me`` (creates the communicators it needs)."""
+    fns: list[Fn] = []
+    for st in plan.steps:
+        f = _COMPILERS[st.kind](st, me)
+        if f is not None:
+            fns.append(f)
+    dst = plan.dst
+    member = me in dst.placement
+    return Program(plan, fns, dst.local_shape(me) if member else empty_shape(len(dst.shape)),
+                   member)
+
+
+# -- packing helpers ------------------------------------------------------------------------
+
+def _contiguous(xp: Any, a: Any) -> Any:
+    """``a`` itself when C-contiguous, else a C-contiguous copy of the same shape."""
+    if a.flags.c_contiguous:
+        return a
+    return xp.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes 0-d 1-d
+
+
+def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any) -> None:
+    """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``."""
+    shape = x.shape
+    pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    x3 = x.reshape(pre, n, post)
+    p = len(sizes)
+    if n % p == 0 and all(s == n // p for s in sizes):
+        b = n // p
+        flat.reshape(p, pre, b, post)[...] = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        return
+    off = o = 0
+    for s in sizes:
+        cnt = pre * s * post
+        flat[off:off + cnt].reshape(pre, s, post)[...] = x3[:, o:o + s, :]
+        off += cnt
+        o += s
+
+
+def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any) -> None:
+    """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn."""
+    shape = out.shape
+    pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    o3 = out.reshape(pre, n, post)
+    p = len(sizes)
+    if n % p == 0 and all(s == n // p for s in sizes):
+        b = n // p
+        o3.reshape(pre, p, b, post)[...] = flat.reshape(p, pre, b, post).transpose(1, 0, 2, 3)
+        return
+    off = o = 0
+    for s in sizes:
+        cnt = pre * s * post
+        o3[:, o:o + s, :] = flat[off:off + cnt].reshape(pre, s, post)
+        off += cnt
+        o += s
+
+
+def _counts(shape: Sequence[int], dim: int, sizes: Sequence[int]) -> list[int]:
+    """Elements of each block when ``shape`` is cut into ``sizes`` along ``dim``."""
+    rest = math.prod(n for i, n in enumerate(shape) if i != dim)
+    return [rest * s for s in sizes]
+
+
+def _axis_setup(st: Step, me: int) -> tuple[Any, comm.Group, int, int] | None:
+    """(xp, communicator, its size, this rank's index in it), None outside the placement."""
+    pl = st.src.placement
+    if me not in pl:
+        return None
+    assert st.axis is not None
+    xp = backend.get_xp(pl.type)
+    group = comm.get_group(group_of(pl, me, st.axis, st.span))
+    return xp, group, group.size, group.ranks.index(me)
+
+
+def _extents(layout: Layout, ranks: Sequence[int], dim: int) -> list[int]:
+    """Extent along ``dim`` of each rank's block (the blocks of a group, in group order)."""
+    return [layout.local_shape(r)[dim] for r in ranks]
+
+
+# -- per-axis steps -------------------------------------------------------------------------
+
+def _all_gather(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, group, p, _ = s
+    assert isinstance(st.frm, Split)
+    d = st.frm.dim
+    out_shape = st.dst.local_shape(me)
+    sizes = _extents(st.src, group.ranks, d)  # consecutive blocks, in group order
+    counts = _counts(out_shape, d, sizes)
+    even = len(set(counts)) == 1
+    direct = math.prod(out_shape[:d]) <= 1
+
+    def gather(out_flat: Any, src: Any) -> None:
+        if even:
+            comm.all_gather(out_flat, src.reshape(-1), group)
+        else:
+            comm.all_gather_v(out_flat, src.reshape(-1), counts, None, group)
+
+    def run(a: Any) -> Any:
+        src = _contiguous(xp, a)
+        out = xp.empty(out_shape, dtype=src.dtype)
+        if direct:
+            gather(out.reshape(-1), src)
+        else:
+            tmp = xp.empty(sum(counts), dtype=src.dtype)
+            gather(tmp, src)
+            _unpack(tmp, d, sizes, out)
+        return out
+
+    return run
+
+
+def _all_reduce(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, group, _, _ = s
+    assert isinstance(st.frm, Partial)
+    op = _REDUCE[st.frm.op]
+
+    def run(a: Any) -> Any:
+        out = xp.array(a, order="C", copy=True)  # comm reduces in place; the input stays
+        comm.all_reduce(out, op, group)
+        return out
+
+    return run
+
+
+def _reduce_scatter(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, group, p, _ = s
+    assert isinstance(st.frm, Partial) and isinstance(st.to, Split)
+    op = _REDUCE[st.frm.op]
+    d = st.to.dim
+    in_shape = st.src.local_shape(me)
+    out_shape = st.dst.local_shape(me)
+    sizes = _extents(st.dst, group.ranks, d)
+    counts = _counts(in_shape, d, sizes)
+    even = len(set(counts)) == 1
+    direct = math.prod(in_shape[:d]) <= 1
+
+    def run(a: Any) -> Any:
+        src = _contiguous(xp, a)
+        if not direct:
+            tmp = xp.empty(sum(counts), dtype=src.dtype)
+            _pack(src, d, sizes, tmp)
+            src = tmp
+        out = xp.empty(out_shape, dtype=src.dtype)
+        if even:
+            comm.reduce_scatter(out.reshape(-1), src.reshape(-1), op, group)
+        else:
+            comm.reduce_scatter_v(out.reshape(-1), src.reshape(-1), counts, op, group)
+        return out
+
+    return run
+
+
+def _all_to_all(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, group, p, _ = s
+    assert isinstance(st.frm, Split) and isinstance(st.to, Split)
+    i, j = st.frm.dim, st.to.dim
+    in_shape = st.src.local_shape(me)
+    out_shape = st.dst.local_shape(me)
+    sj = _extents(st.dst, group.ranks, j)
+    si = _extents(st.src, group.ranks, i)
+    in_counts = _counts(in_shape, j, sj)
+    out_counts = _counts(out_shape, i, si)
+    even = len(set(in_counts)) == 1 and len(set(out_counts)) == 1
+    pack = math.prod(in_shape[:j]) > 1
+    unpack = math.prod(out_shape[:i]) > 1
+
+    def run(a: Any) -> Any:
+        src = _contiguous(xp, a)
+        dt = src.dtype
+        if pack:
+            tmp = xp.empty(sum(in_counts), dtype=dt)
+            _pack(src, j, sj, tmp)
+            src = tmp
+        out = xp.empty(out_shape, dtype=dt)
+        rbuf = xp.empty(sum(out_counts), dtype=dt) if unpack else out.reshape(-1)
+        if even:
+            comm.all_to_all(rbuf, src.reshape(-1), group)
+        else:
+            comm.all_to_all_v(rbuf, out_counts, src.reshape(-1), in_counts, None, None, group)
+        if unpack:
+            _unpack(rbuf, i, si, out)
+        return out
+
+    return run
+
+
+def _local_slice(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, _, p, k = s
+    assert isinstance(st.to, Split)
+    d = st.to.dim
+    lo, hi = balanced_range(st.src.local_shape(me)[d], p, k)
+    idx = (slice(None),) * d + (slice(lo, hi),)
+
+    def run(a: Any) -> Any:
+        return _contiguous(xp, a[idx])  # a view when the block is contiguous
+
+    return run
+
+
+def _local_fill(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, _, _, k = s
+    if k == 0:
+        return None  # keeps the value
+    op = st.dst.identity_op(me)
+    assert op is not None
+    shape = st.dst.local_shape(me)
+
+    def run(a: Any) -> Any:
+        return xp.full(shape, identity_value(op, a.dtype), dtype=a.dtype)
+
+    return run
+
+
+def _pad_op(layout: Layout, axis: int, coord: Sequence[int]) -> str:
+    """Identity used around the block: the innermost later partial axis where this rank is
+    off index 0 (its whole shard is that op's identity), else the new partial's op."""
+    op = layout.sbp[axis]
+    assert isinstance(op, Partial)
+    name = op.op
+    for b in range(axis + 1, len(layout.sbp)):
+        sb = layout.sbp[b]
+        if isinstance(sb, Partial) and coord[b] != 0:
+            name = sb.op
+    return name
+
+
+def _local_pad(st: Step, me: int) -> Fn | None:
+    s = _axis_setup(st, me)
+    if s is None:
+        return None
+    xp, _, p, k = s
+    assert isinstance(st.frm, Split) and st.axis is not None
+    d = st.frm.dim
+    shape = st.dst.local_shape(me)
+    coord = st.dst.placement.coord_of(me)
+    assert coord is not None
+    op = _pad_op(st.dst, st.axis, coord)
+    lo, hi = balanced_range(shape[d], p, k)
+    idx = (slice(None),) * d + (slice(lo, hi),)
+
+    def run(a: Any) -> Any:
+        out = xp.full(shape, identity_value(op, a.dtype), dtype=a.dtype)
+        out[idx] = a
+        return out
+
+    return run
+
+
+def _relabel(st: Step, me: int) -> Fn | None:
+    return None
+
+
+# -- steps between placements ---------------------------------------------------------------
+
+def _pieces(buf: Any, limit: int | None) -> list[Any]:
+    """``buf`` (contiguous) as messages of at most ``limit`` elements (itself if it fits)."""
+    if limit is None or buf.size <= limit:
+        return [buf]
+    flat = buf.reshape(-1)
+    return [flat[i:i + limit] for i in range(0, flat.size, limit)]
+
+
+def _slices(box: Box, origin: Box) -> tuple[slice, ...]:
+    return tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin))
+
+
+def _convert(x: Any, same: bool, device_type: str) -> Any:
+    return x if same else backend.to_device(x, device_type)
+
+
+def _send_recv(st: Step, me: int) -> Fn | None:
+    src, dst = st.src, st.dst
+    in1, in2 = me in src.placement, me in dst.placement
+    if not in1 and not in2:
+        return None
+    sched = transfer_schedule(src, dst)
+    b1 = src.local_ranges(me)
+    b2 = dst.local_ranges(me)
+    t2 = dst.placement.type
+    same_type = src.placement.type == t2
+    xp2 = backend.get_xp(t2) if in2 else np
+    xp1 = backend.get_xp(src.placement.type) if in1 else np
+    out_shape = dst.local_shape(me)
+    nslots = slots_of(src, dst, me)
+    recvs: list[tuple[int, int, tuple[slice, ...], bool, tuple[int, ...]]] = []
+    sends: list[tuple[int, tuple[slice, ...]]] = []
+    local: list[tuple[int, tuple[slice, ...], tuple[slice, ...]]] = []
+    for t in sched:
+        if t.dst == me:
+            assert b2 is not None
+            idx2 = _slices(t.box, b2)
+            if t.src == me:
+                assert b1 is not None
+                local.append((t.slot, _slices(t.box, b1), idx2))
+            else:
+                rel = tuple((s.start, s.stop) for s in idx2)
+                recvs.append((t.src, t.slot, idx2, is_contiguous_box(rel, out_shape),
+                              tuple(b - a for a, b in t.box)))
+        elif t.src == me:
+            assert b1 is not None
+            sends.append((t.dst, _slices(t.box, b1)))
+    fill = None
+    if in2 and nslots == 0:
+        ops = [s.op for s in dst.sbp if isinstance(s, Partial)]
+        fill = ops[0]
+    red = st.op
+    ufunc = None
+    if in2 and nslots > 1:
+        assert red is not None
+        ufunc = {"sum": xp2.add, "max": xp2.maximum, "min": xp2.minimum}[red]
+    ndim = len(dst.shape)
+
+    def run(a: Any) -> Any:
+        dt = a.dtype
+        bufs: list[Any] = []
+        out = None
+        if in2:
+            if fill is not None:
+                out = xp2.full(out_shape, identity_value(fill, dt), dtype=dt)
+            else:
+                out = xp2.empty(out_shape, dtype=dt)
+            bufs = [out] + [xp2.empty(out_shape, dtype=dt) for _ in range(nslots - 1)]
+        works: list[comm.Work] = []
+        later = []
+        limit = MAX_COUNT
+        for r, slot, idx, contiguous, shape in recvs:
+            if contiguous:
+                target = bufs[slot][idx] if idx else bufs[slot]
+            else:
+                target = xp2.empty(shape, dtype=dt)
+                later.append((slot, idx, target))
+            for piece in _pieces(target, limit):
+                works.append(comm.irecv(piece, r, TAG))
+        for r, idx in sends:
+            for piece in _pieces(_contiguous(xp1, a[idx] if idx else a), limit):
+                works.append(comm.isend(piece, r, TAG))
+        for slot, idx1, idx2 in local:
+            bufs[slot][idx2] = _convert(a[idx1], same_type, t2)
+        for w in works:
+            w.wait()
+        for slot, idx, tmp in later:
+            bufs[slot][idx] = tmp
+        if ufunc is not None:
+            for b in bufs[1:]:
+                ufunc(out, b, out=out)
+        if out is None:
+            return np.empty(empty_shape(ndim), dtype=dt)
+        return out
+
+    return run
+
+
+def _broadcast(st: Step, me: int) -> Fn | None:
+    src, dst = st.src, st.dst
+    in1, in2 = me in src.placement, me in dst.placement
+    root = st.root
+    assert root is not None
+    ranks = st.groups[0]
+    if not in2 and me != root:
+        return None
+    group = comm.get_group(ranks) if me in ranks else None
+    t2 = dst.placement.type
+    same_type = src.placement.type == t2
+    xp1 = backend.get_xp(src.placement.type) if in1 else np
+    xp2 = backend.get_xp(t2) if in2 else np
+    shape = dst.local_shape(me)
+    ndim = len(dst.shape)
+
+    def run(a: Any) -> Any:
+        if me == root:
+            buf = _contiguous(xp1, a)
+            comm.broadcast(buf, root, group)
+            return _convert(buf, same_type, t2) if in2 else np.empty(empty_shape(ndim), a.dtype)
+        if group is not None:
+            out = xp2.empty(shape, dtype=a.dtype)
+            comm.broadcast(out, root, group)
+            return out
+        return _convert(a, same_type, t2)  # already holds the value
+
+    return run
+
+
+_COMPILERS: dict[str, Callable[[Step, int], Fn | None]] = {
+    "all_gather": _all_gather,
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all": _all_to_all,
+    "local_slice": _local_slice,
+    "local_fill": _local_fill,
+    "local_pad": _local_pad,
+    "relabel": _relabel,
+    "send_recv": _send_recv,
+    "broadcast": _broadcast,
+}

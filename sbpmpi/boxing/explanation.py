@@ -1,0 +1,68 @@
+"""A printable account of a conversion: the chosen plan and the candidates it beat."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import CostTable
+from .plan import Plan, PlanChoice, _fmt_time, _ranks_str, _sbp_str
+
+__all__ = ["Explanation"]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``x.to_global(...)`` would run: ``plan`` (chosen) and ``rejected`` candidates.
+
+    ``str()`` gives a table: one row per step (mesh axis, collective, communicators,
+    bytes per rank, estimated time), then the rejected candidates with their costs.
+    """
+
+    choice: PlanChoice
+    dtype: np.dtype
+    table: CostTable
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that runs."""
+        return self.choice.chosen
+
+    @property
+    def rejected(self) -> tuple[Plan, ...]:
+        """The candidates not chosen, cheapest first."""
+        return self.choice.rejected
+
+    @property
+    def seconds(self) -> float:
+        """Modelled time of the chosen plan."""
+        return self.plan.seconds
+
+    @property
+    def steps(self) -> tuple:
+        return self.plan.steps
+
+    def __str__(self) -> str:
+        p = self.plan
+        src, dst = p.src, p.dst
+        lines = [
+            f"boxing {src.shape} {np.dtype(self.dtype)}: {_sbp_str(src.sbp)} on "
+            f"{_ranks_str(src.placement)} -> {_sbp_str(dst.sbp)} on {_ranks_str(dst.placement)}",
+            f"chosen plan ({len(p.steps)} step{'s' if len(p.steps) != 1 else ''}, "
+            f"est. {_fmt_time(p.seconds)}):",
+            p.table(),
+        ]
+        if self.rejected:
+            lines.append(f"rejected candidates ({len(self.rejected)}):")
+            lines.append(f"  {'est. time':>10}  steps")
+            for r in self.rejected:
+                lines.append(f"  {_fmt_time(r.seconds):>10}  {r.summary()}")
+        else:
+            lines.append("rejected candidates: none")
+        lines.append(f"cost model: {self.table.source} (sm.boxing.calibrate() measures this "
+                     f"machine; see sm.boxing.get_cost_table())")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Explanation {self.plan.summary()} est. {_fmt_time(self.seconds)}>"
