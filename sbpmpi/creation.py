@@ -302,8 +302,8 @@ def to_global(local: Any, *, placement: Placement | None = None,
         if isinstance(s, Broadcast):
             g = groups[axis]
             assert g is not None
-            if me != g.ranks[0] and arr is local:
-                arr = arr.copy()  # the caller's array stays unchanged
+            if (me != g.ranks[0] and arr is local) or not arr.flags.c_contiguous:
+                arr = arr.copy(order="C")  # the caller's array stays unchanged
             backend.synchronize(arr)
             comm.broadcast(arr, src=g.ranks[0], group=g)
     return GlobalTensor(arr, layout, dtype)
