@@ -149,6 +149,11 @@ def test_local_to_global_uneven_and_every_sbp():
     np.testing.assert_array_equal(x.numpy(), np.zeros((2, 2)))
     np.testing.assert_array_equal(x.to_local(), np.zeros((2, 2)))
     np.testing.assert_array_equal(local, np.full((2, 2), float(rank)))
+    # a non-contiguous shard (a transposed view) is copied, on the root as well
+    base = np.arange(6.0).reshape(2, 3) + 10 * rank
+    x = sm.to_global(base.T, placement=pl, sbp=sm.sbp.broadcast)
+    np.testing.assert_array_equal(x.numpy(), np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_array_equal(base, np.arange(6.0).reshape(2, 3) + 10 * rank)
     # partial: reductions of the shards
     for op, f in (("sum", np.sum), ("max", np.max), ("min", np.min)):
         x = sm.to_global(np.array([rank, -rank, 3.0]), placement=pl, sbp=sm.sbp.Partial(op))
