@@ -10,9 +10,12 @@ placements, which test rank order and ranks outside the placement, run ``VARIANT
 sampled combinations; on the 2x2 mesh the cases of ``MESH_FULL`` run ``MESH_COMBOS``,
 which keeps every 2-D SBP of every input, the others ``MESH_VARIANT``. Samples always
 keep every SBP of every input when they are at least as large as its list of SBPs.
+``SBPMPI_TEST_FULL=1`` runs every combination on every placement instead.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -22,6 +25,8 @@ import sbpmpi as sm
 from sbpmpi.testing import Input, check_op, default_placements
 
 size = MPI.COMM_WORLD.Get_size()
+# SBPMPI_TEST_FULL=1 runs the full product everywhere (minutes; not part of CI)
+FULL = os.environ.get("SBPMPI_TEST_FULL") == "1"
 MESH_COMBOS = 36  # per mesh placement: every 2-D SBP of every input at least once
 VARIANT = 12      # per 1-D placement for dtype/broadcast variants of an op already run in full
 MESH_VARIANT = 12  # per mesh placement for other cases (a random part of the cover)
@@ -211,6 +216,8 @@ def test_op_against_numpy(case):
             combos = VARIANT  # reversed and subset placements: order and outside ranks
         else:
             combos = cap
+        if FULL:
+            combos = None  # every combination of input SBPs on every placement
         report = check_op(op, ref, inputs, kwargs=kwargs, placements=[pl], name=name,
                           max_combos=combos, seed=len(name))
         total += report.cases
