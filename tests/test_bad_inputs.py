@@ -157,6 +157,9 @@ ROWS = [
     Row("to_global-string", lambda c: sm.to_global("abc", placement=c.pl, sbp=B), TypeError,
         "got str"),
     # -- global -> global ------------------------------------------------------------------------
+    Row("x.to_global-cuda-without-gpu",
+        lambda c: _no_cupy() or c.x.to_global(placement=sm.placement("cuda", [0])),
+        RuntimeError, "placement type 'cuda' needs CuPy and a GPU"),
     Row("x.to_global-placement-str", lambda c: c.x.to_global(placement="cpu"), TypeError,
         "placement must be an sm.placement, got str"),
     Row("x.to_global-split-dim", lambda c: c.x.to_global(sbp=S(5)), ValueError,

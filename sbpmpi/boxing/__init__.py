@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import comm
+from ..creation import check_device_available
 from ..env import get_rank, get_world_size
 from ..identity import identity_value
 from ..layout import Layout
@@ -50,6 +51,7 @@ def _dst_layout(x: GlobalTensor, placement: Placement | None,
                 f"sbp is required when the mesh changes from {x.placement.ndim}-d to "
                 f"{placement.ndim}-d")
         sbp = x.sbp
+    check_device_available(placement)  # on every rank, not only the placement's members
     return Layout.make(x.shape, placement, sbp)
 
 
