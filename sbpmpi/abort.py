@@ -16,6 +16,7 @@ import os
 import runpy
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -92,8 +93,12 @@ def abort(message: str, code: int = 1) -> NoReturn:
         try:
             sys.stderr.write(message if message.endswith("\n") else message + "\n")
             sys.stderr.flush()
+            sys.stdout.flush()
         except Exception:
             pass
+        # give the launcher's output forwarder a moment: MPI_Abort tears the job down at
+        # once, and a message still in its pipe would be lost
+        time.sleep(0.25)
     try:
         from mpi4py import MPI
 
