@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cost_oracle import independent_total
 from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import boxing
-from sbpmpi.layout import Layout
 from sbpmpi.sbp import Partial, broadcast, split
 
 comm = MPI.COMM_WORLD
@@ -31,30 +31,6 @@ def mesh(device_type):
 
 def randn(*shape, pl, sbp):
     return sm.randn(*shape, placement=pl, sbp=sbp, dtype=np.float64)
-
-
-def independent_total(call, cand):
-    """The candidate's cost recomputed from boxing.conversion_cost directly: boxing of the
-    operands, plus the all-reduce a partial output will need less those its unmoved
-    partial operands already owed (never below 0)."""
-    def reduce_cost(lay, itemsize):
-        if not any(isinstance(s, Partial) for s in lay.sbp):
-            return 0.0
-        red = Layout(lay.shape, lay.placement,
-                     tuple(B if isinstance(s, Partial) else s for s in lay.sbp))
-        return boxing.conversion_cost(lay, red, itemsize, lay.placement.type)
-
-    t = 0.0
-    owed = 0.0
-    for o, need in zip(call.operands, cand.inputs):
-        if not isinstance(o, sm.GlobalTensor):
-            continue
-        if need != o.layout:
-            t += boxing.conversion_cost(o.layout, need, o.dtype.itemsize, need.placement.type)
-        else:
-            owed += reduce_cost(o.layout, o.dtype.itemsize)
-    charge = reduce_cost(cand.output, call.out_dtype.itemsize)
-    return t + (max(0.0, charge - owed) if charge else 0.0)
 
 
 def assert_cheapest(inf):

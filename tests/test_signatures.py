@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 import pytest
+from cost_oracle import independent_total
 
 import sbpmpi as sm
 from sbpmpi import boxing
@@ -167,32 +168,8 @@ def test_dims_getitem_keeps():
 
 # ---- inference -------------------------------------------------------------------------------
 
-def _independent_total(call, cand):
-    """The candidate's cost recomputed from boxing.conversion_cost directly: boxing of the
-    operands, plus the all-reduce a partial output will need less those its unmoved
-    partial operands already owed (never below 0)."""
-    def reduce_cost(lay, itemsize):
-        if not any(isinstance(s, Partial) for s in lay.sbp):
-            return 0.0
-        red = Layout(lay.shape, lay.placement,
-                     tuple(broadcast if isinstance(s, Partial) else s for s in lay.sbp))
-        return boxing.conversion_cost(lay, red, itemsize, lay.placement.type)
-
-    t = 0.0
-    owed = 0.0
-    for o, need in zip(call.operands, cand.inputs):
-        if not isinstance(o, GlobalTensor):
-            continue
-        if need != o.layout:
-            t += boxing.conversion_cost(o.layout, need, o.dtype.itemsize, need.placement.type)
-        else:
-            owed += reduce_cost(o.layout, o.dtype.itemsize)
-    charge = reduce_cost(cand.output, call.out_dtype.itemsize)
-    return t + (max(0.0, charge - owed) if charge else 0.0)
-
-
 def _check_choice(inf):
-    totals = [_independent_total(inf.call, c) for c in inf.candidates]
+    totals = [independent_total(inf.call, c) for c in inf.candidates]
     for c, t in zip(inf.candidates, totals):
         assert c.total == pytest.approx(t, rel=1e-12, abs=1e-18)
     best = min(totals)
