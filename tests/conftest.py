@@ -33,6 +33,18 @@ def assert_same_on_all_ranks(value: object) -> None:
     assert all(v == vals[0] for v in vals), vals
 
 
+def errors_of(fn) -> tuple[str, str]:
+    """(type name, message) of what ``fn`` raised ("no error" if nothing), equal on every rank."""
+    try:
+        fn()
+    except Exception as e:
+        got = (type(e).__name__, str(e))
+    else:
+        got = ("no error", "")
+    assert_same_on_all_ranks(got)
+    return got
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

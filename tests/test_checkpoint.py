@@ -15,7 +15,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from conftest import assert_same_on_all_ranks
+from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 from mpi4py import MPI
 
@@ -61,18 +61,6 @@ def on_root(fn, *args):
     if rank == 0:
         fn(*args)
     comm.Barrier()
-
-
-def errors_of(fn):
-    """(type name, message) of what ``fn`` raised, checked to be the same on every rank."""
-    try:
-        fn()
-    except Exception as e:
-        got = (type(e).__name__, str(e))
-    else:
-        got = ("no error", "")
-    assert_same_on_all_ranks(got)
-    return got
 
 
 # -- MPI round trips -----------------------------------------------------------------------------

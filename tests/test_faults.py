@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 
 from sbpmpi import abort, consistency, watchdog
@@ -221,19 +222,6 @@ def test_watchdog_tracks_open_blocks_and_lets_fast_ones_pass():
 
 # -- in-process MPI tests of the checks (n = 1..4) --------------------------------------------------
 
-def _raised(fn):
-    """(type name, message) of what ``fn`` raised, asserted equal on every rank."""
-    from conftest import assert_same_on_all_ranks
-
-    try:
-        fn()
-    except Exception as e:
-        got = (type(e).__name__, str(e))
-    else:
-        got = ("no error", "")
-    assert_same_on_all_ranks(got)
-    return got
-
 
 @pytest.mark.mpi(min_size=1)
 def test_check_collective_agrees_or_names_every_side(monkeypatch):
@@ -245,10 +233,10 @@ def test_check_collective_agrees_or_names_every_side(monkeypatch):
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(6.0).reshape(3, 2), placement=pl, sbp=sm.sbp.split(0))
-    assert _raised(lambda: consistency.check_collective("add", (x, 2.0))) == ("no error", "")
+    assert errors_of(lambda: consistency.check_collective("add", (x, 2.0))) == ("no error", "")
     # shapes differ on the last rank only
     meta = ("reshape", (3, 2) if rank < size - 1 else (2, 3))
-    got = _raised(lambda: consistency.check_collective("box", meta))
+    got = errors_of(lambda: consistency.check_collective("box", meta))
     if size == 1:
         assert got == ("no error", "")
         return
@@ -257,11 +245,11 @@ def test_check_collective_agrees_or_names_every_side(monkeypatch):
     assert f"  {first}: box('reshape', (3, 2))\n  rank {size - 1}: box('reshape', (2, 3))" \
         in got[1], got
     # a different op on each rank
-    got = _raised(lambda: consistency.check_collective(f"op{rank}", (x,)))
+    got = errors_of(lambda: consistency.check_collective(f"op{rank}", (x,)))
     assert all(f"rank {r}: op{r}(tensor((3, 2), float64" in got[1] for r in range(size)), got
     # switched off: no communication, no error (every rank must agree on the switch)
     monkeypatch.setenv("SBPMPI_CHECK", "0")
-    assert _raised(lambda: consistency.check_collective(f"op{rank}", ())) == ("no error", "")
+    assert errors_of(lambda: consistency.check_collective(f"op{rank}", ())) == ("no error", "")
 
 
 @pytest.mark.mpi(min_size=1)
@@ -274,12 +262,12 @@ def test_local_steps_are_verified_at_the_next_check(monkeypatch):
     for k in range(3):
         consistency.note_step("add", ((4, 3), k))
     before = consistency.stats()["exchanges"]
-    assert _raised(lambda: consistency.check_collective("box", ())) == ("no error", "")
+    assert errors_of(lambda: consistency.check_collective("box", ())) == ("no error", "")
     assert consistency.stats()["exchanges"] == before + (size > 1)
     # the last rank ran mul instead of add two steps back: found at the next check
     for k in range(9):
         consistency.note_step("mul" if (k == 6 and rank == size - 1) else "add", ((4, 3), k))
-    got = _raised(lambda: consistency.check_collective("box", ()))
+    got = errors_of(lambda: consistency.check_collective("box", ()))
     if size == 1:
         assert got == ("no error", "")
         return
@@ -287,7 +275,7 @@ def test_local_steps_are_verified_at_the_next_check(monkeypatch):
     assert f"rank {size - 1}: box() (after 9 local steps, the last: add((4, 3), 3)," in got[1]
     assert "mul((4, 3), 6), add((4, 3), 7), add((4, 3), 8))" in got[1], got
     # the state is clean afterwards
-    assert _raised(lambda: consistency.check_collective("box", ())) == ("no error", "")
+    assert errors_of(lambda: consistency.check_collective("box", ())) == ("no error", "")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -299,7 +287,7 @@ def test_check_collective_on_a_group():
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     g = sm.comm.new_group(list(range(1, size)))
     # rank 0 is outside: it returns at once whatever it passes
-    got = _raised(lambda: consistency.check_collective("x", (rank if rank == 0 else 1,), group=g))
+    got = errors_of(lambda: consistency.check_collective("x", (rank if rank == 0 else 1,), group=g))
     assert got == ("no error", "")
     # members disagree: they raise, rank 0 (outside) does not take part
     try:
@@ -324,9 +312,9 @@ def test_debug_mode_finds_diverged_broadcast_shards(monkeypatch):
     x = sm.tensor(np.arange(12.0).reshape(4, 3), placement=pl, sbp=sm.sbp.broadcast)
     monkeypatch.setenv("SBPMPI_DEBUG", "0")
     x.to_local()[0, 0] += rank  # diverge on ranks > 0
-    assert _raised(lambda: consistency.check_broadcast_shards(x, "x")) == ("no error", "")
+    assert errors_of(lambda: consistency.check_broadcast_shards(x, "x")) == ("no error", "")
     monkeypatch.setenv("SBPMPI_DEBUG", "1")
-    got = _raised(lambda: consistency.check_broadcast_shards(x, "x"))
+    got = errors_of(lambda: consistency.check_broadcast_shards(x, "x"))
     if size == 1:
         assert got == ("no error", "")
     else:
@@ -334,15 +322,15 @@ def test_debug_mode_finds_diverged_broadcast_shards(monkeypatch):
         assert "SBPMPI_DEBUG: x is broadcast along mesh axis [0] but its shards differ" in got[1]
         assert "rank 0 (coord (0,)) and rank 1 (coord (1,)) hold different data" in got[1], got
     y = sm.tensor(np.arange(12.0).reshape(4, 3), placement=pl, sbp=sm.sbp.broadcast)
-    assert _raised(lambda: consistency.check_broadcast_shards(y, "y")) == ("no error", "")
+    assert errors_of(lambda: consistency.check_broadcast_shards(y, "y")) == ("no error", "")
     if size == 4:
         mesh = sm.placement("cpu", [[0, 1], [2, 3]])
         z = sm.tensor(np.arange(12.0).reshape(4, 3), placement=mesh,
                       sbp=(sm.sbp.broadcast, sm.sbp.split(0)))
-        assert _raised(lambda: consistency.check_broadcast_shards(z, "z")) == ("no error", "")
+        assert errors_of(lambda: consistency.check_broadcast_shards(z, "z")) == ("no error", "")
         if rank == 3:
             z.to_local()[...] = -1
-        got = _raised(lambda: consistency.check_broadcast_shards(z, "z"))
+        got = errors_of(lambda: consistency.check_broadcast_shards(z, "z"))
         assert "mesh axis 0: rank 1 (coord (0, 1)) and rank 3 (coord (1, 1))" in got[1], got
 
 
@@ -355,11 +343,11 @@ def test_collective_decisions():
     assert consistency.all_ok(True) is True
     assert consistency.all_ok(rank != last) is False
     # an error on the last rank only: the same type and message everywhere
-    got = _raised(lambda: consistency.raise_if_any(
+    got = errors_of(lambda: consistency.raise_if_any(
         FileNotFoundError("no such file 'a.npy'") if rank == last else None, "sm.load"))
     assert got == ("FileNotFoundError", f"sm.load: rank {last}: no such file 'a.npy'"), got
     # errors on several ranks: the lowest rank's type; the others listed
-    got = _raised(lambda: consistency.raise_if_any(ValueError(f"bad {rank}"), "step"))
+    got = errors_of(lambda: consistency.raise_if_any(ValueError(f"bad {rank}"), "step"))
     assert got[0] == "ValueError" and got[1].startswith("step: rank 0: bad 0"), got
     assert all(f"step: rank {r}: bad {r}" in got[1] for r in range(min(size, 4))), got
 
@@ -367,7 +355,7 @@ def test_collective_decisions():
         with consistency.collective_errors("reading"):
             if rank == 0:
                 raise KeyError("w")
-    got = _raised(block)
+    got = errors_of(block)
     assert got == ("KeyError", str(KeyError("reading: rank 0: 'w'"))), got
 
     def unknown_type():
@@ -376,10 +364,10 @@ def test_collective_decisions():
         with consistency.collective_errors("x"):
             if rank == last:
                 raise LocalError("odd")
-    got = _raised(unknown_type)
+    got = errors_of(unknown_type)
     assert got[0] == "RuntimeError" and f"x: rank {last}: odd" in got[1], got
     # one rank decides, everyone follows
     assert consistency.decide_on_root(lambda: ("tmp", rank), "save") == ("tmp", 0)
-    got = _raised(lambda: consistency.decide_on_root(
+    got = errors_of(lambda: consistency.decide_on_root(
         lambda: (_ for _ in ()).throw(PermissionError("read-only")), "sm.save"))
     assert got == ("PermissionError", "sm.save: read-only"), got
