@@ -1,0 +1,288 @@
+"""A private one-node Slurm cluster for the tests (and for trying the sbatch scripts by hand).
+
+Where ``munged``, ``slurmctld`` and ``slurmd`` are installed and the user is root, this
+writes a ``slurm.conf`` for this machine (its CPUs and memory, oversubscription allowed)
+in a fresh temporary directory, starts munge and the two daemons in the foreground on
+free TCP ports with their own state directories, pid files, logs and munge socket, waits
+until the node is idle, and stops exactly the processes it started. Nothing is read from
+or written to ``/etc/slurm``, ``/run/munge`` or ``/var/spool``, so it cannot clash with a
+Slurm already on the machine, nor with a second test run at the same time.
+
+    import slurm_cluster
+    reason = slurm_cluster.unavailable()        # None, or why it cannot run here
+    with slurm_cluster.start() as c:
+        c.run(["sinfo"])                        # SLURM_CONF and PATH set (c.env)
+
+By hand (prints the environment to use, stops on Ctrl-C)::
+
+    python tests/slurm_cluster.py
+
+Oversubscription: the node declares ``max(CPUs, 4)`` CPUs (``SlurmdParameters=
+config_overrides`` makes slurmd accept more than it counts), so ``sbatch -n 4`` runs on a
+2-core CI machine exactly as typed, the way ``mpiexec -n 4`` oversubscribes there. The
+partition's ``OverSubscribe=FORCE`` would not do: it shares CPUs between jobs, while one
+job of more tasks than CPUs stays pending (``PartitionConfig``) unless every ``sbatch`` and
+``srun`` adds ``--overcommit``, which the shipped commands must not need.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "sinfo", "scontrol", "squeue")
+END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+              "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
+
+
+def unavailable() -> str | None:
+    """Why a private cluster cannot be started here, or None when it can."""
+    missing = [n for n in DAEMONS + CLIENTS if _which(n) is None]
+    if missing:
+        return (f"Slurm is not installed ({', '.join(missing)} not found); on Debian/Ubuntu: "
+                f"apt-get install slurmctld slurmd slurm-client munge")
+    if os.name != "posix" or os.geteuid() != 0:
+        return "starting slurmd needs root (it runs jobs as their user); the user is not root"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _memory_mb() -> int:
+    try:
+        text = Path("/proc/meminfo").read_text()
+        kb = int(re.search(r"MemTotal:\s+(\d+)", text).group(1))  # type: ignore[union-attr]
+        return max(kb // 1024 - 512, 512)  # leave some for the daemons
+    except (OSError, AttributeError, ValueError):
+        return 1024
+
+
+@dataclass
+class SlurmCluster:
+    """A running private cluster; ``env`` is the environment for its client commands."""
+
+    root: Path
+    node: str
+    cpus: int
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    def run(self, cmd: Sequence[str], *, timeout: float = 60, cwd: str | Path | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """Run a client command (``sbatch``, ``srun``, ...) against this cluster."""
+        p = subprocess.run(list(cmd), env=self.env, cwd=cwd, capture_output=True, text=True,
+                           timeout=timeout, check=False)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}{p.stderr}"
+                               f"{self.logs()}")
+        return p
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (``JobState``, ``Reason``, ``StdOut``, ...)."""
+        out = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
+        return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+    def wait_job(self, job_id: str, timeout: float) -> dict[str, str]:
+        """Wait until the job has ended; raise TimeoutError (after cancelling it) if not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if info.get("JobState") in END_STATES:
+                return info
+            if time.monotonic() > deadline:
+                self.run(["scancel", job_id], check=False)
+                raise TimeoutError(f"job {job_id} still {info.get('JobState')} "
+                                   f"(reason {info.get('Reason')}) after {timeout:.0f} s"
+                                   f"{self.logs()}")
+            time.sleep(0.2)
+
+    def logs(self, lines: int = 20) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log", "munged.log"):
+            f = self.root / name
+            if f.exists():
+                tail = f.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"\n----- {f} (last lines) -----\n" + "\n".join(tail))
+        return "".join(out)
+
+    def stop(self) -> None:
+        """Stop the daemons this cluster started (by their PIDs), newest first."""
+        for name in reversed(list(self.procs)):
+            p = self.procs[name]
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
+        self.procs.clear()
+
+    def __enter__(self) -> SlurmCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _conf(root: Path, node: str, cpus: int, mem_mb: int, ports: list[int]) -> str:
+    return f"""\
+# one-node cluster written by tests/slurm_cluster.py
+ClusterName=sbpmpitest
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={ports[0]}
+SlurmdPort={ports[1]}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge.socket
+StateSaveLocation={root}/ctld
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+KillWait=5
+MinJobAge=600
+InactiveLimit=0
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=60 State=UP
+"""
+
+
+def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
+    """Start a private one-node cluster of ``cpus`` CPUs (default: this machine's, at least
+    4); raise RuntimeError (with the daemons' logs) if it does not come up within
+    ``timeout`` seconds. Use as a context manager to stop it."""
+    why = unavailable()
+    if why:
+        raise RuntimeError(why)
+    root = Path(tempfile.mkdtemp(prefix="sbpmpi-slurm-"))  # short: the munge socket path
+    os.chmod(root, 0o700)
+    (root / "ctld").mkdir()
+    (root / "spool").mkdir()
+    (root / "munge").mkdir(mode=0o700)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    node = socket.gethostname().split(".")[0]
+    cpus = cpus or max(os.cpu_count() or 1, 4)
+    (root / "slurm.conf").write_text(_conf(root, node, cpus, _memory_mb(), _free_ports(2)))
+    py_bin = os.path.dirname(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_",
+                                                                    "SALLOC_", "SRUN_"))}
+    env["SLURM_CONF"] = str(root / "slurm.conf")
+    # the jobs run the Python of this test run: its venv's bin first on PATH (sbatch and
+    # srun pass the submitter's environment on by default)
+    env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+    if (Path(py_bin).parent / "pyvenv.cfg").exists():
+        env["VIRTUAL_ENV"] = str(Path(py_bin).parent)
+    c = SlurmCluster(root, node, cpus, env)
+    daemons = [
+        ("munged", [_which("munged") or "munged", "--foreground", "--force",
+                    f"--socket={root}/munge.socket", f"--key-file={key}",
+                    f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munged.log",
+                    f"--seed-file={root}/munge/munged.seed"]),
+        ("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-c", "-i",
+                       "-f", str(c.conf)]),
+        ("slurmd", [_which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(c.conf)]),
+    ]
+    try:
+        for name, cmd in daemons:
+            with open(root / f"{name}.stdout", "wb") as out:
+                c.procs[name] = subprocess.Popen(cmd, env=env, stdout=out,
+                                                 stderr=subprocess.STDOUT,
+                                                 start_new_session=True,
+                                                 preexec_fn=_die_with_parent)
+            if name == "munged":
+                _wait_for(lambda: (root / "munge.socket").exists(), 10, "munged's socket", c)
+        _wait_for(lambda: _node_idle(c), timeout, f"node {node} to be idle", c)
+    except BaseException:
+        c.stop()
+        raise
+    return c
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (Linux), so a killed
+    test run leaves no daemons behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _node_idle(c: SlurmCluster) -> bool:
+    p = c.run(["sinfo", "-h", "-N", "-o", "%t"], check=False, timeout=10)
+    return p.returncode == 0 and p.stdout.strip() == "idle"
+
+
+def _wait_for(cond, timeout: float, what: str, c: SlurmCluster) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        dead = [f"{n} exited {p.returncode}" for n, p in c.procs.items() if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            out = "".join((c.root / f"{n}.stdout").read_text(errors="replace")
+                          for n in c.procs if (c.root / f"{n}.stdout").exists())
+            raise RuntimeError(f"waiting for {what}: "
+                               f"{'; '.join(dead) or f'not within {timeout:.0f} s'}\n{out}"
+                               f"{c.logs()}")
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    with start() as cluster:
+        print(f"one-node Slurm up in {cluster.root} (node {cluster.node}, {cluster.cpus} CPUs)")
+        print(f"export SLURM_CONF={cluster.env['SLURM_CONF']}")
+        print("Ctrl-C stops it")
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
