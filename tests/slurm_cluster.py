@@ -1,8 +1,9 @@
 """A private one-node Slurm cluster for the tests (and for trying the sbatch scripts by hand).
 
 Where ``munged``, ``slurmctld`` and ``slurmd`` are installed and the user is root, this
-writes a ``slurm.conf`` for this machine (its CPUs and memory, oversubscription allowed)
-in a fresh temporary directory, starts munge and the two daemons in the foreground on
+writes a ``slurm.conf`` for this machine (its CPUs and memory, oversubscription allowed,
+``MpiDefault=pmi2`` as at a site whose MPI is MPICH, one stand-in GPU per CPU slot) in a
+fresh temporary directory, starts munge and the two daemons in the foreground on
 free TCP ports with their own state directories, pid files, logs and munge socket, waits
 until the node is idle, and stops exactly the processes it started. Nothing is read from
 or written to ``/etc/slurm``, ``/run/munge`` or ``/var/spool``, so it cannot clash with a
@@ -32,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -90,6 +92,7 @@ class SlurmCluster:
     root: Path
     node: str
     cpus: int
+    gpus: int  # stand-in GPUs (gres/gpu), 0 where they could not be made
     env: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -156,7 +159,23 @@ class SlurmCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _conf(root: Path, node: str, cpus: int, mem_mb: int, ports: list[int]) -> str:
+def _stand_in_gpus(where: Path, n: int) -> int:
+    """Make ``n`` stand-in GPU devices (character devices like /dev/null, which is what
+    Slurm's gres/gpu accepts) for Slurm to hand out and name in CUDA_VISIBLE_DEVICES;
+    return how many were made (0 where mknod is not allowed)."""
+    where.mkdir()
+    try:
+        for i in range(n):
+            os.mknod(where / f"gpu{i}", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    except OSError:
+        return 0
+    (where.parent / "gres.conf").write_text(
+        f"AutoDetect=off\nName=gpu File={where}/gpu[0-{n - 1}]\n")
+    return n
+
+
+def _conf(root: Path, node: str, cpus: int, gpus: int, mem_mb: int, ports: list[int]) -> str:
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
     return f"""\
 # one-node cluster written by tests/slurm_cluster.py
 ClusterName=sbpmpitest
@@ -182,7 +201,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-MpiDefault=none
+MpiDefault=pmi2
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
@@ -190,7 +209,8 @@ ReturnToService=2
 KillWait=5
 MinJobAge=600
 InactiveLimit=0
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+GresTypes=gpu
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb}{gres} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=60 State=UP
 """
 
@@ -212,7 +232,8 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
     key.chmod(0o400)
     node = socket.gethostname().split(".")[0]
     cpus = cpus or max(os.cpu_count() or 1, 4)
-    (root / "slurm.conf").write_text(_conf(root, node, cpus, _memory_mb(), _free_ports(2)))
+    gpus = _stand_in_gpus(root / "dev", cpus)
+    (root / "slurm.conf").write_text(_conf(root, node, cpus, gpus, _memory_mb(), _free_ports(2)))
     py_bin = os.path.dirname(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_",
                                                                     "SALLOC_", "SRUN_"))}
@@ -222,7 +243,7 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
     env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", ""), "/usr/sbin", "/usr/bin"])
     if (Path(py_bin).parent / "pyvenv.cfg").exists():
         env["VIRTUAL_ENV"] = str(Path(py_bin).parent)
-    c = SlurmCluster(root, node, cpus, env)
+    c = SlurmCluster(root, node, cpus, gpus, env)
     daemons = [
         ("munged", [_which("munged") or "munged", "--foreground", "--force",
                     f"--socket={root}/munge.socket", f"--key-file={key}",
@@ -278,6 +299,7 @@ def _wait_for(cond, timeout: float, what: str, c: SlurmCluster) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the daemons on SIGTERM too
     with start() as cluster:
         print(f"one-node Slurm up in {cluster.root} (node {cluster.node}, {cluster.cpus} CPUs)")
         print(f"export SLURM_CONF={cluster.env['SLURM_CONF']}")
