@@ -29,6 +29,7 @@ job of more tasks than CPUs stays pending (``PartitionConfig``) unless every ``s
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -176,9 +177,13 @@ def _stand_in_gpus(where: Path, n: int) -> int:
 
 def _conf(root: Path, node: str, cpus: int, gpus: int, mem_mb: int, ports: list[int]) -> str:
     gres = f" Gres=gpu:{gpus}" if gpus else ""
+    first_job_id = random.SystemRandom().randrange(1_000_000, 60_000_000, 1000)
     return f"""\
 # one-node cluster written by tests/slurm_cluster.py
 ClusterName=sbpmpitest
+# job ids unlike an earlier cluster's: MPICH names its shared memory after the PMI job id
+# and an aborted job leaves it in /dev/shm, which would break a later job of the same id
+FirstJobId={first_job_id}
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}

@@ -1,0 +1,126 @@
+"""Batch jobs on a real Slurm: the shipped sbatch scripts, srun and the launcher, run on a
+private one-node cluster (tests/slurm_cluster.py) started for this test session.
+
+Skipped, with the reason, where Slurm is not installed or the user is not root. The
+commands are the README's ("Batch jobs"), typed as shown there, from a directory where
+``scripts``, ``examples`` and ``tests`` lead to this checkout (so job output files land
+in a temporary directory, not in the checkout).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import slurm_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB_TIMEOUT = 120  # seconds any one job may take here; each runs in a few seconds
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[slurm_cluster.SlurmCluster]:
+    why = slurm_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_cluster.start(timeout=60) as cluster:
+        work = cluster.root / "work"
+        work.mkdir()
+        for name in ("scripts", "examples", "tests"):
+            (work / name).symlink_to(ROOT / name)
+        yield cluster
+
+
+def run(slurm: slurm_cluster.SlurmCluster, command: str, *, timeout: float = 60,
+        env: dict[str, str] | None = None):
+    """Run a README command line in the work directory."""
+    old = slurm.env
+    slurm.env = dict(old, **(env or {}))
+    try:
+        return slurm.run(shlex.split(command), cwd=slurm.root / "work", timeout=timeout)
+    finally:
+        slurm.env = old
+
+
+def submit(slurm: slurm_cluster.SlurmCluster, command: str,
+           env: dict[str, str] | None = None) -> tuple[dict[str, str], str, float]:
+    """Submit with ``command`` (an sbatch line), wait for the end of the job; return its
+    ``scontrol show job`` fields, its output file's text and the seconds it took."""
+    t0 = time.monotonic()
+    out = run(slurm, command, env=env).stdout
+    m = re.search(r"Submitted batch job (\d+)", out)
+    assert m, out
+    info = slurm.wait_job(m.group(1), JOB_TIMEOUT)
+    seconds = time.monotonic() - t0
+    text = Path(info["StdOut"]).read_text(errors="replace")
+    return info, text, seconds
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_cpu_sbatch_runs_an_example_at_n_tasks(slurm, n):
+    info, out, _ = submit(slurm, f"sbatch -n {n} scripts/slurm/cpu.sbatch "
+                                 f"examples/s6_data_parallel.py")
+    assert info["JobState"] == "COMPLETED", (info, out)
+    assert out.count("S6 OK") == 1, out  # one job of n ranks, not n jobs of one rank
+    ranks = ", ".join(str(r) for r in range(n))
+    assert f"on cpu ranks [{ranks}] (mesh ({n},))" in out, out
+    assert f"sbpmpi-cpu: job {info['JobId']}: {n} task(s) on 1 node(s)" in out, out
+    # the MPICH wheel has PMI-2 and no PMIx: the script picks pmi2 by itself
+    assert "sbpmpi-cpu: srun --mpi=pmi2 (Slurm has: " in out, out
+    assert f"sbpmpi-cpu: python: {Path(slurm.env['PATH'].split(':')[0]) / 'python'} " in out, out
+
+
+def test_cpu_sbatch_srun_mpi_override(slurm):
+    info, out, _ = submit(slurm, "sbatch -n 2 scripts/slurm/cpu.sbatch "
+                                 "examples/s6_data_parallel.py", env={"SBPMPI_SRUN_MPI": "pmi2"})
+    assert "sbpmpi-cpu: srun --mpi=pmi2 (from SBPMPI_SRUN_MPI)" in out, out
+    assert info["JobState"] == "COMPLETED" and out.count("S6 OK") == 1, (info, out)
+
+
+def test_failing_rank_ends_the_job_failed_in_seconds(slurm):
+    info, out, seconds = submit(slurm, "sbatch -n 2 scripts/slurm/cpu.sbatch "
+                                       "tests/fault_programs/uncaught.py main")
+    assert info["JobState"] == "FAILED", (info, out)
+    assert "sbpmpi: rank 1: uncaught ValueError: bad value on rank 1" in out, out
+    assert seconds < 30, (seconds, out)  # the script's time limit is 30 minutes
+
+
+def test_srun_info_lists_four_ranks(slurm):
+    out = run(slurm, "srun -n 4 python -m sbpmpi info").stdout
+    assert "world:        4 rank(s) on 1 host(s)" in out, out
+    rows = re.findall(r"^\s+(\d)\s+\S+\s+(\d)/4\s", out, re.M)
+    assert sorted(rows) == [(str(r), str(r)) for r in range(4)], out
+
+
+def test_launch_inside_an_allocation_uses_srun(slurm):
+    # each rank reports the Slurm job step it runs in: a batch script has none, processes
+    # started by srun (here: MPICH's mpiexec starting its proxies with srun) have one
+    probe = slurm.root / "work" / "step_probe.py"
+    probe.write_text("import os\n"
+                     "print(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: \"\n"
+                     "      f\"job {os.environ['SLURM_JOB_ID']} \"\n"
+                     "      f\"step {os.environ.get('SLURM_STEP_ID', 'none')}\")\n")
+    info, out, _ = submit(slurm, "sbatch -n 2 -o launch-%j.out --wrap 'echo batch step "
+                                 "${SLURM_STEP_ID:-none}; python -m sbpmpi.launch -n 2 "
+                                 "step_probe.py'")
+    assert info["JobState"] == "COMPLETED", (info, out)
+    job = info["JobId"]
+    assert "batch step none" in out, out
+    steps = re.findall(rf"^rank (\d) of 2: job {job} step (\d+)$", out, re.M)
+    assert sorted(r for r, _ in steps) == ["0", "1"], out
+
+
+def test_gpu_sbatch_gives_each_task_one_gpu(slurm):
+    if not slurm.gpus:
+        pytest.skip("no stand-in GPUs in the test cluster (mknod not allowed)")
+    info, out, _ = submit(slurm, "sbatch -n 2 scripts/slurm/gpu.sbatch "
+                                 "examples/s11_launch_env.py")
+    assert info["JobState"] == "COMPLETED", (info, out)
+    # python -m sbpmpi info's table: rank, host, local rank, CUDA_VISIBLE_DEVICES
+    rows = re.findall(r"^\s+(\d)\s+\S+\s+(\d)/2\s+(\S+)\s", out, re.M)
+    assert sorted(rows) == [("0", "0", "0"), ("1", "1", "1")], out
+    assert "S11 OK" in out, out
