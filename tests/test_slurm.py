@@ -21,6 +21,24 @@ import slurm_cluster
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 120  # seconds any one job may take here; each runs in a few seconds
 
+# the commands, as the README's "Batch jobs" shows them
+CPU_JOB = "sbatch {opts}scripts/slurm/cpu.sbatch examples/s6_data_parallel.py"
+FAILING_JOB = "sbatch -n 2 scripts/slurm/cpu.sbatch tests/fault_programs/uncaught.py main"
+SRUN_INFO = "srun -n 4 python -m sbpmpi info"
+LAUNCH_JOB = ("sbatch -n 2 -o launch-%j.out --wrap 'echo batch step ${SLURM_STEP_ID:-none}; "
+              "python -m sbpmpi.launch -n 2 step_probe.py'")
+GPU_JOB = "sbatch -n 2 scripts/slurm/gpu.sbatch examples/s11_launch_env.py"
+README_COMMANDS = [CPU_JOB.format(opts=f"-n {n} " if n else "") for n in (None, 1, 2, 4)] + [
+    f"SBPMPI_SRUN_MPI=pmi2 {CPU_JOB.format(opts='-n 2 ')}", FAILING_JOB, SRUN_INFO, LAUNCH_JOB,
+    GPU_JOB]
+
+
+def test_readme_shows_the_commands_the_tests_run():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Batch jobs"):]
+    missing = [c for c in README_COMMANDS if c not in section]
+    assert not missing, missing
+
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[slurm_cluster.SlurmCluster]:
@@ -60,10 +78,11 @@ def submit(slurm: slurm_cluster.SlurmCluster, command: str,
     return info, text, seconds
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [None, 1, 2, 4])
 def test_cpu_sbatch_runs_an_example_at_n_tasks(slurm, n):
-    info, out, _ = submit(slurm, f"sbatch -n {n} scripts/slurm/cpu.sbatch "
-                                 f"examples/s6_data_parallel.py")
+    # no counts at all: Slurm's default of one task
+    info, out, _ = submit(slurm, CPU_JOB.format(opts=f"-n {n} " if n else ""))
+    n = n or 1
     assert info["JobState"] == "COMPLETED", (info, out)
     assert out.count("S6 OK") == 1, out  # one job of n ranks, not n jobs of one rank
     ranks = ", ".join(str(r) for r in range(n))
@@ -75,22 +94,20 @@ def test_cpu_sbatch_runs_an_example_at_n_tasks(slurm, n):
 
 
 def test_cpu_sbatch_srun_mpi_override(slurm):
-    info, out, _ = submit(slurm, "sbatch -n 2 scripts/slurm/cpu.sbatch "
-                                 "examples/s6_data_parallel.py", env={"SBPMPI_SRUN_MPI": "pmi2"})
+    info, out, _ = submit(slurm, CPU_JOB.format(opts="-n 2 "), env={"SBPMPI_SRUN_MPI": "pmi2"})
     assert "sbpmpi-cpu: srun --mpi=pmi2 (from SBPMPI_SRUN_MPI)" in out, out
     assert info["JobState"] == "COMPLETED" and out.count("S6 OK") == 1, (info, out)
 
 
 def test_failing_rank_ends_the_job_failed_in_seconds(slurm):
-    info, out, seconds = submit(slurm, "sbatch -n 2 scripts/slurm/cpu.sbatch "
-                                       "tests/fault_programs/uncaught.py main")
+    info, out, seconds = submit(slurm, FAILING_JOB)
     assert info["JobState"] == "FAILED", (info, out)
     assert "sbpmpi: rank 1: uncaught ValueError: bad value on rank 1" in out, out
     assert seconds < 30, (seconds, out)  # the script's time limit is 30 minutes
 
 
 def test_srun_info_lists_four_ranks(slurm):
-    out = run(slurm, "srun -n 4 python -m sbpmpi info").stdout
+    out = run(slurm, SRUN_INFO).stdout
     assert "world:        4 rank(s) on 1 host(s)" in out, out
     rows = re.findall(r"^\s+(\d)\s+\S+\s+(\d)/4\s", out, re.M)
     assert sorted(rows) == [(str(r), str(r)) for r in range(4)], out
@@ -101,24 +118,25 @@ def test_launch_inside_an_allocation_uses_srun(slurm):
     # started by srun (here: MPICH's mpiexec starting its proxies with srun) have one
     probe = slurm.root / "work" / "step_probe.py"
     probe.write_text("import os\n"
-                     "print(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: \"\n"
-                     "      f\"job {os.environ['SLURM_JOB_ID']} \"\n"
-                     "      f\"step {os.environ.get('SLURM_STEP_ID', 'none')}\")\n")
-    info, out, _ = submit(slurm, "sbatch -n 2 -o launch-%j.out --wrap 'echo batch step "
-                                 "${SLURM_STEP_ID:-none}; python -m sbpmpi.launch -n 2 "
-                                 "step_probe.py'")
+                     "import sys\n"
+                     "e = os.environ\n"
+                     "sys.stdout.write(f\"rank {e['RANK']} of {e['WORLD_SIZE']}: \"\n"
+                     "                 f\"job {e['SLURM_JOB_ID']} \"\n"
+                     "                 f\"step {e.get('SLURM_STEP_ID', 'none')}\\n\")\n")
+    info, out, _ = submit(slurm, LAUNCH_JOB)
     assert info["JobState"] == "COMPLETED", (info, out)
     job = info["JobId"]
     assert "batch step none" in out, out
-    steps = re.findall(rf"^rank (\d) of 2: job {job} step (\d+)$", out, re.M)
+    # one write per line, but the two ranks' lines may still come out interleaved
+    steps = re.findall(rf"rank (\d) of 2: job {job} step (\w+)", out)
     assert sorted(r for r, _ in steps) == ["0", "1"], out
+    assert all(step.isdigit() for _, step in steps), out
 
 
 def test_gpu_sbatch_gives_each_task_one_gpu(slurm):
     if not slurm.gpus:
         pytest.skip("no stand-in GPUs in the test cluster (mknod not allowed)")
-    info, out, _ = submit(slurm, "sbatch -n 2 scripts/slurm/gpu.sbatch "
-                                 "examples/s11_launch_env.py")
+    info, out, _ = submit(slurm, GPU_JOB)
     assert info["JobState"] == "COMPLETED", (info, out)
     # python -m sbpmpi info's table: rank, host, local rank, CUDA_VISIBLE_DEVICES
     rows = re.findall(r"^\s+(\d)\s+\S+\s+(\d)/2\s+(\S+)\s", out, re.M)
