@@ -33,6 +33,19 @@ README_COMMANDS = [CPU_JOB.format(opts=f"-n {n} " if n else "") for n in (None, 
     GPU_JOB]
 
 
+def test_unavailable_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(slurm_cluster.shutil, "which", lambda name, path=None: None)
+    why = slurm_cluster.unavailable()
+    assert why is not None and "munged, slurmctld, slurmd, sbatch, srun" in why, why
+    assert "apt-get install slurmctld slurmd slurm-client munge" in why, why
+
+
+def test_unavailable_needs_root(monkeypatch):
+    monkeypatch.setattr(slurm_cluster.shutil, "which", lambda name, path=None: "/bin/" + name)
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 1000)
+    assert "needs root" in (slurm_cluster.unavailable() or ""), slurm_cluster.unavailable()
+
+
 def test_readme_shows_the_commands_the_tests_run():
     text = (ROOT / "README.md").read_text()
     section = text[text.index("### Batch jobs"):]
