@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +53,66 @@ def test_readme_shows_the_commands_the_tests_run():
     section = text[text.index("### Batch jobs"):]
     missing = [c for c in README_COMMANDS if c not in section]
     assert not missing, missing
+
+
+# -- the PMI choice of the sbatch scripts, with stand-ins for srun and mpi4py ----------------
+
+SLURM_LIST = {"all": "none pmi2 pmix cray_shasta", "no-pmix": "none pmi2 cray_shasta"}
+MPI_VERSIONS = {
+    "openmpi": "Open MPI v5.0.3, package: Open MPI builder Distribution, ident: 5.0.3",
+    "mpich": "MPICH Version:      5.0.2\nMPICH configure:    --with-device=ch4:ucx,ofi",
+    "mpich+pmix": "MPICH Version:      4.2.0\nMPICH configure:    --with-pmix=/usr --with-pm=no",
+    "cray": "MPI VERSION    : CRAY MPICH version 8.1.28.15 (ANL base 3.4a2)",
+    "intel": "Intel(R) MPI Library 2021.11 for Linux* OS",
+}
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("stand_ins")
+    (d / "srun").write_text("#!/bin/sh\necho 'MPI plugin types are...'\n"
+                            "for p in $FAKE_SLURM; do printf '\\t%s\\n' \"$p\"; done\n"
+                            "echo 'specific pmix plugin versions available: pmix_v4'\n")
+    (d / "srun").chmod(0o755)
+    (d / "mpi4py").mkdir()
+    (d / "mpi4py" / "__init__.py").write_text(
+        "class _Rc:\n    initialize = True\n\n\nrc = _Rc()\n")
+    (d / "mpi4py" / "MPI.py").write_text(
+        "import os\n\n\ndef Get_library_version():\n    return os.environ['FAKE_MPI']\n")
+    return d
+
+
+def srun_mpi_function(script: str) -> str:
+    text = (ROOT / "scripts" / "slurm" / f"{script}.sbatch").read_text()
+    start = text.index("srun_mpi() {")
+    return text[start:text.index("\n}\n", start) + 3]
+
+
+def test_sbatch_scripts_share_the_pmi_choice():
+    assert srun_mpi_function("cpu") == srun_mpi_function("gpu")
+
+
+@pytest.mark.parametrize("slurm_has, mpi, override, expected", [
+    ("all", "openmpi", "", "pmix"),
+    ("no-pmix", "openmpi", "", "default"),
+    ("all", "mpich", "", "pmi2"),
+    ("all", "mpich+pmix", "", "pmix"),
+    ("no-pmix", "mpich+pmix", "", "pmi2"),
+    ("all", "intel", "", "pmi2"),
+    ("all", "cray", "", "default"),
+    ("all", "mpich", "pmix", "pmix (from SBPMPI_SRUN_MPI)"),
+])
+def test_sbatch_scripts_choose_the_pmi_plugin(stand_ins, slurm_has, mpi, override, expected):
+    func = srun_mpi_function("cpu")
+    env = {"PATH": f"{stand_ins}:{Path(sys.executable).parent}:/usr/bin:/bin",
+           "PYTHONPATH": str(stand_ins), "FAKE_SLURM": SLURM_LIST[slurm_has],
+           "FAKE_MPI": MPI_VERSIONS[mpi], "SBPMPI_SRUN_MPI": override}
+    p = subprocess.run(["bash", "-c", f"set -euo pipefail\n{func}\nsrun_mpi"], env=env,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p
+    choice = p.stdout.strip()
+    assert choice.split(" (")[0] == expected.split(" (")[0], choice
+    assert choice.startswith(expected), choice
 
 
 @pytest.fixture(scope="session")
