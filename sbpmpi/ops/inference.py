@@ -35,6 +35,7 @@ from ..placement import Placement
 from ..sbp import Broadcast, NdSbp, Partial
 from ..tensor import GlobalTensor
 from .call import OpCall
+from .exactness import exact, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
 __all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp", "partial_charge",
@@ -232,8 +233,8 @@ def _placements(call: OpCall) -> list[Placement]:
 
 
 def _key(call: OpCall) -> tuple[Any, ...]:
-    ops = tuple((o.layout, o.dtype) if isinstance(o, GlobalTensor) else type(o)
-                for o in call.operands)
+    ops = tuple((o.layout, o.dtype) if isinstance(o, GlobalTensor)
+                else (type(o), scalar_class(o)) for o in call.operands)
     return (call.name, call.table, tuple(sorted(call.dims.items())), call.out_shape,
             call.out_dtype, ops)
 
@@ -257,7 +258,8 @@ def infer(call: OpCall) -> Inference:
     in_dtypes = [o.dtype if t else None for o, t in zip(ops, is_t)]
     rows = resolve(call.table, call.dims, in_ndims, len(call.out_shape),
                    fixed=[not t for t in is_t])
-    rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype))
+    rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype)
+                 and exact(r, call.name, ops, call.out_dtype))
     if not rows:
         raise RuntimeError(f"{call.name}: no signature applies (internal error: the table "
                            f"lacks an all-broadcast row)")
