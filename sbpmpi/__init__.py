@@ -10,8 +10,8 @@ import importlib
 from typing import Any
 
 from . import abort as _abort
-from . import exit_agreement as _exit_agreement
 from . import comm, env, sbp
+from . import exit_agreement as _exit_agreement
 from ._version import __version__
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .layout import Layout
