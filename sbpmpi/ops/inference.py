@@ -21,6 +21,7 @@ metadata, so every rank makes the same choice.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from .. import backend
 from ..env import get_rank
 from ..layout import Layout
 from ..placement import Placement
-from ..sbp import Broadcast, NdSbp, Partial
+from ..sbp import SBP, Broadcast, NdSbp, Partial
 from ..tensor import GlobalTensor
 from .call import OpCall
 from .exactness import exact, scalar_class
@@ -66,7 +67,7 @@ def _reduced(out: Layout) -> Layout:
 
 
 _COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
-_CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int]] = {}
+_CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
 _table: list[Any] = [None]  # the cost table the caches were filled under
 
@@ -151,6 +152,7 @@ class Inference:
     call: OpCall
     candidates: tuple[Candidate, ...]
     chosen: int
+    estimated: bool = False  # pruned search: costs are per-axis estimates (see PRUNE_ABOVE)
 
     @property
     def best(self) -> Candidate:
@@ -181,6 +183,9 @@ class Inference:
         best = self.best
         lines.append(f"chosen: #{self.chosen} {best.signature}, output sbp {_sbp(best.output.sbp)}"
                      f" on {best.placement.ranks.tolist()}, modelled cost {_us(best.total)}")
+        if self.estimated:
+            lines.append(f"(large search: the {PRUNE_KEEP} cheapest combinations by a per-mesh-"
+                         "axis estimate, each axis costed as the single step that changes it)")
         lines.append("(costs in microseconds from boxing.conversion_cost; a partial output is "
                      "charged the all-reduce it will need later, less those its partial "
                      "operands already owed; ties go to fewer boxed operands, then table order)")
@@ -265,8 +270,13 @@ def infer(call: OpCall) -> Inference:
                            f"lacks an all-broadcast row)")
     out_item = call.out_dtype.itemsize
     cands: list[Candidate] = []
+    estimated = False
     for pl in pls:
         cost = _Costs(pl.type)
+        if len(rows) ** pl.ndim > PRUNE_ABOVE and all(x.placement == pl for x in call.tensors):
+            cands.extend(_estimated(call, pl, rows, is_t, cost, len(cands)))
+            estimated = True
+            continue
         for combo in itertools.product(rows, repeat=pl.ndim):
             need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
                          else None for i, o in enumerate(ops))
@@ -281,11 +291,96 @@ def infer(call: OpCall) -> Inference:
                 charge = max(0.0, charge - owed)
             cands.append(Candidate(pl, tuple(combo), need, out, moved, costs, charge,
                                    len(cands)))
-    result = (tuple(cands), choose(cands))
+    result = (tuple(cands), choose(cands), estimated)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.clear()
     _CACHE[key] = result
     return Inference(call, *result)
+
+
+#: Above this many combinations of rows over the mesh axes of one placement, inference
+#: estimates instead of planning every conversion (see :func:`_estimated`).
+PRUNE_ABOVE = 64
+#: How many of the estimated combinations are kept as candidates (the cheapest ones).
+PRUNE_KEEP = 8
+
+
+def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequence[bool],
+               cost: _Costs, start: int) -> list[Candidate]:
+    """The :data:`PRUNE_KEEP` cheapest combinations of ``rows`` over the mesh axes of ``pl``.
+
+    The exhaustive search plans every operand conversion of every combination (``rows **
+    mesh ndim`` of them, seconds on a 3-D mesh). Here each (mesh axis, row) is costed
+    once, as the single step that changes that axis of each operand (and the all-reduce
+    a partial output on that axis will need, less what an unmoved partial operand already
+    owed), and a combination's estimate is the sum over its axes; the cheapest
+    combinations are kept, with these estimates as their costs. A change that no single
+    step makes is planned exactly (cached). Pure and deterministic: every rank chooses
+    alike.
+    """
+    from ..boxing.planner import axis_change_seconds
+
+    ops = call.operands
+    nd = pl.ndim
+    tens = [i for i, t in enumerate(is_t) if t]
+
+    def change(lay: Layout, a: int, to: SBP, item: int) -> float:
+        v = axis_change_seconds(lay, a, to, item)
+        if v is None:
+            dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
+            v = cost(lay, dst, item)
+        return v
+
+    def reduce_on(lay: Layout, a: int, item: int) -> float:
+        v = axis_change_seconds(lay, a, Broadcast(), item)
+        return 0.0 if v is None else v
+
+    # per (axis, row): estimated seconds per operand, and the partial-output charge
+    est: list[list[tuple[tuple[float, ...], float]]] = []
+    for a in range(nd):
+        per_row = []
+        for r in rows:
+            box = tuple(change(ops[i].layout, a, r.inputs[i], ops[i].dtype.itemsize)
+                        if is_t[i] else 0.0 for i in range(len(ops)))
+            charge = 0.0
+            if isinstance(r.output, Partial):
+                out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
+                                                         for b in range(nd)))
+                charge = reduce_on(out_a, a, call.out_dtype.itemsize)
+                owed = sum(reduce_on(ops[i].layout, a, ops[i].dtype.itemsize) for i in tens
+                           if isinstance(ops[i].sbp[a], Partial)
+                           and ops[i].sbp[a] == r.inputs[i])
+                charge = max(0.0, charge - owed)
+            per_row.append((box, charge))
+        est.append(per_row)
+    n = len(rows)
+
+    def total(ks: tuple[int, ...]) -> tuple[float, int, int]:
+        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks))
+        moved = sum(1 for i in tens if any(est[a][k][0][i] or r_in(k, i) != ops[i].sbp[a]
+                                           for a, k in enumerate(ks)))
+        order = 0
+        for k in ks:
+            order = order * n + k
+        return (t, moved, order)
+
+    def r_in(k: int, i: int) -> SBP:
+        return rows[k].inputs[i]
+
+    best = heapq.nsmallest(PRUNE_KEEP, itertools.product(range(n), repeat=nd), key=total)
+    out: list[Candidate] = []
+    for ks in best:
+        combo = tuple(rows[k] for k in ks)
+        need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
+                     else None for i, o in enumerate(ops))
+        moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
+        costs = tuple(sum(est[a][k][0][i] for a, k in enumerate(ks)) if moved[i] else 0.0
+                      for i in range(len(ops)))
+        charge = sum(est[a][k][1] for a, k in enumerate(ks))
+        out_lay = Layout(call.out_shape, pl, tuple(r.output for r in combo))
+        out.append(Candidate(pl, combo, need, out_lay, moved, costs, charge,
+                             start + total(ks)[2]))
+    return out
 
 
 def choose(cands: Sequence[Candidate]) -> int:
