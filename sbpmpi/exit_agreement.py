@@ -28,13 +28,15 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from mpi4py import MPI
 
-__all__ = ["init", "FINISHED_TEXT", "wait", "finished_ranks", "poll", "states", "GRACE"]
+__all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
+           "GRACE"]
 
 FINISHED_TEXT = "reached the end of the program"
 GRACE = 3.0  # seconds a failing check waits to hear what the other ranks of its group do
@@ -44,7 +46,11 @@ _comm: Any = None  # the duplicate of the world communicator (None for one proce
 _states: dict[int, str] = {}  # world rank -> what it is doing for good (finished / stuck in X)
 _verdict: str | None = None  # the final message, once a failure has been agreed on
 _broken = False  # this rank raised an exit-time mismatch: it must not wait at exit
-_sends: list[Any] = []  # notices in flight (kept alive until done)
+_sends: list[Any] = []  # notices in flight, with their buffers (kept alive until done)
+_MAX_NOTICE = 1 << 16  # bytes; longer texts are cut
+_rbuf = bytearray(_MAX_NOTICE)
+_notice: Any = None  # the receive posted for the next notice
+_lock = threading.RLock()  # the posted receive is tested by the main and the watchdog thread
 _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before this rank exits
 
 
@@ -54,7 +60,45 @@ def init() -> None:
     if _comm is not None or MPI.COMM_WORLD.Get_size() == 1:
         return
     _comm = MPI.COMM_WORLD.Dup()
+    _post()
     atexit.register(_at_exit)
+
+
+def _post() -> None:
+    global _notice
+    _notice = _comm.Irecv([_rbuf, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_TAG)
+
+
+def _take(status: Any) -> None:
+    """Record the notice that just arrived in ``_rbuf`` and post the next receive."""
+    global _verdict
+    kind, _, text = bytes(_rbuf[:status.Get_count(MPI.BYTE)]).decode().partition("\0")
+    src = status.Get_source()
+    _post()
+    if kind == "verdict":
+        if _verdict is None:
+            _verdict = text
+    else:
+        _states.setdefault(src, text)
+
+
+def active() -> bool:
+    """True when the agreement runs (a world of more than one process, after ``init``)."""
+    return _comm is not None
+
+
+def fail(text: str, ranks: Sequence[int]) -> str:
+    """Agree that a call of world ``ranks`` (this rank doing ``text``) cannot complete.
+
+    For a blocking call that cannot poll (an ``sm.comm`` call, seen by the watchdog
+    thread): tells every rank, collects what the others of ``ranks`` are doing for a
+    moment, hands the verdict to the finished ranks and returns it.
+    """
+    message = _fail(text, ranks)
+    deadline = time.monotonic() + 2.0
+    while not MPI.Request.Testall(_verdict_sends) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return message
 
 
 def states() -> dict[int, str]:
@@ -68,27 +112,21 @@ def finished_ranks() -> list[int]:
 
 
 def poll() -> None:
-    """Receive the notices that have arrived (cheap: one ``MPI_Iprobe`` when none has)."""
-    global _verdict
-    comm = _comm
-    if comm is None:
+    """Receive the notices that have arrived (cheap: one ``MPI_Test`` when none has)."""
+    if _comm is None:
         return
     status = MPI.Status()
-    while comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
-        src = status.Get_source()
-        kind, text = comm.recv(source=src, tag=_TAG)
-        if kind == "verdict":
-            if _verdict is None:
-                _verdict = text
-        else:
-            _states.setdefault(src, text)
+    with _lock:
+        while _notice.Test(status):
+            _take(status)
 
 
 def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = False) -> list[Any]:
     me = _comm.Get_rank()
-    send = _comm.issend if synchronous else _comm.isend
-    reqs = [send((kind, text), dest=r, tag=_TAG) for r in ranks if r != me]
-    _sends.extend(reqs)
+    data = f"{kind}\0{text}".encode()[:_MAX_NOTICE]
+    send = _comm.Issend if synchronous else _comm.Isend
+    reqs = [send([data, MPI.BYTE], dest=r, tag=_TAG) for r in ranks if r != me]
+    _sends.append((reqs, data))
     return reqs
 
 
@@ -126,19 +164,27 @@ def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
     """Complete ``request`` (a check's exchange among world ``ranks``), watching for exits.
 
     Returns None when it completes, or the agreed failure message when a rank of
-    ``ranks`` has finished (or is stuck failing) so that it never can.
+    ``ranks`` has finished (or is stuck failing) so that it never can. Polls the exchange
+    and the posted notice receive (two ``MPI_Test``), yielding the core after a few polls
+    so that peers sharing it progress; a long wait sleeps a millisecond between polls.
     """
     if _comm is None:
         request.Wait()
         return None
+    status = MPI.Status()
     spins = 0
     while not request.Test():
-        poll()
+        with _lock:
+            while _notice.Test(status):
+                _take(status)
         if _states and any(r in _states for r in ranks):
             return _fail(text, ranks)
         spins += 1
-        if spins > 200:  # a long wait: yield the core (the peers may share it)
-            time.sleep(0.0002 if spins < 5000 else 0.002)
+        if spins > 20:
+            if spins < 50000:
+                os.sched_yield()
+            else:
+                time.sleep(0.001)
     return None
 
 
@@ -187,6 +233,9 @@ def _at_exit() -> None:
                 _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: "
                              f"{_compose(_states | {me: FINISHED_TEXT}, range(size))}")
         elif len(_states) == size - 1 and MPI.Request.Testall(mine):
-            return  # every rank finished and has our notice: MPI_Finalize can go ahead
+            with _lock:  # every rank finished and has our notice: MPI_Finalize can go ahead
+                _notice.Cancel()
+                _notice.Wait()
+            return
         time.sleep(delay)
         delay = min(delay * 1.5, 0.02)

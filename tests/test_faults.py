@@ -216,6 +216,16 @@ def test_exit_agreement_with_abort_off_and_a_caught_error():
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_raw_sm_comm_collective_on_one_rank_is_met_by_the_exit_watch(n):
+    res = run_mpi(n, "exit_early.py", "comm", timeout=60)
+    assert res.rc != 0 and res.seconds < 30, res
+    _cause_on_every_rank(res, n, "  rank 0: all_reduce (sm.comm, waiting on ranks "
+                         f"{list(range(n))})", list(range(1, n)))
+    assert "sbpmpi: rank 0: CollectiveMismatchError" in res.out, res
+
+
+@needs_mpiexec
 def test_a_correct_program_ends_normally_after_the_exit_handshake():
     res = run_mpi(4, "exit_early.py", "ok")
     assert res.rc == 0, res

@@ -5,7 +5,8 @@
 ``numpy``: ``if rank == 0: print(x.numpy())`` (rank 0 alone in the gather);
 ``sys_exit``: rank N-1 calls ``sys.exit(0)`` early while the others call ``x.to_global``;
 ``abort_off``: as ``numpy`` with the abort hook off (SBPMPI_ABORT_ON_ERROR=0);
-``caught``: rank 0 catches the error and prints it; ``ok``: every rank does the same thing
+``caught``: rank 0 catches the error and prints it; ``comm``: rank 0 alone in
+``sm.comm.all_reduce`` (met by the watchdog's exit watch); ``ok``: every rank does the same thing
 and the job must end normally (exit 0) after the exit-time handshake.
 Default settings otherwise: no SBPMPI_TIMEOUT. Every rank must end with the same cause.
 """
@@ -41,6 +42,10 @@ elif mode == "caught":
             x.numpy()
         except CollectiveMismatchError as e:
             print(f"rank 0 caught: {e}", flush=True)
+elif mode == "comm":  # a raw sm.comm collective on one rank: the exit watch meets it
+    if rank == 0:
+        sm.comm.all_reduce(np.ones(3), group=None)
+        print(f"rank {rank}: reduced alone (should not happen)", flush=True)
 elif mode == "ok":
     assert float(y.numpy()) == float(np.arange(4.0 * size).sum() * 2)
     print(f"rank {rank}: ok", flush=True)
