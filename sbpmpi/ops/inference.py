@@ -274,7 +274,7 @@ def infer(call: OpCall) -> Inference:
     for pl in pls:
         cost = _Costs(pl.type)
         if len(rows) ** pl.ndim > PRUNE_ABOVE and all(x.placement == pl for x in call.tensors):
-            cands.extend(_estimated(call, pl, rows, is_t, cost, len(cands)))
+            cands.extend(_estimated(call, pl, rows, is_t, len(cands)))
             estimated = True
             continue
         for combo in itertools.product(rows, repeat=pl.ndim):
@@ -306,7 +306,7 @@ PRUNE_KEEP = 8
 
 
 def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequence[bool],
-               cost: _Costs, start: int) -> list[Candidate]:
+               start: int) -> list[Candidate]:
     """The :data:`PRUNE_KEEP` cheapest combinations of ``rows`` over the mesh axes of ``pl``.
 
     The exhaustive search plans every operand conversion of every combination (``rows **
@@ -315,10 +315,12 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
     a partial output on that axis will need, less what an unmoved partial operand already
     owed), and a combination's estimate is the sum over its axes; the cheapest
     combinations are kept, with these estimates as their costs. A change that no single
-    step makes is planned exactly (cached). Pure and deterministic: every rank chooses
-    alike.
+    step makes is costed through broadcast on that axis, or as one general point-to-point
+    redistribution. Pure and deterministic: every rank chooses alike.
     """
-    from ..boxing.planner import axis_change_seconds
+    from ..boxing.cost import get_cost_table
+    from ..boxing.plan import meaningful
+    from ..boxing.planner import axis_change_seconds, send_recv_step
 
     ops = call.operands
     nd = pl.ndim
@@ -326,10 +328,19 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
 
     def change(lay: Layout, a: int, to: SBP, item: int) -> float:
         v = axis_change_seconds(lay, a, to, item)
-        if v is None:
-            dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
-            v = cost(lay, dst, item)
-        return v
+        if v is not None:
+            return v
+        # no single step: through broadcast on that axis, else one general redistribution
+        # (a valid plan, so an upper bound of the planner's optimum)
+        dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
+        mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
+        v1 = axis_change_seconds(lay, a, Broadcast(), item)
+        v2 = axis_change_seconds(mid, a, to, item)
+        if v1 is not None and v2 is not None:
+            return v1 + v2
+        if meaningful(lay, dst) is not None:
+            return float("inf")
+        return send_recv_step(lay, dst, item, get_cost_table()).seconds
 
     def reduce_on(lay: Layout, a: int, item: int) -> float:
         v = axis_change_seconds(lay, a, Broadcast(), item)
