@@ -261,8 +261,7 @@ def test_nd_mesh_is_a_product_of_axis_signatures():
     x = fake((4, 5), (split(0), broadcast), mesh)
     w = fake((5, 6), (broadcast, split(1)), mesh)
     inf = infer(sm.matmul.build(x, w))
-    # 6 matmul rows, less (P, B) and (B, P): inexact for floats with an inf (issue 10)
-    assert len(inf.candidates) == 4 ** 2
+    assert len(inf.candidates) == 6 ** 2
     assert inf.best.output.sbp == (split(0), split(1))                  # S10
     assert inf.best.signature == "(S(0), B) -> S(0) x (B, S(1)) -> S(1)" and inf.best.total == 0
 

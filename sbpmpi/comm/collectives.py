@@ -51,6 +51,11 @@ def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
     return red
 
 
+def _has_nan(a: Any) -> bool:
+    ne = a != a  # NaN is the only value unequal to itself (NumPy and CuPy alike)
+    return bool(ne.any()) if hasattr(ne, "any") else bool(ne)
+
+
 def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm: Any,
              ranks: Any) -> MPIReduction:
     """``red``, or a NaN-propagating op when a MAX/MIN of floats meets a NaN on any rank.
@@ -63,7 +68,7 @@ def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm
     if op not in (ReduceOp.MAX, ReduceOp.MIN) or dtype.kind != "f" or red.host_only:
         return red
     arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    flag = np.array([any(bool((a != a).any()) for a in arrays)], dtype=np.uint8)
+    flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)
     with watch("NaN flag of a max/min reduction", ranks):
         comm.Allreduce(MPI.IN_PLACE, [flag, 1, MPI.UNSIGNED_CHAR], op=MPI.MAX)
     return _nan_op(op, dtype) if flag[0] else red
@@ -85,21 +90,19 @@ def barrier(group: Group | None = None) -> None:
 def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     """Copy ``arr`` of world rank ``src`` into ``arr`` on every rank of ``group``."""
     g, comm = resolve(group, "broadcast")
-    me = comm.Get_rank()
     try:
-        root = root_rank(g, src, "src", "broadcast")
-        # the source only reads: a read-only (or memory-mapped) array is a valid source
-        m = (describe(arr, "arr", "broadcast") if me == root
-             else describe_out(arr, "arr", "broadcast"))
+        m = describe_out(arr, "arr", "broadcast")
         t = dtype_info(m[0]).mpi
+        root = root_rank(g, src, "src", "broadcast")
     except (TypeError, ValueError) as e:
         checks.agree(comm, "broadcast", e)
         raise
     if checks._enabled:
         checks.agree(comm, "broadcast", None, _sig(m, size=m[1], src=src))
+    me = comm.Get_rank()
     st = stager(m[3])
     try:
-        buf = st.inp(arr, m) if me == root else st.out(arr, m)
+        buf = st.out(arr, m, copy_in=me == root)
         if ACTIVE:
             note("broadcast", m[1] * m[0].itemsize if me == root else 0, g, m[0], src,
                  m[3], st.staged)

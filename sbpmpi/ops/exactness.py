@@ -3,12 +3,12 @@
 A partial operand holds the reduction's identity on some ranks (0 for partial sums,
 -inf / +inf for partial max / min). Combined with a non-finite value of the other,
 broadcast operand, the identity gives NaN where NumPy gives inf: ``0 * inf``,
-``0 / 0``, ``-inf + inf``, and in ``x @ w`` with an inf in ``w``. These rows are
-therefore used only when every broadcast operand they combine the partial input with
-is a scalar for which they are exact (a scalar is part of the checked metadata, so
-every rank decides alike); a tensor operand, whose values are unknown when the
-signature is chosen, makes inference box the partial input first. Integer and bool
-results keep every row (their identities are finite).
+``0 / 0``, ``-inf + inf``, and in ``x @ w`` with an inf in ``w``. A scalar partner
+is judged by its value when the signature is chosen (a scalar is part of the checked
+metadata, so every rank decides alike); a tensor partner, whose values are unknown when
+the signature is chosen, is checked when the row is about to run: if any rank's shard of it
+holds inf or NaN, the op is inferred again without these rows, which boxes the partial
+input first. Integer and bool results keep every row (their identities are finite).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..sbp import Broadcast, Partial
 from ..tensor import GlobalTensor
 from .signature import Resolved
 
-__all__ = ["exact", "scalar_class", "RULES"]
+__all__ = ["exact", "risky_partners", "partners_finite", "scalar_class", "RULES"]
 
 
 def _finite(v: Any) -> bool:
@@ -47,15 +47,58 @@ RULES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def exact(r: Resolved, name: str, operands: Sequence[Any], out_dtype: np.dtype) -> bool:
-    """Whether row ``r`` of op ``name`` gives NumPy's result for every value of these operands."""
+def exact(r: Resolved, name: str, operands: Sequence[Any], out_dtype: np.dtype,
+          tensors_finite: bool = True) -> bool:
+    """Whether row ``r`` of op ``name`` gives NumPy's result for these operands.
+
+    Scalar partners are judged by value. Tensor partners pass when ``tensors_finite``
+    (inference's first choice; execution checks the data before using such a row, see
+    :func:`partners_finite`) and fail otherwise.
+    """
     ok = RULES.get(name)
     if ok is None or np.dtype(out_dtype).kind not in "fc":
         return True
     if not any(isinstance(s, Partial) for s in r.inputs):
         return True
     for s, o in zip(r.inputs, operands):
-        if isinstance(s, Broadcast) and (isinstance(o, GlobalTensor) or not ok(o)):
+        if not isinstance(s, Broadcast):
+            continue
+        if isinstance(o, GlobalTensor):
+            if not tensors_finite:
+                return False
+        elif not ok(o):
+            return False
+    return True
+
+
+def risky_partners(rows: Sequence[Resolved], name: str, operands: Sequence[Any],
+                   out_dtype: np.dtype) -> list[int]:
+    """Tensor operands whose values decide whether ``rows`` (one per mesh axis) are exact."""
+    if all(exact(r, name, operands, out_dtype, tensors_finite=False) for r in rows):
+        return []
+    return sorted({i for r in rows if any(isinstance(s, Partial) for s in r.inputs)
+                   for i, (s, o) in enumerate(zip(r.inputs, operands))
+                   if isinstance(s, Broadcast) and isinstance(o, GlobalTensor)})
+
+
+def partners_finite(name: str, operands: Sequence[Any], which: Sequence[int]) -> bool:
+    """This rank's verdict: the local shards of ``operands[which]`` hold only values the
+    rows of ``name`` are exact for (finite; also nonzero for a divisor).
+
+    A partner that is itself partial counts as not exact (its pending sum may overflow).
+    Combine the verdicts of all ranks before acting (``consistency.all_ok``).
+    """
+    for i in which:
+        o = operands[i]
+        if any(isinstance(s, Partial) for s in o.sbp):
+            return False
+        local = o.to_local()
+        if not local.size:
+            continue
+        good = abs(local) < float("inf")
+        if name == "div":
+            good = good & (local != 0)
+        if not bool(good.all()):
             return False
     return True
 

@@ -36,7 +36,7 @@ from ..placement import Placement
 from ..sbp import SBP, Broadcast, NdSbp, Partial
 from ..tensor import GlobalTensor
 from .call import OpCall
-from .exactness import exact, scalar_class
+from .exactness import exact, partners_finite, risky_partners, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
 __all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp", "partial_charge",
@@ -244,7 +244,7 @@ def _key(call: OpCall) -> tuple[Any, ...]:
             call.out_dtype, ops)
 
 
-def infer(call: OpCall) -> Inference:
+def infer(call: OpCall, exact_only: bool = False) -> Inference:
     """Enumerate and cost every candidate of ``call``; choose one (no communication).
 
     Results are cached per (op, table, operand layouts and dtypes), and cleared when the
@@ -253,7 +253,7 @@ def infer(call: OpCall) -> Inference:
     """
     pls = _placements(call)
     _check_table()
-    key = _key(call)
+    key = (*_key(call), exact_only)
     hit = _CACHE.get(key)
     if hit is not None:
         return Inference(call, *hit)
@@ -264,7 +264,7 @@ def infer(call: OpCall) -> Inference:
     rows = resolve(call.table, call.dims, in_ndims, len(call.out_shape),
                    fixed=[not t for t in is_t])
     rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype)
-                 and exact(r, call.name, ops, call.out_dtype))
+                 and exact(r, call.name, ops, call.out_dtype, tensors_finite=not exact_only))
     if not rows:
         raise RuntimeError(f"{call.name}: no signature applies (internal error: the table "
                            f"lacks an all-broadcast row)")
@@ -405,16 +405,21 @@ def choose(cands: Sequence[Candidate]) -> int:
 def execute(call: OpCall) -> GlobalTensor:
     """Run ``call``: infer, box the operands, compute local shards, label the output."""
     from ..boxing import box
-    from ..consistency import check_broadcast_shards, check_collective, note_step
+    from ..consistency import all_ok, check_broadcast_shards, check_collective, note_step
 
     inf = infer(call)
     best = inf.best
     meta = (call.operands, call.params)
-    if any(isinstance(o, GlobalTensor) and o.layout != lay
-           for o, lay in zip(call.operands, best.inputs)):
+    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
+    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
+    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
+                       for o, lay in zip(call.operands, best.inputs)):
         check_collective(call.name, meta)  # data moves: all ranks must agree now
     else:
         note_step(call.name, meta)  # local only: verified at the next check
+    if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
+        best = infer(call, exact_only=True).best
     for o in call.operands:
         if isinstance(o, GlobalTensor):
             check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
