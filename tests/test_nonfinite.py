@@ -49,6 +49,10 @@ def test_partial_sum_times_or_over_non_finite_broadcast_gives_numpys_inf():
             same_as_numpy((x / y).numpy(), xv / yv)
             same_as_numpy((x * y).numpy(), xv * yv)
             same_as_numpy((y * x).numpy(), yv * xv)
+        if size > 1:  # finite partners keep the cheap rows: no reduction before the op
+            y = sm.tensor(np.arange(1.0, 5.0), placement=pl, sbp=(B,) * pl.ndim)
+            assert (x * y).sbp == (P,) * pl.ndim and (x / y).sbp == (P,) * pl.ndim
+            assert (x * 2.0).sbp == (P,) * pl.ndim
         for s in (np.inf, -np.inf, np.nan, 0.0, 2.0):
             same_as_numpy((x * s).numpy(), xv * s)
             same_as_numpy((x / s).numpy(), xv / s)
