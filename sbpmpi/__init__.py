@@ -11,6 +11,7 @@ from typing import Any
 
 from . import abort as _abort
 from . import comm, env, sbp
+from . import exit_agreement as _exit_agreement
 from ._version import __version__
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .layout import Layout
@@ -21,6 +22,7 @@ from .trace import trace  # after comm, whose import of sbpmpi.trace binds the m
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
 _abort.install()
+_exit_agreement.init()  # collective: the communicator that meets ranks at exit
 env.init()  # the node split is collective: every rank takes part now, not in a later call  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 
 # Public names that live in larger modules, imported on first use.

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import watchdog
+from . import exit_agreement, watchdog
 from .errors import CollectiveMismatchError
 from .layout import Layout
 from .placement import Placement
@@ -265,7 +265,10 @@ def check_collective(what: str, meta: Any = (), group: Any = None) -> None:
     ranks = _ranks_of(group, comm.Get_size())
     _stats["exchanges"] += 1
     with watchdog.watch(f"consistency check before {what}", peers=ranks):
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        # non-blocking, so that a peer that reached the end of the program is noticed
+        failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
+        if failed is not None:
+            raise CollectiveMismatchError(failed)
         if int(buf[0]) == -int(buf[1]):
             if world:
                 _reset_pending()

@@ -17,7 +17,7 @@ from .env import get_rank, get_world_size
 from .identity import identity_value
 from .layout import Layout
 from .placement import Placement
-from .sbp import SBP, Broadcast, Split
+from .sbp import SBP, Broadcast, Partial, Split
 from .tensor import GlobalTensor
 
 __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global",
@@ -113,7 +113,7 @@ def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SB
     if dt.kind != "f":
         raise TypeError(f"rand needs a floating dtype, got {dt}")
     seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call))
+    return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call, dt))
 
 
 def full(shape: Any, value: Any, *, placement: Placement | None = None,
@@ -236,6 +236,7 @@ def to_global(local: Any, *, placement: Placement | None = None,
     me = get_rank()
     member = me in placement
     arr = None
+    owned = False  # whether ``arr`` is ours to write into (else it is, or views, the caller's)
     meta: tuple | None = None
     if member:
         try:
@@ -251,6 +252,7 @@ def to_global(local: Any, *, placement: Placement | None = None,
                 raise TypeError(f"local array dtype {arr.dtype} is not numeric")
             if backend.device_type_of(arr) != placement.type:
                 arr = backend.to_device(arr, placement.type)
+                owned = True  # a new array on the placement's device
             meta = (tuple(int(n) for n in arr.shape), np.dtype(arr.dtype).str)
         except Exception as e:  # reported on every rank after the exchange
             meta = ("error", f"{type(e).__name__}: {e}")
@@ -276,6 +278,9 @@ def to_global(local: Any, *, placement: Placement | None = None,
     from .sbp import normalize_nd_sbp
     nd_sbp = normalize_nd_sbp(sbp, placement.ndim, ndim)
     dtype = np.dtype(dtypes[r0])
+    for s in nd_sbp:  # partial_max/min of complex: the same error on every rank, now
+        if isinstance(s, Partial):
+            identity_value(s.op, dtype)
     split_dims = {s.dim for s in nd_sbp if isinstance(s, Split)}
     for r in placement.rank_list:
         for d in range(ndim):
@@ -297,13 +302,15 @@ def to_global(local: Any, *, placement: Placement | None = None,
     if not member:
         return GlobalTensor(np.empty(layout.local_shape(me), dtype=dtype), layout, dtype)
     assert arr is not None
+    if not owned and isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        arr, owned = arr.copy(), True  # read-only or memory-mapped: the shard must be writable
     groups = comm.mesh_groups(placement)
     for axis, s in enumerate(nd_sbp):
         if isinstance(s, Broadcast):
             g = groups[axis]
             assert g is not None
-            if (me != g.ranks[0] and arr is local) or not arr.flags.c_contiguous:
-                arr = arr.copy(order="C")  # the caller's array stays unchanged
+            if (me != g.ranks[0] and not owned) or not arr.flags.c_contiguous:
+                arr, owned = arr.copy(order="C"), True  # the caller's array stays unchanged
             backend.synchronize(arr)
             comm.broadcast(arr, src=g.ranks[0], group=g)
     return GlobalTensor(arr, layout, dtype)

@@ -95,10 +95,19 @@ def _unit(xp: ModuleType, hi: Any, lo: Any) -> Any:
 
 
 def uniform(xp: ModuleType, shape: Sequence[int], ranges: Sequence[tuple[int, int]],
-            seed: int, call: int) -> Any:
-    """Uniform [0, 1) float64 values of block ``ranges`` of a global tensor of ``shape``."""
+            seed: int, call: int, dtype: Any = None) -> Any:
+    """Uniform [0, 1) values of block ``ranges`` of a global tensor of ``shape``.
+
+    float64 by default; with a narrower float ``dtype`` the doubles that round up to 1.0
+    in the cast become the largest value of ``dtype`` below 1, so the range stays [0, 1).
+    """
     w = _words(xp, shape, ranges, seed, call)
-    return _unit(xp, w[0], w[1])
+    u = _unit(xp, w[0], w[1])
+    if dtype is None or xp.dtype(dtype) == xp.float64:
+        return u
+    out = u.astype(dtype)
+    below_one = xp.nextafter(xp.asarray(1, dtype=dtype), xp.asarray(0, dtype=dtype))
+    return xp.where(out >= 1, below_one, out)
 
 
 def normal(xp: ModuleType, shape: Sequence[int], ranges: Sequence[tuple[int, int]],

@@ -109,9 +109,46 @@ class GlobalTensor:
             raise ValueError(f"item() needs a tensor of one element, got shape {self.shape}")
         return self.numpy().reshape(()).item()
 
+    # -- Python and NumPy protocols (sbpmpi.protocols; collective where they read data) ----
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
+        from .protocols import array
+
+        return array(self, dtype, copy)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from .protocols import array_ufunc
+
+        return array_ufunc(ufunc, method, *inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from .protocols import array_function
+
+        return array_function(func, types, args, kwargs)
+
+    def __bool__(self) -> bool:
+        from .protocols import to_bool
+
+        return to_bool(self)
+
+    def __float__(self) -> float:
+        from .protocols import to_scalar
+
+        return to_scalar(self, float)  # type: ignore[no-any-return]
+
+    def __int__(self) -> int:
+        from .protocols import to_scalar
+
+        return to_scalar(self, int)  # type: ignore[no-any-return]
+
+    def __complex__(self) -> complex:
+        from .protocols import to_scalar
+
+        return to_scalar(self, complex)  # type: ignore[no-any-return]
+
+    def __index__(self) -> int:
+        from .protocols import to_index
+
+        return to_index(self)
 
     def __repr__(self) -> str:
         sbp = ", ".join(repr(s) for s in self.sbp)

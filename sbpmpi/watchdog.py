@@ -136,6 +136,92 @@ class _Watch:
             _entries.pop(self._id, None)
 
 
+# -- the exit watch: on by default, no timeout --------------------------------------------------
+# A blocking call (an sm.comm collective) cannot poll for the "finished" notices of
+# sbpmpi.exit_agreement itself. Without a timeout, watch() registers it in a list that a
+# daemon thread looks at every EXIT_POLL seconds: when a call has been open for more than
+# EXIT_AFTER seconds and one of its peers has reached the end of the program, the call can
+# never complete, so the thread agrees on the cause with the other ranks and aborts the job.
+# Cost per call: one small object and a list append/remove (under a microsecond).
+EXIT_ENV = "SBPMPI_EXIT_WATCH"
+EXIT_POLL = 0.25
+EXIT_AFTER = 1.0
+_open: list[_ExitWatch] = []
+_exit_thread: threading.Thread | None = None
+_exit_on: bool | None = None
+
+
+def _exit_watch_on() -> bool:
+    global _exit_on
+    if _exit_on is None:
+        from . import exit_agreement
+
+        off = os.environ.get(EXIT_ENV, "").strip().lower() in ("0", "false", "no", "off")
+        _exit_on = exit_agreement.active() and not off
+    return _exit_on
+
+
+class _ExitWatch:
+    __slots__ = ("op", "peers", "start")
+
+    def __init__(self, op: str, peers: Any) -> None:
+        self.op = op
+        self.peers = peers
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+        _open.append(self)
+        if _exit_thread is None:
+            _start_exit_thread()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _open.remove(self)
+        except ValueError:
+            pass
+
+
+def _start_exit_thread() -> None:
+    global _exit_thread
+    if _exit_thread is None:
+        _exit_thread = threading.Thread(target=_exit_run, name="sbpmpi-exit-watch", daemon=True)
+        _exit_thread.start()
+
+
+def _exit_run() -> None:
+    from mpi4py import MPI
+
+    from . import exit_agreement
+
+    size = MPI.COMM_WORLD.Get_size()
+    while True:
+        time.sleep(EXIT_POLL)
+        now = time.monotonic()
+        late = [w for w in list(_open) if now - w.start > EXIT_AFTER
+                and not w.op.startswith("consistency check")]
+        if not late:
+            continue
+        exit_agreement.poll()
+        gone = set(exit_agreement.states())
+        for w in late:
+            peers = _peer_ranks(w.peers) or tuple(range(size))
+            if any(r in gone for r in peers):
+                _fire_exit(w, peers)
+
+
+def _fire_exit(w: _ExitWatch, peers: tuple[int, ...]) -> None:
+    from mpi4py import MPI
+
+    from . import exit_agreement
+    from .abort import abort
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    text = f"{w.op} (sm.comm, waiting on ranks {list(peers)})"
+    message = exit_agreement.fail(text, peers)
+    abort(f"sbpmpi: rank {rank}: CollectiveMismatchError: {message}\nsbpmpi: rank {rank}: "
+          f"aborting all {MPI.COMM_WORLD.Get_size()} ranks (MPI_Abort)", 1)
+
+
 def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = None) -> Any:
     """Context manager: abort the job if the block takes longer than the timeout.
 
@@ -150,7 +236,8 @@ def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = No
     """
     t = timeout() if seconds is None else seconds
     if t is None:
-        return _NULL
+        return _ExitWatch(op, peers) if _exit_on or (_exit_on is None and _exit_watch_on()) \
+            else _NULL
     return _Watch(op, peers, t)
 
 
@@ -206,6 +293,18 @@ def _describe_peers(peers: tuple[int, ...] | None, size: int) -> str:
     return f"ranks {list(peers)}"
 
 
+def _finished_peers(peers: tuple[int, ...] | None, size: int) -> list[int]:
+    """Peers known to have reached the end of the program (sbpmpi.exit_agreement)."""
+    try:
+        from . import exit_agreement
+
+        exit_agreement.poll()
+        done = set(exit_agreement.finished_ranks())
+    except Exception:
+        return []
+    return [r for r in (peers if peers is not None else range(size)) if r in done]
+
+
 def _fire(late: _Entry, stack: list[_Entry]) -> None:
     from mpi4py import MPI
 
@@ -222,6 +321,10 @@ def _fire(late: _Entry, stack: list[_Entry]) -> None:
     ]
     if len(stack) > 1:
         lines.append(f"sbpmpi: rank {rank}: inside: " + " > ".join(e.op for e in stack))
+    gone = _finished_peers(late.peers, size)
+    if gone:
+        lines.append(f"sbpmpi: rank {rank}: rank{'s' if len(gone) > 1 else ''} "
+                     f"{', '.join(map(str, gone))} already reached the end of the program")
     frame = sys._current_frames().get(late.thread_id)
     if frame is not None:
         lines.append(f"stack of thread {late.thread_name!r} (most recent call last):")

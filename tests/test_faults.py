@@ -169,6 +169,70 @@ def test_check_switches(monkeypatch):
     assert consistency.stats()["checks"] == before  # off: not even counted
 
 
+# -- exit-time agreement (issue 10, item 1) ------------------------------------------------------
+
+def _cause_on_every_rank(res, n: int, doing: str, finished: list[int]) -> None:
+    who = (f"rank {finished[0]}" if len(finished) == 1
+           else "ranks " + ", ".join(map(str, finished)))
+    assert f"  {who}: reached the end of the program" in res.out, res
+    assert doing in res.out, res
+    for r in finished:  # the finished ranks print the same cause
+        assert f"sbpmpi: rank {r}: CollectiveMismatchError: ranks disagree on a collective step" \
+            in res.out, res
+    assert "should not happen" not in res.out, res
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collective_on_one_rank_ends_the_job_with_the_cause_on_every_rank(n):
+    res = run_mpi(n, "exit_early.py", "numpy", timeout=60)
+    assert res.rc != 0, res
+    assert res.seconds < 30, res
+    assert "sbpmpi: rank 0: uncaught CollectiveMismatchError" in res.out, res
+    _cause_on_every_rank(res, n, "  rank 0: x.numpy(tensor(", list(range(1, n)))
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_early_sys_exit_on_one_rank_ends_the_job_with_the_cause_on_every_rank(n):
+    res = run_mpi(n, "exit_early.py", "sys_exit", timeout=60)
+    assert res.rc != 0, res
+    assert res.seconds < 30, res
+    waiting = "rank 0" if n == 2 else "ranks " + ", ".join(map(str, range(n - 1)))
+    _cause_on_every_rank(res, n, f"  {waiting}: x.to_global(tensor(", [n - 1])
+    for r in range(n - 1):
+        assert f"sbpmpi: rank {r}: uncaught CollectiveMismatchError" in res.out, res
+
+
+@needs_mpiexec
+def test_exit_agreement_with_abort_off_and_a_caught_error():
+    res = run_mpi(3, "exit_early.py", "abort_off", env={"SBPMPI_ABORT_ON_ERROR": "0"})
+    assert res.rc != 0 and res.seconds < 30, res
+    _cause_on_every_rank(res, 3, "  rank 0: x.numpy(tensor(", [1, 2])
+    res = run_mpi(3, "exit_early.py", "caught")
+    assert res.rc != 0 and res.seconds < 30, res
+    assert "rank 0 caught: ranks disagree on a collective step" in res.out, res
+    _cause_on_every_rank(res, 3, "  rank 0: x.numpy(tensor(", [1, 2])
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_raw_sm_comm_collective_on_one_rank_is_met_by_the_exit_watch(n):
+    res = run_mpi(n, "exit_early.py", "comm", timeout=60)
+    assert res.rc != 0 and res.seconds < 30, res
+    _cause_on_every_rank(res, n, "  rank 0: all_reduce (sm.comm, waiting on ranks "
+                         f"{list(range(n))})", list(range(1, n)))
+    assert "sbpmpi: rank 0: CollectiveMismatchError" in res.out, res
+
+
+@needs_mpiexec
+def test_a_correct_program_ends_normally_after_the_exit_handshake():
+    res = run_mpi(4, "exit_early.py", "ok")
+    assert res.rc == 0, res
+    assert all(f"rank {r}: ok" in res.out for r in range(4)), res
+    assert "CollectiveMismatchError" not in res.out, res
+
+
 # -- watchdog -------------------------------------------------------------------------------------
 
 @needs_mpiexec

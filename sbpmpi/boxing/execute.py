@@ -239,7 +239,9 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
     si = _extents(st.src, group.ranks, i)
     in_counts = _counts(in_shape, j, sj)
     out_counts = _counts(out_shape, i, si)
-    even = len(set(in_counts)) == 1 and len(set(out_counts)) == 1
+    # one decision for the whole group, from global metadata: every rank must make the
+    # same MPI call (Alltoall or Alltoallv), even a rank whose own blocks look even
+    even = len({c for r in group.ranks for c in _counts(st.src.local_shape(r), j, sj)}) == 1
     pack = math.prod(in_shape[:j]) > 1
     unpack = math.prod(out_shape[:i]) > 1
 

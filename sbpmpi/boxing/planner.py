@@ -41,7 +41,7 @@ from .plan import (
 )
 from .schedule import broadcast_members, is_contiguous_box, relative, slots_of, transfer_schedule
 
-__all__ = ["candidate_plans", "plan_conversion", "send_recv_step"]
+__all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds"]
 
 
 # -- steps with their costs ---------------------------------------------------------------------
@@ -100,6 +100,22 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
     nb = int(math.ceil(moved))
     return Step(kind, src, dst, axis, frm, to, op, None, _axis_groups(pl, axis, span), nb, nb,
                 copy, 0, secs, span)
+
+
+def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
+                        table: CostTable | None = None) -> float | None:
+    """Modelled seconds of the one step that changes mesh ``axis`` of ``src`` to ``to`` alone.
+
+    0 when it already is ``to``; None when no single step does it (the planner would
+    need several). Cheap (no search): op inference uses it to estimate candidates on
+    large meshes.
+    """
+    if src.sbp[axis] == to:
+        return 0.0
+    kind = transition_kind(src.sbp, src.placement.hierarchy, axis, to)
+    if kind is None:
+        return None
+    return _axis_step(kind, src, axis, to, itemsize, table or get_cost_table()).seconds
 
 
 def _cross_device(src: Layout, dst: Layout) -> str:

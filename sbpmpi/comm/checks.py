@@ -50,7 +50,7 @@ def agree(comm: MPI.Intracomm, op: str, err: BaseException | None,
             raise err
         return []
     mine = None if err is None else (type(err).__name__, str(err))
-    everyone = comm.allgather((mine, tuple(sig), extra))
+    everyone = comm.allgather((mine, ((("call", op),) + tuple(sig)), extra))
     bad = [(r, e) for r, (e, _, _) in enumerate(everyone) if e is not None]
     if bad:
         r, (tname, msg) = bad[0]
@@ -60,9 +60,22 @@ def agree(comm: MPI.Intracomm, op: str, err: BaseException | None,
     sigs = [s for _, s, _ in everyone]
     for r, s in enumerate(sigs):
         if s != sigs[0]:
-            diff = [k for (k, v), (_, v0) in zip(s, sigs[0]) if v != v0]
-            raise ValueError(
-                f"{op}: ranks disagree on {', '.join(diff)}: group rank 0 passed "
-                f"{_fmt(sigs[0])} but group rank {r} passed {_fmt(s)}")
-    return [(s, x) for _, s, x in everyone]
+            raise ValueError(_disagreement(sigs[0], r, s))
+    return [(s[1:], x) for _, s, x in everyone]
+
+
+def _disagreement(sig0: Sequence[tuple[str, Any]], r: int, sig: Sequence[tuple[str, Any]]) -> str:
+    """The message for group rank ``r`` whose ``sig`` (("call", name) first) differs from rank 0's."""
+    a, b = dict(sig0), dict(sig)
+    diff = [k for k in dict.fromkeys([*a, *b]) if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    op0, op = a["call"], b["call"]
+    if op0 != op:
+        return (f"ranks called different collectives: group rank 0 called {op0}("
+                f"{_fmt(sig0[1:])}) but group rank {r} called {op}({_fmt(sig[1:])}); "
+                f"every rank of a group must make the same call")
+    return (f"{op}: ranks disagree on {', '.join(diff)}: group rank 0 passed "
+            f"{_fmt(sig0[1:])} but group rank {r} passed {_fmt(sig[1:])}")
+
+
+_MISSING = object()
 

@@ -32,6 +32,48 @@ def _host_only(red: MPIReduction, a: Any, m: ArrayMeta) -> bool:
     return red.host_only or (red.average and m[3] and not backend.is_cupy_array(a))
 
 
+_NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
+
+
+def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
+    """A user-defined MAX/MIN that propagates NaN as ``np.maximum``/``np.minimum`` do."""
+    key = (op, dtype.str)
+    red = _NAN_OPS.get(key)
+    if red is None:
+        ufunc = np.maximum if op is ReduceOp.MAX else np.minimum
+
+        def apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+            a = np.frombuffer(inbuf, dtype=dtype)
+            b = np.frombuffer(inoutbuf, dtype=dtype)
+            ufunc(a, b, out=b)
+
+        red = _NAN_OPS[key] = MPIReduction(MPI.Op.Create(apply, commute=True), host_only=True)
+    return red
+
+
+def _has_nan(a: Any) -> bool:
+    ne = a != a  # NaN is the only value unequal to itself (NumPy and CuPy alike)
+    return bool(ne.any()) if hasattr(ne, "any") else bool(ne)
+
+
+def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm: Any,
+             ranks: Any) -> MPIReduction:
+    """``red``, or a NaN-propagating op when a MAX/MIN of floats meets a NaN on any rank.
+
+    MPI's MAX and MIN do not propagate NaN (the result depends on the order in which
+    ranks are combined, so ranks can even disagree). One flag is all-reduced first (a few
+    microseconds); only when some rank holds a NaN does the reduction run as a
+    user-defined op with NumPy's semantics. Collective over ``comm``.
+    """
+    if op not in (ReduceOp.MAX, ReduceOp.MIN) or dtype.kind != "f" or red.host_only:
+        return red
+    arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)
+    with watch("NaN flag of a max/min reduction", ranks):
+        comm.Allreduce(MPI.IN_PLACE, [flag, 1, MPI.UNSIGNED_CHAR], op=MPI.MAX)
+    return _nan_op(op, dtype) if flag[0] else red
+
+
 def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
     return [("dtype", m[0].str), *kw.items()]
 
@@ -91,6 +133,7 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
         raise
     if checks._enabled:
         checks.agree(comm, "reduce", None, _sig(m, size=m[1], op=op.name, dst=dst))
+    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
     me = comm.Get_rank()
     st = stager(m[3], _host_only(red, arr, m))
     try:
@@ -125,6 +168,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         raise
     if checks._enabled:
         checks.agree(comm, "all_reduce", None, _sig(m, size=m[1], op=op.name))
+    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
     st = stager(m[3], _host_only(red, arr, m))
     try:
         buf = st.out(arr, m, copy_in=True)
@@ -324,6 +368,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         raise
     if checks._enabled:
         checks.agree(comm, name, None, _sig(m, size=m[1], op=op.name))
+    red = nan_safe(red, op, m[0], x, comm, g.ranks)
     host_only = _host_only(red, out, m)
     st = stager(m[3] or (mi is not None and mi[3]), host_only)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .collectives import _average, _host_only
+from .collectives import _average, _host_only, nan_safe
 from .dtypes import dtype_info
 from .group import Group, resolve, root_rank
 from .reduce_op import ReduceOp, mpi_reduction
@@ -205,6 +205,7 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         raise
     if checks._enabled:
         checks.agree(comm, name, None, [("dtype", m[0].str), ("counts", c), ("op", op.name)])
+    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
     st = stager(m[3] or mi[3], _host_only(red, out, m))
     try:
         sbuf = st.inp(arr, mi)

@@ -21,6 +21,7 @@ metadata, so every rank makes the same choice.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,9 +33,10 @@ from .. import backend
 from ..env import get_rank
 from ..layout import Layout
 from ..placement import Placement
-from ..sbp import Broadcast, NdSbp, Partial
+from ..sbp import SBP, Broadcast, NdSbp, Partial
 from ..tensor import GlobalTensor
 from .call import OpCall
+from .exactness import exact, partners_finite, risky_partners, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
 __all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp", "partial_charge",
@@ -65,7 +67,7 @@ def _reduced(out: Layout) -> Layout:
 
 
 _COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
-_CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int]] = {}
+_CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
 _table: list[Any] = [None]  # the cost table the caches were filled under
 
@@ -150,6 +152,7 @@ class Inference:
     call: OpCall
     candidates: tuple[Candidate, ...]
     chosen: int
+    estimated: bool = False  # pruned search: costs are per-axis estimates (see PRUNE_ABOVE)
 
     @property
     def best(self) -> Candidate:
@@ -180,6 +183,9 @@ class Inference:
         best = self.best
         lines.append(f"chosen: #{self.chosen} {best.signature}, output sbp {_sbp(best.output.sbp)}"
                      f" on {best.placement.ranks.tolist()}, modelled cost {_us(best.total)}")
+        if self.estimated:
+            lines.append(f"(large search: the {PRUNE_KEEP} cheapest combinations by a per-mesh-"
+                         "axis estimate, each axis costed as the single step that changes it)")
         lines.append("(costs in microseconds from boxing.conversion_cost; a partial output is "
                      "charged the all-reduce it will need later, less those its partial "
                      "operands already owed; ties go to fewer boxed operands, then table order)")
@@ -232,13 +238,13 @@ def _placements(call: OpCall) -> list[Placement]:
 
 
 def _key(call: OpCall) -> tuple[Any, ...]:
-    ops = tuple((o.layout, o.dtype) if isinstance(o, GlobalTensor) else type(o)
-                for o in call.operands)
+    ops = tuple((o.layout, o.dtype) if isinstance(o, GlobalTensor)
+                else (type(o), scalar_class(o)) for o in call.operands)
     return (call.name, call.table, tuple(sorted(call.dims.items())), call.out_shape,
             call.out_dtype, ops)
 
 
-def infer(call: OpCall) -> Inference:
+def infer(call: OpCall, exact_only: bool = False) -> Inference:
     """Enumerate and cost every candidate of ``call``; choose one (no communication).
 
     Results are cached per (op, table, operand layouts and dtypes), and cleared when the
@@ -247,7 +253,7 @@ def infer(call: OpCall) -> Inference:
     """
     pls = _placements(call)
     _check_table()
-    key = _key(call)
+    key = (*_key(call), exact_only)
     hit = _CACHE.get(key)
     if hit is not None:
         return Inference(call, *hit)
@@ -257,14 +263,20 @@ def infer(call: OpCall) -> Inference:
     in_dtypes = [o.dtype if t else None for o, t in zip(ops, is_t)]
     rows = resolve(call.table, call.dims, in_ndims, len(call.out_shape),
                    fixed=[not t for t in is_t])
-    rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype))
+    rows = tuple(r for r in rows if admissible(r, in_dtypes, call.out_dtype)
+                 and exact(r, call.name, ops, call.out_dtype, tensors_finite=not exact_only))
     if not rows:
         raise RuntimeError(f"{call.name}: no signature applies (internal error: the table "
                            f"lacks an all-broadcast row)")
     out_item = call.out_dtype.itemsize
     cands: list[Candidate] = []
+    estimated = False
     for pl in pls:
         cost = _Costs(pl.type)
+        if len(rows) ** pl.ndim > PRUNE_ABOVE and all(x.placement == pl for x in call.tensors):
+            cands.extend(_estimated(call, pl, rows, is_t, len(cands)))
+            estimated = True
+            continue
         for combo in itertools.product(rows, repeat=pl.ndim):
             need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
                          else None for i, o in enumerate(ops))
@@ -279,11 +291,107 @@ def infer(call: OpCall) -> Inference:
                 charge = max(0.0, charge - owed)
             cands.append(Candidate(pl, tuple(combo), need, out, moved, costs, charge,
                                    len(cands)))
-    result = (tuple(cands), choose(cands))
+    result = (tuple(cands), choose(cands), estimated)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.clear()
     _CACHE[key] = result
     return Inference(call, *result)
+
+
+#: Above this many combinations of rows over the mesh axes of one placement, inference
+#: estimates instead of planning every conversion (see :func:`_estimated`).
+PRUNE_ABOVE = 64
+#: How many of the estimated combinations are kept as candidates (the cheapest ones).
+PRUNE_KEEP = 8
+
+
+def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequence[bool],
+               start: int) -> list[Candidate]:
+    """The :data:`PRUNE_KEEP` cheapest combinations of ``rows`` over the mesh axes of ``pl``.
+
+    The exhaustive search plans every operand conversion of every combination (``rows **
+    mesh ndim`` of them, seconds on a 3-D mesh). Here each (mesh axis, row) is costed
+    once, as the single step that changes that axis of each operand (and the all-reduce
+    a partial output on that axis will need, less what an unmoved partial operand already
+    owed), and a combination's estimate is the sum over its axes; the cheapest
+    combinations are kept, with these estimates as their costs. A change that no single
+    step makes is costed through broadcast on that axis, or as one general point-to-point
+    redistribution. Pure and deterministic: every rank chooses alike.
+    """
+    from ..boxing.cost import get_cost_table
+    from ..boxing.plan import meaningful
+    from ..boxing.planner import axis_change_seconds, send_recv_step
+
+    ops = call.operands
+    nd = pl.ndim
+    tens = [i for i, t in enumerate(is_t) if t]
+
+    def change(lay: Layout, a: int, to: SBP, item: int) -> float:
+        v = axis_change_seconds(lay, a, to, item)
+        if v is not None:
+            return v
+        # no single step: through broadcast on that axis, else one general redistribution
+        # (a valid plan, so an upper bound of the planner's optimum)
+        dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
+        mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
+        v1 = axis_change_seconds(lay, a, Broadcast(), item)
+        v2 = axis_change_seconds(mid, a, to, item)
+        if v1 is not None and v2 is not None:
+            return v1 + v2
+        if meaningful(lay, dst) is not None:
+            return float("inf")
+        return send_recv_step(lay, dst, item, get_cost_table()).seconds
+
+    def reduce_on(lay: Layout, a: int, item: int) -> float:
+        v = axis_change_seconds(lay, a, Broadcast(), item)
+        return 0.0 if v is None else v
+
+    # per (axis, row): estimated seconds per operand, and the partial-output charge
+    est: list[list[tuple[tuple[float, ...], float]]] = []
+    for a in range(nd):
+        per_row = []
+        for r in rows:
+            box = tuple(change(ops[i].layout, a, r.inputs[i], ops[i].dtype.itemsize)
+                        if is_t[i] else 0.0 for i in range(len(ops)))
+            charge = 0.0
+            if isinstance(r.output, Partial):
+                out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
+                                                         for b in range(nd)))
+                charge = reduce_on(out_a, a, call.out_dtype.itemsize)
+                owed = sum(reduce_on(ops[i].layout, a, ops[i].dtype.itemsize) for i in tens
+                           if isinstance(ops[i].sbp[a], Partial)
+                           and ops[i].sbp[a] == r.inputs[i])
+                charge = max(0.0, charge - owed)
+            per_row.append((box, charge))
+        est.append(per_row)
+    n = len(rows)
+
+    def total(ks: tuple[int, ...]) -> tuple[float, int, int]:
+        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks))
+        moved = sum(1 for i in tens if any(est[a][k][0][i] or r_in(k, i) != ops[i].sbp[a]
+                                           for a, k in enumerate(ks)))
+        order = 0
+        for k in ks:
+            order = order * n + k
+        return (t, moved, order)
+
+    def r_in(k: int, i: int) -> SBP:
+        return rows[k].inputs[i]
+
+    best = heapq.nsmallest(PRUNE_KEEP, itertools.product(range(n), repeat=nd), key=total)
+    out: list[Candidate] = []
+    for ks in best:
+        combo = tuple(rows[k] for k in ks)
+        need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
+                     else None for i, o in enumerate(ops))
+        moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
+        costs = tuple(sum(est[a][k][0][i] for a, k in enumerate(ks)) if moved[i] else 0.0
+                      for i in range(len(ops)))
+        charge = sum(est[a][k][1] for a, k in enumerate(ks))
+        out_lay = Layout(call.out_shape, pl, tuple(r.output for r in combo))
+        out.append(Candidate(pl, combo, need, out_lay, moved, costs, charge,
+                             start + total(ks)[2]))
+    return out
 
 
 def choose(cands: Sequence[Candidate]) -> int:
@@ -297,16 +405,21 @@ def choose(cands: Sequence[Candidate]) -> int:
 def execute(call: OpCall) -> GlobalTensor:
     """Run ``call``: infer, box the operands, compute local shards, label the output."""
     from ..boxing import box
-    from ..consistency import check_broadcast_shards, check_collective, note_step
+    from ..consistency import all_ok, check_broadcast_shards, check_collective, note_step
 
     inf = infer(call)
     best = inf.best
     meta = (call.operands, call.params)
-    if any(isinstance(o, GlobalTensor) and o.layout != lay
-           for o, lay in zip(call.operands, best.inputs)):
+    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
+    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
+    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
+                       for o, lay in zip(call.operands, best.inputs)):
         check_collective(call.name, meta)  # data moves: all ranks must agree now
     else:
         note_step(call.name, meta)  # local only: verified at the next check
+    if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
+        best = infer(call, exact_only=True).best
     for o in call.operands:
         if isinstance(o, GlobalTensor):
             check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only

@@ -1,0 +1,241 @@
+"""Exit-time agreement: the end of the program is a collective step like any other.
+
+A rank that reaches interpreter exit (the end of the script, ``sys.exit``, or an
+uncaught exception with abort off) sends a "finished" notice to every other rank and
+waits, without burning a core, until every rank has finished. A rank waiting in a
+consistency check (:func:`sbpmpi.consistency.check_collective`, which runs before
+every op, conversion, ``x.numpy()``, save and load) polls for these notices while its
+exchange is in flight; when a rank of its group has finished, the check can never
+complete, so it tells the others what it was doing, collects what every rank of the
+group was doing for a moment, and every rank ends with the same cause::
+
+    ranks disagree on a collective step:
+      rank 0: x.numpy(tensor((4,), float64, sbp=(S(0)), placement=cpu[0, 1, 2]))
+      ranks 1, 2: reached the end of the program
+
+The waiting ranks raise it as :class:`~sbpmpi.errors.CollectiveMismatchError`; the
+finished ranks print it and exit with code 1, so the job ends within seconds under
+the default settings.
+
+The notices travel on a duplicate of the world communicator made at ``import sbpmpi``
+(collective), so they never match a user's messages. A check costs one ``MPI_Test``
+and one ``MPI_Iprobe`` per poll in addition to its all-reduce; nothing else is sent
+while the program runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mpi4py import MPI
+
+__all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
+           "GRACE"]
+
+FINISHED_TEXT = "reached the end of the program"
+GRACE = 3.0  # seconds a failing check waits to hear what the other ranks of its group do
+_TAG = 0x5BB1
+
+_comm: Any = None  # the duplicate of the world communicator (None for one process)
+_states: dict[int, str] = {}  # world rank -> what it is doing for good (finished / stuck in X)
+_verdict: str | None = None  # the final message, once a failure has been agreed on
+_broken = False  # this rank raised an exit-time mismatch: it must not wait at exit
+_sends: list[Any] = []  # notices in flight, with their buffers (kept alive until done)
+_MAX_NOTICE = 1 << 16  # bytes; longer texts are cut
+_rbuf = bytearray(_MAX_NOTICE)
+_notice: Any = None  # the receive posted for the next notice
+_lock = threading.RLock()  # the posted receive is tested by the main and the watchdog thread
+_verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before this rank exits
+
+
+def init() -> None:
+    """Duplicate the world communicator and register the exit handler (collective, at import)."""
+    global _comm
+    if _comm is not None or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    _comm = MPI.COMM_WORLD.Dup()
+    _post()
+    atexit.register(_at_exit)
+
+
+def _post() -> None:
+    global _notice
+    _notice = _comm.Irecv([_rbuf, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_TAG)
+
+
+def _take(status: Any) -> None:
+    """Record the notice that just arrived in ``_rbuf`` and post the next receive."""
+    global _verdict
+    kind, _, text = bytes(_rbuf[:status.Get_count(MPI.BYTE)]).decode().partition("\0")
+    src = status.Get_source()
+    _post()
+    if kind == "verdict":
+        if _verdict is None:
+            _verdict = text
+    else:
+        _states.setdefault(src, text)
+
+
+def active() -> bool:
+    """True when the agreement runs (a world of more than one process, after ``init``)."""
+    return _comm is not None
+
+
+def fail(text: str, ranks: Sequence[int]) -> str:
+    """Agree that a call of world ``ranks`` (this rank doing ``text``) cannot complete.
+
+    For a blocking call that cannot poll (an ``sm.comm`` call, seen by the watchdog
+    thread): tells every rank, collects what the others of ``ranks`` are doing for a
+    moment, hands the verdict to the finished ranks and returns it.
+    """
+    message = _fail(text, ranks)
+    deadline = time.monotonic() + 2.0
+    while not MPI.Request.Testall(_verdict_sends) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return message
+
+
+def states() -> dict[int, str]:
+    """What the ranks this rank has heard from are doing for good (world rank -> text)."""
+    return dict(_states)
+
+
+def finished_ranks() -> list[int]:
+    """World ranks known to have reached the end of the program."""
+    return sorted(r for r, t in _states.items() if t == FINISHED_TEXT)
+
+
+def poll() -> None:
+    """Receive the notices that have arrived (cheap: one ``MPI_Test`` when none has)."""
+    if _comm is None:
+        return
+    status = MPI.Status()
+    with _lock:
+        while _notice.Test(status):
+            _take(status)
+
+
+def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = False) -> list[Any]:
+    me = _comm.Get_rank()
+    data = f"{kind}\0{text}".encode()[:_MAX_NOTICE]
+    send = _comm.Issend if synchronous else _comm.Isend
+    reqs = [send([data, MPI.BYTE], dest=r, tag=_TAG) for r in ranks if r != me]
+    _sends.append((reqs, data))
+    return reqs
+
+
+def _compose(texts: dict[int, str], ranks: Sequence[int]) -> str:
+    from .consistency import _group_lines
+
+    rs = tuple(ranks)
+    lines = _group_lines([texts.get(r, "did not answer (busy outside sbpmpi's checks, e.g. "
+                                       "in an sm.comm call or computing)") for r in rs], rs)
+    return ("ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must "
+            "call the same operations, on tensors of the same shape, dtype, SBP and placement, "
+            "in the same order; a rank that reaches the end of the program cannot meet a "
+            "collective call of its peers (a collective inside `if rank == ...`, or an early "
+            "sys.exit on some ranks).")
+
+
+def _fail(text: str, ranks: Sequence[int]) -> str:
+    """Agree on the failure of a check of ``ranks`` that cannot complete; return the message."""
+    global _broken, _verdict
+    _broken = True
+    me = _comm.Get_rank()
+    _states[me] = text
+    _notify("stuck", text, [r for r in range(_comm.Get_size()) if r != me])
+    deadline = time.monotonic() + GRACE
+    while time.monotonic() < deadline and any(r not in _states for r in ranks):
+        poll()
+        time.sleep(0.002)
+    message = _compose(_states, ranks)
+    _verdict = message
+    _verdict_sends.extend(_notify("verdict", message, finished_ranks(), synchronous=True))
+    return message
+
+
+def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
+    """Complete ``request`` (a check's exchange among world ``ranks``), watching for exits.
+
+    Returns None when it completes, or the agreed failure message when a rank of
+    ``ranks`` has finished (or is stuck failing) so that it never can. Polls the exchange
+    and the posted notice receive (two ``MPI_Test``), yielding the core after a few polls
+    so that peers sharing it progress; a long wait sleeps a millisecond between polls.
+    """
+    if _comm is None:
+        request.Wait()
+        return None
+    status = MPI.Status()
+    spins = 0
+    while not request.Test():
+        with _lock:
+            while _notice.Test(status):
+                _take(status)
+        if _states and any(r in _states for r in ranks):
+            return _fail(text, ranks)
+        spins += 1
+        if spins > 20:
+            if spins < 50000:
+                os.sched_yield()
+            else:
+                time.sleep(0.001)
+    return None
+
+
+def _exit_failed(message: str) -> None:
+    """Print ``message``, give the peers a moment to print theirs, and exit with code 1.
+
+    ``os._exit``: MPI_Finalize would wait for the check that can never complete; the
+    launcher ends the job once a rank exits non-zero, so the pause lets its forwarder
+    and the other ranks deliver their messages first.
+    """
+    try:
+        sys.stdout.flush()
+        if message:
+            sys.stderr.write(message if message.endswith("\n") else message + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+    time.sleep(0.5)
+    os._exit(1)
+
+
+def _at_exit() -> None:
+    """Tell every rank this one has finished; wait until all have, or until one is stuck."""
+    comm = _comm
+    if comm is None or MPI.Is_finalized():
+        return
+    me, size = comm.Get_rank(), comm.Get_size()
+    if _broken:  # this rank already ended with an agreed failure: do not wait for anyone
+        deadline = time.monotonic() + 2.0  # but let the finished ranks read the verdict
+        while not MPI.Request.Testall(_verdict_sends) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        _exit_failed("")
+    poll()
+    mine = _notify("finished", FINISHED_TEXT, range(size), synchronous=True)
+    stuck_since: float | None = None
+    delay = 0.0005
+    while True:
+        poll()
+        if _verdict is not None:
+            _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: {_verdict}")
+        stuck = [r for r, t in _states.items() if t != FINISHED_TEXT]
+        if stuck:  # a peer's check failed because of us; its verdict is on the way
+            if stuck_since is None:
+                stuck_since = time.monotonic()
+            elif time.monotonic() - stuck_since > GRACE + 2.0:
+                _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: "
+                             f"{_compose(_states | {me: FINISHED_TEXT}, range(size))}")
+        elif len(_states) == size - 1 and MPI.Request.Testall(mine):
+            with _lock:  # every rank finished and has our notice: MPI_Finalize can go ahead
+                _notice.Cancel()
+                _notice.Wait()
+            return
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.02)
