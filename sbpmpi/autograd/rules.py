@@ -157,10 +157,14 @@ def _pow(node: Node, g: GlobalTensor) -> Grads:
     a, b = node.inputs
     ga = gb = None
     if node.needs[0]:  # b * a ** (b - 1)
-        ga = unbroadcast(ops.mul(g, ops.mul(b, ops.pow(a, ops.sub(b, 1)))), _shape(a))
+        bm1 = ops.sub(b, 1) if isinstance(b, GlobalTensor) else b - 1
+        ga = unbroadcast(ops.mul(g, ops.mul(b, ops.pow(a, bm1))), _shape(a))
     if node.needs[1]:  # a ** b * log(a), taken as 0 where a <= 0
-        pos = ops.gt(a, 0)
-        loga = ops.where(pos, ops.log(ops.where(pos, a, 1)), 0)
+        if isinstance(a, GlobalTensor):
+            pos = ops.gt(a, 0)
+            loga: Any = ops.where(pos, ops.log(ops.where(pos, a, 1)), 0)
+        else:
+            loga = math.log(a) if a > 0 else 0.0
         gb = unbroadcast(ops.mul(g, ops.mul(node.out, loga)), _shape(b))
     return [ga, gb]
 
