@@ -159,7 +159,7 @@ def test_conversion_gradient_across_placements():
         dsts.append(sm.placement("cpu", [[0, 1], [2, 3]]))
     for dst in dsts:
         sbp = [split(0), broadcast][:dst.ndim] if dst.ndim == 2 else [split(1)]
-        check_grad(lambda x: x.to_global(placement=dst, sbp=sbp) * 2.0, lambda x: x * 2.0,
+        check_grad(lambda x, dst=dst, sbp=sbp: x.to_global(placement=dst, sbp=sbp) * 2.0, lambda x: x * 2.0,
                    [Input((4, 3))], placements=[src], sbps=[ONE_D], name=f"to {dst}")
 
 
@@ -175,6 +175,7 @@ def test_conversion_gradient_on_mesh():
         # the forward conversion needs one reduction: no partial of another kind in dst
         ok = [s for s in srcs if not any(isinstance(a, Partial) and isinstance(b, Partial)
                                          and a != b for a in s for b in dst)]
-        check_grad(lambda x: x.to_global(sbp=dst) * 1.0, lambda x: x * 1.0, [Input((4, 4))],
+        check_grad(lambda x, dst=dst: x.to_global(sbp=dst) * 1.0, lambda x: x * 1.0,
+                   [Input((4, 4))],
                    placements=[pl], sbps=[ok], max_combos=10, seed=k,
                    name=f"to_global -> {dst}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from .. import ops
 from ..creation import full
 from ..sbp import Partial, broadcast
