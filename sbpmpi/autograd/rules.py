@@ -16,17 +16,21 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from .. import ops
 from ..creation import zeros
 from ..ops.call import OpCall, norm_dim, norm_dims
 from ..ops.inference import GlobalOp
+from ..ops.linalg import MATMUL
 from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
-from ..sbp import SBP, Broadcast, Partial, broadcast, partial_sum
+from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..tensor import GlobalTensor
 from .tape import Node
 
-__all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter"]
+__all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
+           "matmul_nt"]
 
 Grads = Sequence[GlobalTensor | None]
 Rule = Callable[[Node, GlobalTensor], Grads]
@@ -83,12 +87,6 @@ def conjugate_sbp(s: SBP) -> SBP:
     return s
 
 
-def _swap(x: GlobalTensor) -> GlobalTensor:
-    perm = list(range(x.ndim))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    return ops.transpose(x, perm)
-
-
 def _reduced_shape(x: GlobalTensor, node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(reduced dims, x's shape with them as 1) of a reduction node."""
     axes = norm_dims(node.name, node.param(1, "dim"), x.ndim)
@@ -122,6 +120,62 @@ def _scatter_build(g: GlobalTensor, shape: tuple[int, ...], key: Any) -> OpCall:
 scatter = GlobalOp("scatter", _scatter_build, SCATTER, doc=(
     "``scatter(g, shape, key)``: zeros of ``shape`` with ``g`` written at ``[key]`` (the "
     "backward of getitem). A dim the key keeps whole keeps its split."))
+
+
+# ---- matmul with one operand transposed: the backward of matmul, without copies --------------
+
+def _swap_split(p: Any) -> Any:
+    """split(-1) <-> split(-2): the pattern of an operand seen through a transpose."""
+    if isinstance(p, Split) and p.dim in (-1, -2):
+        return Split(-3 - p.dim)
+    return p
+
+
+def _transposed_matmul(name: str, which: int) -> GlobalOp:
+    """``a^T @ b`` (which=0) or ``a @ b^T`` (which=1), transposing the last two dims.
+
+    The table is matmul's, with the transposed operand's row/column splits swapped, so
+    inference sees exactly the choices of ``matmul(transpose(a), b)``; the kernel hands
+    BLAS the transposed view instead of copying it.
+    """
+    table = tuple(Signature(tuple(_swap_split(q) if i == which else q
+                                  for i, q in enumerate(sig.inputs)), sig.output, sig.when)
+                  for sig in MATMUL)
+
+    def build(a: GlobalTensor, b: GlobalTensor) -> OpCall:
+        shapes = [list(a.shape), list(b.shape)]
+        shapes[which][-2:] = shapes[which][-2:][::-1]
+        sa, sb = shapes
+        if sa[-1] != sb[-2]:
+            raise ValueError(f"{name}: contracted dims differ: {a.shape} and {b.shape}")
+        batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+        nb = len(batch)
+        matches = []
+        for d in range(nb):
+            ins: list[int | None] = []
+            for x in (a, b):
+                j = d - (nb - (x.ndim - 2))
+                ins.append(j if j >= 0 and x.shape[j] == batch[d] else None)
+            matches.append(DimMatch(tuple(ins), d))
+        dtype = np.result_type(a.dtype, b.dtype)
+
+        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+            x, y = local
+            if which == 0:
+                x = xp.swapaxes(x, -1, -2)
+            else:
+                y = xp.swapaxes(y, -1, -2)
+            return xp.matmul(x, y)
+
+        return OpCall(name, (a, b), table, {"batch": tuple(matches)},
+                      batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))
+
+    return GlobalOp(name, build, table, doc=f"``{name}(a, b)``: " + (
+        "``a^T @ b``" if which == 0 else "``a @ b^T``") + " over the last two dims.")
+
+
+matmul_tn = _transposed_matmul("matmul_tn", 0)
+matmul_nt = _transposed_matmul("matmul_nt", 1)
 
 
 # ---- rules ------------------------------------------------------------------------------------
@@ -214,8 +268,8 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
 
 def _matmul(node: Node, g: GlobalTensor) -> Grads:
     a, b = node.inputs
-    return [unbroadcast(ops.matmul(g, _swap(b)), a.shape) if node.needs[0] else None,
-            unbroadcast(ops.matmul(_swap(a), g), b.shape) if node.needs[1] else None]
+    return [unbroadcast(matmul_nt(g, b), a.shape) if node.needs[0] else None,
+            unbroadcast(matmul_tn(a, g), b.shape) if node.needs[1] else None]
 
 
 def _sum(node: Node, g: GlobalTensor) -> Grads:
