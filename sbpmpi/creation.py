@@ -41,10 +41,7 @@ def _grad_option(fn: _F) -> _F:
                             f"{type(requires_grad).__name__} {requires_grad!r}")
         out = fn(*args, **kwargs)
         if requires_grad:
-            if np.dtype(out.dtype).kind not in "fc":
-                raise TypeError(f"{fn.__name__}: requires_grad=True needs a floating dtype, "
-                                f"got {out.dtype} (integer and bool tensors have no gradient)")
-            out._requires_grad = True
+            out.requires_grad_(True)  # a TypeError for integer, bool and complex dtypes
         return out
 
     return wrapped  # type: ignore[return-value]

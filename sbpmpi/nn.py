@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from . import ops
+from .autograd import losses
 from .autograd.mode import no_grad
-from .creation import arange, rand, tensor
+from .creation import rand, tensor
 from .placement import Placement
 from .sbp import SBP, Broadcast, Partial, Split, broadcast, split
 from .tensor import GlobalTensor
@@ -177,12 +178,9 @@ def cross_entropy(logits: GlobalTensor, labels: Any) -> GlobalTensor:
     if labels.shape != (n,):
         raise ValueError(f"cross_entropy: labels have shape {labels.shape}, expected ({n},) "
                          f"for logits of shape {logits.shape}")
-    logp = ops.log_softmax(logits, 1)
-    classes = arange(c, placement=logits.placement, sbp=(broadcast,) * logits.placement.ndim,
-                     dtype=labels.dtype)
-    onehot = ops.eq(ops.reshape(labels, (n, 1)), ops.reshape(classes, (1, c)))
-    picked = ops.sum(ops.where(onehot, logp, 0))
-    return ops.neg(ops.div(picked, n))  # type: ignore[no-any-return]
+    if logits.dtype.kind != "f":
+        raise TypeError(f"cross_entropy: logits must have a floating dtype, got {logits.dtype}")
+    return losses.cross_entropy(logits, labels)  # type: ignore[no-any-return]
 
 
 # ---- training state ---------------------------------------------------------------------------

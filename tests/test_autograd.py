@@ -48,6 +48,7 @@ def _sigmoid(x):
 
 
 F = Input((3, 4))
+LABELS = np.array([3, 0, 1, 3, 2])
 POS = Input((3, 4), low=0.5, high=2.0)
 D = distinct((3, 4))
 
@@ -106,6 +107,8 @@ CASES = [
      [F, Input((2, 4))]),
     ("cat1", lambda a, b: sm.cat([a, b], dim=1), lambda a, b: np.concatenate([a, b], 1),
      [F, Input((3, 2))]),
+    ("cross_entropy", lambda z: sm.nn.cross_entropy(z, LABELS),
+     lambda z: -np.log(_softmax(z, 1))[np.arange(5), LABELS].mean(), [Input((5, 4))]),
     ("chain", lambda a, b: sm.tanh(a @ b).sum(1) * a.sum(1), lambda a, b: np.tanh(a @ b).sum(1)
      * a.sum(1), [F, Input((4, 2))]),
 ]

@@ -27,6 +27,7 @@ from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
 from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..tensor import GlobalTensor
+from .losses import cross_entropy_grad
 from .tape import Node
 
 __all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
@@ -339,6 +340,11 @@ def _cat(node: Node, g: GlobalTensor) -> Grads:
     return out
 
 
+def _cross_entropy(node: Node, g: GlobalTensor) -> Grads:
+    logits, labels = node.inputs
+    return [cross_entropy_grad(logits, labels, g), None]
+
+
 def _to_global(node: Node, g: GlobalTensor) -> Grads:
     """The gradient goes back to the source placement in the conjugate SBP (same cost table)."""
     src = node.inputs[0]
@@ -356,4 +362,5 @@ RULES: dict[str, Rule] = {
     "matmul": _matmul, "sum": _sum, "mean": _mean, "max": _max_min, "min": _max_min,
     "softmax": _softmax, "log_softmax": _log_softmax, "transpose": _transpose,
     "getitem": _getitem, "cat": _cat, "to_global": _to_global,
+    "cross_entropy": _cross_entropy,
 }

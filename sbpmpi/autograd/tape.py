@@ -44,8 +44,9 @@ class Node:
 
 
 def differentiable(dtype: np.dtype) -> bool:
-    """Floating and complex dtypes carry gradients."""
-    return np.dtype(dtype).kind in "fc"
+    """Real floating dtypes carry gradients (complex ones are not supported yet: their
+    rules need conjugates)."""
+    return np.dtype(dtype).kind == "f"
 
 
 def detached(x: GlobalTensor) -> GlobalTensor:
@@ -89,7 +90,7 @@ def set_requires_grad(x: GlobalTensor, flag: Any) -> None:
     if not isinstance(flag, (bool, np.bool_)):
         raise TypeError(f"requires_grad must be a bool, got {type(flag).__name__} {flag!r}")
     if flag and not differentiable(x.dtype):
-        raise TypeError(f"requires_grad=True needs a floating dtype: a tensor of dtype "
+        raise TypeError(f"requires_grad=True needs a real floating dtype: a tensor of dtype "
                         f"{x.dtype} has no gradient (cast it with x.astype(np.float32))")
     if x._node is not None and not flag:
         raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use x.detach()")
