@@ -82,12 +82,11 @@ class Optimizer:
         self.steps = [0] * len(self.params)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Forget the gradients (``p.grad = None``; zeros in place when not ``set_to_none``)."""
+        """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
+        (never in place: a gradient may be shared by several leaves)."""
         for p in self.params:
-            if set_to_none or p.grad is None:
-                p._grad = None
-            else:
-                p.grad.to_local()[...] = 0
+            p._grad = None if set_to_none or p.grad is None else \
+                full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local to each rank's shards)."""

@@ -208,6 +208,10 @@ def test_optimizer_state_dict_round_trip():
     np.testing.assert_allclose(opt2.state[0]["exp_avg"].numpy(),
                                opt.state[0]["exp_avg"].numpy())
     assert opt2.state[0]["exp_avg"].layout == q.layout
+    opt.zero_grad(set_to_none=False)
+    assert p.grad.layout == p.layout and not p.grad.numpy().any()
+    opt.zero_grad()
+    assert p.grad is None
 
 
 @pytest.mark.mpi(min_size=1)
