@@ -22,7 +22,7 @@ from .. import ops
 from ..creation import zeros
 from ..ops.call import OpCall, norm_dim, norm_dims
 from ..ops.inference import GlobalOp
-from ..ops.linalg import MATMUL
+from ..ops.linalg import MATMUL, batch_matches
 from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
 from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
@@ -150,14 +150,6 @@ def _transposed_matmul(name: str, which: int) -> GlobalOp:
         if sa[-1] != sb[-2]:
             raise ValueError(f"{name}: contracted dims differ: {a.shape} and {b.shape}")
         batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
-        nb = len(batch)
-        matches = []
-        for d in range(nb):
-            ins: list[int | None] = []
-            for x in (a, b):
-                j = d - (nb - (x.ndim - 2))
-                ins.append(j if j >= 0 and x.shape[j] == batch[d] else None)
-            matches.append(DimMatch(tuple(ins), d))
         dtype = np.result_type(a.dtype, b.dtype)
 
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
@@ -168,7 +160,7 @@ def _transposed_matmul(name: str, which: int) -> GlobalOp:
                 y = xp.swapaxes(y, -1, -2)
             return xp.matmul(x, y)
 
-        return OpCall(name, (a, b), table, {"batch": tuple(matches)},
+        return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
                       batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))
 
     return GlobalOp(name, build, table, doc=f"``{name}(a, b)``: " + (
