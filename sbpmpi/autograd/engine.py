@@ -107,7 +107,10 @@ def backward(root: GlobalTensor, gradient: Any = None) -> None:
             gy = grads.pop(id(node), None)
             if gy is None:
                 continue
-            gxs = RULES[node.name](node, gy)
+            rule = RULES.get(node.name)
+            if rule is None:  # e.g. the backward-only ops, called by hand with grad on
+                raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
+            gxs = rule(node, gy)
             for x, need, gx in zip(node.inputs, node.needs, gxs):
                 if not need or gx is None:
                     continue
