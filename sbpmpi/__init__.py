@@ -13,6 +13,7 @@ from . import abort as _abort
 from . import comm, env, sbp
 from . import exit_agreement as _exit_agreement
 from ._version import __version__
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .layout import Layout
 from .placement import Placement, placement
@@ -40,11 +41,13 @@ _LAZY: dict[str, str] = {
     "save_state": "sbpmpi.checkpoint",
     "load_state": "sbpmpi.checkpoint",
 }
-_SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "checkpoint")
+_SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "checkpoint",
+               "autograd", "optim", "nn")
 
 __all__ = [
     "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
+    "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     *_LAZY, *_SUBMODULES,
 ]
 

@@ -6,8 +6,9 @@ tensor and nothing is communicated, except in ``to_global`` from local shards.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +25,26 @@ __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_glo
            "empty_like_layout"]
 
 _DEFAULT_FLOAT = np.float32
+
+
+_F = TypeVar("_F", bound=Callable[..., GlobalTensor])
+
+
+def _grad_option(fn: _F) -> _F:
+    """Handle ``requires_grad=`` of a creation function: the result becomes a leaf that
+    requires grad (floating dtypes only; the same TypeError on every rank otherwise)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, requires_grad: bool = False, **kwargs: Any) -> GlobalTensor:
+        if not isinstance(requires_grad, (bool, np.bool_)):
+            raise TypeError(f"{fn.__name__}: requires_grad must be a bool, got "
+                            f"{type(requires_grad).__name__} {requires_grad!r}")
+        out = fn(*args, **kwargs)
+        if requires_grad:
+            out.requires_grad_(True)  # a TypeError for integer, bool and complex dtypes
+        return out
+
+    return wrapped  # type: ignore[return-value]
 
 
 def _shape_arg(shape: tuple[Any, ...], name: str = "shape") -> tuple[int, ...]:
@@ -92,8 +113,9 @@ def _build(layout: Layout, dtype: np.dtype,
     return GlobalTensor(local.reshape(shape), layout, dtype)
 
 
+@_grad_option
 def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-          dtype: Any = None) -> GlobalTensor:
+          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """Standard normal values; depend only on the seed and the global index."""
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
@@ -104,8 +126,9 @@ def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[S
     return _build(layout, dt, lambda xp, r: _random.normal(xp, shp, r, seed, call))
 
 
+@_grad_option
 def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-         dtype: Any = None) -> GlobalTensor:
+         dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """Uniform values in [0, 1); depend only on the seed and the global index."""
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
@@ -116,8 +139,10 @@ def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SB
     return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call, dt))
 
 
+@_grad_option
 def full(shape: Any, value: Any, *, placement: Placement | None = None,
-         sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+         sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None,
+         requires_grad: bool = False) -> GlobalTensor:
     """A tensor filled with ``value``."""
     shp = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
     layout = _layout(shp, placement, sbp)
@@ -133,22 +158,26 @@ def full(shape: Any, value: Any, *, placement: Placement | None = None,
     return _build(layout, dt, lambda xp, r: xp.full(tuple(b - a for a, b in r), value, dtype=dt))
 
 
+@_grad_option
 def zeros(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-          dtype: Any = None) -> GlobalTensor:
+          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """A tensor of zeros."""
     return full(_shape_arg(shape), 0, placement=placement, sbp=sbp,
                 dtype=_dtype_arg(dtype, _DEFAULT_FLOAT))
 
 
+@_grad_option
 def ones(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-         dtype: Any = None) -> GlobalTensor:
+         dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """A tensor of ones."""
     return full(_shape_arg(shape), 1, placement=placement, sbp=sbp,
                 dtype=_dtype_arg(dtype, _DEFAULT_FLOAT))
 
 
+@_grad_option
 def arange(start: Any, stop: Any = None, step: Any = 1, *, placement: Placement | None = None,
-           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None,
+         requires_grad: bool = False) -> GlobalTensor:
     """``start, start + step, ...`` below ``stop`` (``arange(n)`` is ``0 .. n-1``)."""
     if stop is None:
         start, stop = 0, start
@@ -169,8 +198,10 @@ def arange(start: Any, stop: Any = None, step: Any = 1, *, placement: Placement 
     return _build(layout, dt, lambda xp, r: start + step * xp.arange(r[0][0], r[0][1]))
 
 
+@_grad_option
 def tensor(data: Any, *, placement: Placement | None = None,
-           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
+           sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None,
+         requires_grad: bool = False) -> GlobalTensor:
     """A global tensor whose value is ``data`` (identical on every rank; no communication).
 
     Each rank keeps its slice; a partial SBP keeps the value on the first rank of each
@@ -212,8 +243,9 @@ def _infer_global_shape(layout_pl: Placement, nd_sbp: tuple[SBP, ...],
     return tuple(out)
 
 
+@_grad_option
 def to_global(local: Any, *, placement: Placement | None = None,
-              sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+              sbp: SBP | Sequence[SBP] | None = None, requires_grad: bool = False) -> GlobalTensor:
     """Make a global tensor from this rank's shard ``local`` (collective over the world).
 
     ``split(d)``: the global tensor is the shards concatenated along ``d`` (uneven

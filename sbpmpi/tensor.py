@@ -22,13 +22,17 @@ class GlobalTensor:
     ``sm.to_global``; never from the constructor.
     """
 
-    __slots__ = ("_local", "_layout", "_dtype", "__weakref__")
+    __slots__ = ("_local", "_layout", "_dtype", "_requires_grad", "_grad", "_node",
+                 "__weakref__")
     __array_priority__ = 1000  # NumPy defers binary operators to us
 
     def __init__(self, local: Any, layout: Layout, dtype: np.dtype) -> None:
         self._local = local
         self._layout = layout
         self._dtype = np.dtype(dtype)
+        self._requires_grad = False  # autograd state: see the block "autograd" below
+        self._grad: GlobalTensor | None = None
+        self._node: Any = None
 
     # -- metadata ---------------------------------------------------------------
     @property
@@ -101,7 +105,12 @@ class GlobalTensor:
 
         check_collective("x.to_global", (self, placement, sbp))
         check_broadcast_shards(self, "x.to_global input")
-        return box(self, placement=placement, sbp=sbp)
+        out = box(self, placement=placement, sbp=sbp)
+        if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
+            from .autograd.tape import record_conversion
+
+            out = record_conversion(self, out)
+        return out
 
     def item(self) -> Any:
         """The value of a one-element tensor as a Python scalar (collective)."""
@@ -156,6 +165,54 @@ class GlobalTensor:
             f"GlobalTensor(shape={self.shape}, dtype={self._dtype}, "
             f"placement={self.placement!r}, sbp=({sbp}{',' if len(self.sbp) == 1 else ''}))"
         )
+
+    # -- autograd (sbpmpi.autograd) ------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        """Whether ops on this tensor are recorded for backward."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self.requires_grad_(flag)
+
+    def requires_grad_(self, requires_grad: bool = True) -> GlobalTensor:
+        """Set ``requires_grad`` on a leaf (floating dtypes only); returns ``self``."""
+        from .autograd.tape import set_requires_grad
+
+        set_requires_grad(self, requires_grad)
+        return self
+
+    @property
+    def grad(self) -> GlobalTensor | None:
+        """Accumulated gradient, in this tensor's placement and SBP; None until a backward."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: GlobalTensor | None) -> None:
+        from .autograd.tape import check_grad_value
+
+        self._grad = check_grad_value(self, value)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True unless the tensor is the recorded result of an op."""
+        return self._node is None
+
+    @property
+    def grad_fn(self) -> Any:
+        """The tape node that made this tensor (None for a leaf)."""
+        return self._node
+
+    def detach(self) -> GlobalTensor:
+        """Same data and layout (shared, no copy), cut from the tape."""
+        return GlobalTensor(self._local, self._layout, self._dtype)
+
+    def backward(self, gradient: GlobalTensor | None = None) -> None:
+        """Accumulate gradients into the ``.grad`` of the leaves (collective)."""
+        from .autograd import backward
+
+        backward(self, gradient)
 
     # -- operators: computed by sbpmpi.ops -----------------------------------------
     def _op(self, name: str, *args: Any, **kw: Any) -> Any:

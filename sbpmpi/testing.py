@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +30,9 @@ from .placement import Placement
 from .sbp import Broadcast, NdSbp, Partial, Split, broadcast, partial_max, partial_min, partial_sum
 from .tensor import GlobalTensor
 
-__all__ = ["Input", "CheckReport", "check_op", "default_placements", "input_sbps",
-           "sbp_combos", "tolerance", "make_shards", "make_input", "assert_close"]
+__all__ = ["Input", "CheckReport", "check_op", "check_grad", "numeric_grad",
+           "default_placements", "input_sbps", "sbp_combos", "tolerance", "make_shards",
+           "make_input", "assert_close"]
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,47 @@ class CheckReport:
         return f"{self.name}: {self.cases} cases, {len(self.failures)} failed; outputs {outs}"
 
 
+def _cases(values: Sequence[Any], pls: Sequence[Placement],
+           sbps: Sequence[Sequence[Any] | None] | None, max_combos: int | None, seed: int,
+           report: CheckReport, label: str) -> Iterator[tuple[list[Any], str]]:
+    """Per placement and sampled combination of input SBPs: the arguments (arrays made
+    global tensors with random partial operands, scalars as they are) and a description;
+    counts the cases in ``report``."""
+    is_t = [isinstance(v, np.ndarray) for v in values]
+    for pl in pls:
+        options = []
+        k = 0
+        for v, t in zip(values, is_t):
+            if not t:
+                continue
+            given = None if sbps is None else sbps[k]
+            options.append(input_sbps(pl, v.ndim, v.dtype) if given is None else
+                           [Layout.make(v.shape, pl, s).sbp for s in given])
+            k += 1
+        for combo in sbp_combos(options, max_combos, seed):
+            case_rng = np.random.default_rng([seed, report.cases])
+            args: list[Any] = []
+            it = iter(combo)
+            for v, t in zip(values, is_t):
+                args.append(make_input(v, pl, next(it), case_rng) if t else v)
+            report.cases += 1
+            yield args, (f"{label} on {pl.ranks.tolist()} with inputs "
+                         + ", ".join("(" + ", ".join(str(x) for x in nd) + ")" for nd in combo))
+
+
+def _finish(report: CheckReport, max_failures: int, kind: str) -> CheckReport:
+    """Gather every rank's failures; raise them on every rank, or return ``report``."""
+    gathered = comm.all_gather_object(report.failures)
+    fails: list[str] = []
+    for lst in gathered:
+        fails += [m for m in lst if m not in fails]
+    if fails:
+        report.failures = fails
+        raise AssertionError(f"{report.name}: {len(fails)} {kind} in {report.cases} cases:\n"
+                             + "\n".join(fails[:max_failures]))
+    return report
+
+
 def check_op(op: Callable[..., Any], reference: Callable[..., Any], inputs: Sequence[Any], *,
              kwargs: dict[str, Any] | None = None, placements: Sequence[Placement] | None = None,
              device_type: str = "cpu", sbps: Sequence[Sequence[Any] | None] | None = None,
@@ -271,64 +313,149 @@ def check_op(op: Callable[..., Any], reference: Callable[..., Any], inputs: Sequ
             values.append(x)
         else:
             values.append(x)
-    is_t = [isinstance(v, np.ndarray) for v in values]
     expected = np.asarray(reference(*values, **kwargs))
     pls = default_placements(device_type) if placements is None else list(placements)
     report = CheckReport(name)
     me = get_rank()
-    for pl in pls:
-        options = []
-        k = 0
-        for v, t in zip(values, is_t):
-            if not t:
-                continue
-            given = None if sbps is None else sbps[k]
-            options.append(input_sbps(pl, v.ndim, v.dtype) if given is None else
-                           [Layout.make(v.shape, pl, s).sbp for s in given])
-            k += 1
-        for combo in sbp_combos(options, max_combos, seed):
-            case_rng = np.random.default_rng([seed, report.cases])
-            args: list[Any] = []
-            it = iter(combo)
-            for v, t in zip(values, is_t):
-                args.append(make_input(v, pl, next(it), case_rng) if t else v)
-            what = (f"{name} on {pl.ranks.tolist()} with inputs "
-                    + ", ".join("(" + ", ".join(str(s) for s in nd) + ")" for nd in combo))
-            report.cases += 1
-            try:  # every rank makes the same collective calls whatever the checks find
-                out = op(*args, **kwargs)
-                if not isinstance(out, GlobalTensor):
-                    raise TypeError(f"returned {type(out).__name__}, not a GlobalTensor")
-                got = out.numpy()
-            except Exception as e:
-                raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
-            problems: list[str] = []
+    for args, what in _cases(values, pls, sbps, max_combos, seed, report, name):
+        try:  # every rank makes the same collective calls whatever the checks find
+            out = op(*args, **kwargs)
+            if not isinstance(out, GlobalTensor):
+                raise TypeError(f"returned {type(out).__name__}, not a GlobalTensor")
+            got = out.numpy()
+        except Exception as e:
+            raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
+        problems: list[str] = []
+        try:
+            assert_close(got, expected, what)
+        except AssertionError as e:
+            problems.append(str(e))
+        lay = out.layout
+        if tuple(out.to_local().shape) != lay.local_shape(me):
+            problems.append(f"{what}: rank {me} shard has shape "
+                            f"{tuple(out.to_local().shape)}, layout {lay} says "
+                            f"{lay.local_shape(me)}")
+        elif me in lay.placement and not lay.partial_axes():
+            # every rank's shard, broadcast copies included, is its slice of the value
+            sl = lay.local_slice(me)
+            assert sl is not None
             try:
-                assert_close(got, expected, what)
+                assert_close(backend.asnumpy(out.to_local()), expected[sl],
+                             f"{what}: rank {me} shard")
             except AssertionError as e:
                 problems.append(str(e))
-            lay = out.layout
-            if tuple(out.to_local().shape) != lay.local_shape(me):
-                problems.append(f"{what}: rank {me} shard has shape "
-                                f"{tuple(out.to_local().shape)}, layout {lay} says "
-                                f"{lay.local_shape(me)}")
-            elif me in lay.placement and not lay.partial_axes():
-                # every rank's shard, broadcast copies included, is its slice of the value
-                sl = lay.local_slice(me)
-                assert sl is not None
-                try:
-                    assert_close(backend.asnumpy(out.to_local()), expected[sl],
-                                 f"{what}: rank {me} shard")
-                except AssertionError as e:
-                    problems.append(str(e))
-            report.outputs["(" + ", ".join(str(s) for s in out.sbp) + ")"] += 1
-            report.failures += problems[:max(0, max_failures - len(report.failures))]
-    gathered = comm.all_gather_object(report.failures)
-    fails: list[str] = []
-    for lst in gathered:
-        fails += [m for m in lst if m not in fails]
-    if fails:
-        report.failures = fails
-        raise AssertionError(f"{name}: {len(fails)} failure(s) in {report.cases} cases:\n"
-                             + "\n".join(fails[:max_failures]))
-    return report
+        report.outputs["(" + ", ".join(str(s) for s in out.sbp) + ")"] += 1
+        report.failures += problems[:max(0, max_failures - len(report.failures))]
+    return _finish(report, max_failures, "failure(s)")
+
+
+# ---- gradients --------------------------------------------------------------------------------
+
+def numeric_grad(reference: Callable[..., Any], values: Sequence[Any], weight: np.ndarray,
+                 wrt: Sequence[int], eps: float = 1e-6,
+                 kwargs: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """Central finite differences (float64) of ``sum(reference(*values) * weight)``.
+
+    One gradient per index in ``wrt`` (the positions of the float arrays to vary).
+    """
+    kwargs = kwargs or {}
+    vals = [np.array(v, dtype=np.float64) if i in wrt else v for i, v in enumerate(values)]
+
+    def loss() -> float:
+        return float(np.sum(np.asarray(reference(*vals, **kwargs), dtype=np.float64) * weight))
+
+    out = []
+    for i in wrt:
+        x = vals[i]
+        g = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            old = x[idx]
+            x[idx] = old + eps
+            up = loss()
+            x[idx] = old - eps
+            down = loss()
+            x[idx] = old
+            g[idx] = (up - down) / (2 * eps)
+        out.append(g)
+    return out
+
+
+def check_grad(op: Callable[..., Any], reference: Callable[..., Any],
+               inputs: Sequence[Any], *, grad_reference: Callable[..., Any] | None = None,
+               kwargs: dict[str, Any] | None = None,
+               placements: Sequence[Placement] | None = None, device_type: str = "cpu",
+               sbps: Sequence[Sequence[Any] | None] | None = None,
+               max_combos: int | None = None, seed: int = 0, name: str | None = None,
+               eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-7,
+               max_failures: int = 20) -> CheckReport:
+    """Check the gradients of ``op`` on global tensors against NumPy (collective).
+
+    For each placement and combination of input SBPs (as :func:`check_op`, partial
+    inputs made of random operands), the floating tensor inputs are made leaves that
+    require grad, ``y = op(*tensors)`` runs, and ``y.backward(w)`` with a seeded random
+    weight ``w`` of y's shape (``y.backward()`` for a one-element ``y``, with ``w = 1``)
+    accumulates ``d sum(y * w) / d x`` into each ``x.grad``. Each ``x.grad`` must have x's
+    placement and SBP and match the expected gradient: ``grad_reference(w, *arrays)``
+    (analytic, a list with one array per floating input) when given, else central
+    finite differences of ``reference`` in float64 (:func:`numeric_grad`).
+
+    Inputs must avoid points where the op is not differentiable (ties of max, zeros
+    of relu/abs), where finite differences and any rule disagree. Returns the
+    :class:`CheckReport`; raises AssertionError on every rank if a gradient is wrong.
+    """
+    from .autograd.tape import differentiable
+    from .creation import tensor as make_tensor
+
+    kwargs = dict(kwargs or {})
+    name = name or str(getattr(op, "__name__", repr(op)))
+    rng = np.random.default_rng(seed)
+    values: list[Any] = [x.make(rng) if isinstance(x, Input) else x for x in inputs]
+    is_t = [isinstance(v, np.ndarray) for v in values]
+    wrt = [i for i, v in enumerate(values) if is_t[i] and differentiable(v.dtype)]
+    if not wrt:
+        raise ValueError(f"check_grad {name}: no floating tensor input to differentiate")
+    out_shape = np.shape(np.asarray(reference(*values, **kwargs)))
+    single = int(np.prod(out_shape, dtype=np.int64)) == 1
+    w = np.ones(out_shape) if single else \
+        np.random.default_rng([seed, 7]).integers(-8, 9, size=out_shape) / 8.0
+    if grad_reference is not None:
+        expected = [np.asarray(g, dtype=np.float64) for g in grad_reference(w, *values)]
+    else:
+        expected = numeric_grad(reference, values, w, wrt, eps, kwargs)
+    pls = default_placements(device_type) if placements is None else list(placements)
+    report = CheckReport(name)
+    for args, what in _cases(values, pls, sbps, max_combos, seed, report, f"grad of {name}"):
+        for i in wrt:
+            args[i].requires_grad_(True)
+        try:
+            y = op(*args, **kwargs)
+            if not isinstance(y, GlobalTensor):
+                raise TypeError(f"returned {type(y).__name__}, not a GlobalTensor")
+            if single:
+                y.backward()
+            else:
+                y.backward(make_tensor(w.astype(y.dtype), placement=y.placement,
+                                       sbp=[broadcast] * y.placement.ndim))
+            grads = [args[i].grad for i in wrt]
+            got = [None if g is None else g.numpy() for g in grads]
+        except Exception as e:
+            raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
+        problems: list[str] = []
+        for i, g, arr, exp in zip(wrt, grads, got, expected):
+            x = args[i]
+            lab = f"{what}: d/d input {i}"
+            if g is None or arr is None:
+                problems.append(f"{lab}: grad is None")
+                continue
+            if g.layout != x.layout:
+                problems.append(f"{lab}: grad has layout {g.layout}, the input {x.layout}")
+            if g.dtype != x.dtype:
+                problems.append(f"{lab}: grad has dtype {g.dtype}, the input {x.dtype}")
+            try:
+                np.testing.assert_allclose(arr, exp.astype(arr.dtype), rtol=rtol, atol=atol,
+                                           err_msg=lab)
+            except AssertionError as e:
+                problems.append(str(e))
+        report.outputs["(" + ", ".join(str(s) for s in y.sbp) + ")"] += 1
+        report.failures += problems[:max(0, max_failures - len(report.failures))]
+    return _finish(report, max_failures, "gradient failure(s)")

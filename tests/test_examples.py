@@ -39,6 +39,7 @@ CASES = [
     ("s12_collectives.py", 3, "S12 OK", ["sbpmpi.comm:send", "sbpmpi.comm:reduce_scatter"]),
     ("mlp_three_layouts.py", 4, "MLP OK", ["sbpmpi.ops:matmul", "sbpmpi.ops:relu",
                                            "sbpmpi.trace:trace"]),
+    ("train_mlp.py", 2, "TRAIN_MLP OK", ["sbpmpi.optim:SGD"]),  # more layouts: test_train.py
 ]
 
 

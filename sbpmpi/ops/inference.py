@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..autograd.tape import record_op
 from ..env import get_rank
 from ..layout import Layout
 from ..placement import Placement
@@ -465,7 +466,8 @@ class GlobalOp:
         self.table = table
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return execute(self.build(*args, **kwargs))
+        call = self.build(*args, **kwargs)
+        return record_op(self.name, call.operands, args, kwargs, execute(call))  # autograd
 
     def __repr__(self) -> str:
         return f"<sbpmpi op {self.name}>"

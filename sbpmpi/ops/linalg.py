@@ -13,7 +13,7 @@ from .call import OpCall, describe, probe_dtype
 from .inference import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
-__all__ = ["MATMUL", "matmul"]
+__all__ = ["MATMUL", "matmul", "batch_matches"]
 
 S_BATCH = AnySplit("batch")
 
@@ -49,6 +49,17 @@ def _build(a: Any, b: Any) -> OpCall:
                          f"cannot be broadcast together") from None
     out_shape = batch + (a.shape[-2], b.shape[-1])
     dtype = probe_dtype("matmul", lambda x, y: np.matmul(x[None, None], y[None, None]), a, b)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return xp.matmul(local[0], local[1])
+
+    return OpCall("matmul", (a, b), MATMUL, {"batch": batch_matches(a, b, batch)}, out_shape,
+                  dtype, kernel, labels=("a", "b"))
+
+
+def batch_matches(a: GlobalTensor, b: GlobalTensor, batch: tuple[int, ...]
+                  ) -> tuple[DimMatch, ...]:
+    """Per batch dim of the result, the matching dim of a and of b (None: broadcast)."""
     nb = len(batch)
     matches = []
     for d in range(nb):
@@ -57,12 +68,7 @@ def _build(a: Any, b: Any) -> OpCall:
             j = d - (nb - (x.ndim - 2))
             ins.append(j if j >= 0 and x.shape[j] == batch[d] else None)
         matches.append(DimMatch(tuple(ins), d))
-
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return xp.matmul(local[0], local[1])
-
-    return OpCall("matmul", (a, b), MATMUL, {"batch": tuple(matches)}, out_shape, dtype,
-                  kernel, labels=("a", "b"))
+    return tuple(matches)
 
 
 matmul = GlobalOp("matmul", _build, MATMUL, doc=(

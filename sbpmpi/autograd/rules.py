@@ -1,0 +1,358 @@
+"""Backward rules: one table, op name -> rule, written with sbpmpi ops themselves.
+
+``rule(node, g)`` gets the node of ``y = op(*inputs)`` and the gradient ``g`` of ``y``
+(a GlobalTensor of y's shape, in whatever layout it arrived) and returns one gradient
+per input (None where none is needed). Every rule is built of global ops, so each
+backward step picks its SBP signature by the same inference as a forward op: the
+gradient of data-parallel weights comes out ``partial_sum`` (matmul of two row splits),
+a split stays split, and nothing is gathered whole unless the forward gathered too.
+The engine runs rules under ``no_grad`` and casts each gradient to its input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..creation import zeros
+from ..ops.call import OpCall, norm_dim, norm_dims
+from ..ops.inference import GlobalOp
+from ..ops.linalg import MATMUL, batch_matches
+from ..ops.shape import _index_key
+from ..ops.signature import S_D, B, DimMatch, P, Signature
+from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
+from ..tensor import GlobalTensor
+from .losses import cross_entropy_grad
+from .tape import Node
+
+__all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
+           "matmul_nt"]
+
+Grads = Sequence[GlobalTensor | None]
+Rule = Callable[[Node, GlobalTensor], Grads]
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return x.shape if isinstance(x, GlobalTensor) else ()
+
+
+def unbroadcast(g: GlobalTensor, shape: tuple[int, ...]) -> GlobalTensor:
+    """Sum ``g`` over the dims NumPy broadcasting added or stretched to reach ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and g.shape[lead + i] != 1)
+    if dims:
+        g = ops.sum(g, dims)
+    return g if g.shape == shape else ops.reshape(g, shape)
+
+
+def _like_sbp(x: GlobalTensor) -> tuple[SBP, ...]:
+    """x's SBP with every partial axis made broadcast (a valid layout for a new value)."""
+    return tuple(broadcast if isinstance(s, Partial) else s for s in x.sbp)
+
+
+def expand_as(g: GlobalTensor, x: GlobalTensor) -> GlobalTensor:
+    """``g`` (broadcastable to x's shape) stretched to x's shape, laid out like x.
+
+    Adds ``g`` to zeros in x's layout, so a split of x survives (no op broadcasts a
+    tensor to a larger split layout on its own).
+    """
+    if g.shape == x.shape:
+        return g
+    z = zeros(x.shape, placement=x.placement, sbp=_like_sbp(x), dtype=g.dtype)
+    return ops.add(z, g)
+
+
+def conjugate_sbp(s: SBP) -> SBP:
+    """The SBP a gradient takes for a forward SBP: B -> P(sum), any partial -> B, S -> S.
+
+    The gradient of a broadcast value is the sum of its copies' gradients (so partial
+    sum), and every operand of a partial value gets the whole gradient of the value
+    (so broadcast; a partial_max value is a function of the global value like any
+    other, the mask of its max lives in the rule of the op that made it).
+    """
+    if isinstance(s, Broadcast):
+        return partial_sum
+    if isinstance(s, Partial):
+        return broadcast
+    return s
+
+
+def _reduced_shape(x: GlobalTensor, node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(reduced dims, x's shape with them as 1) of a reduction node."""
+    axes = norm_dims(node.name, node.param(1, "dim"), x.ndim)
+    return axes, tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+
+
+# ---- scatter: the backward of getitem ---------------------------------------------------------
+
+
+SCATTER = (  # as getitem's table, without partial max/min (zeros are not their identity)
+    Signature((S_D,), S_D),
+    Signature((B,), B),
+    Signature((P,), P),
+)
+
+
+def _scatter_build(g: GlobalTensor, shape: tuple[int, ...], key: Any) -> OpCall:
+    k, matches = _index_key(key, shape)
+    dtype = g.dtype
+
+    def kernel(xp: ModuleType, local: Sequence[Any], out_shape: tuple[int, ...]) -> Any:
+        z = xp.zeros(out_shape, dtype=dtype)
+        z[k] = local[0]
+        return z
+
+    dims = {"d": tuple(DimMatch((m.output,), m.inputs[0]) for m in matches)}
+    return OpCall("scatter", (g,), SCATTER, dims, tuple(shape), dtype, kernel,
+                  params=f"shape={tuple(shape)}, key={key!r}", labels=("g",))
+
+
+scatter = GlobalOp("scatter", _scatter_build, SCATTER, doc=(
+    "``scatter(g, shape, key)``: zeros of ``shape`` with ``g`` written at ``[key]`` (the "
+    "backward of getitem). A dim the key keeps whole keeps its split."))
+
+
+# ---- matmul with one operand transposed: the backward of matmul, without copies --------------
+
+def _swap_split(p: Any) -> Any:
+    """split(-1) <-> split(-2): the pattern of an operand seen through a transpose."""
+    if isinstance(p, Split) and p.dim in (-1, -2):
+        return Split(-3 - p.dim)
+    return p
+
+
+def _transposed_matmul(name: str, which: int) -> GlobalOp:
+    """``a^T @ b`` (which=0) or ``a @ b^T`` (which=1), transposing the last two dims.
+
+    The table is matmul's, with the transposed operand's row/column splits swapped, so
+    inference sees exactly the choices of ``matmul(transpose(a), b)``; the kernel hands
+    BLAS the transposed view instead of copying it.
+    """
+    table = tuple(Signature(tuple(_swap_split(q) if i == which else q
+                                  for i, q in enumerate(sig.inputs)), sig.output, sig.when)
+                  for sig in MATMUL)
+
+    def build(a: GlobalTensor, b: GlobalTensor) -> OpCall:
+        shapes = [list(a.shape), list(b.shape)]
+        shapes[which][-2:] = shapes[which][-2:][::-1]
+        sa, sb = shapes
+        if sa[-1] != sb[-2]:
+            raise ValueError(f"{name}: contracted dims differ: {a.shape} and {b.shape}")
+        batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+        dtype = np.result_type(a.dtype, b.dtype)
+
+        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+            x, y = local
+            if which == 0:
+                x = xp.swapaxes(x, -1, -2)
+            else:
+                y = xp.swapaxes(y, -1, -2)
+            return xp.matmul(x, y)
+
+        return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
+                      batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))
+
+    return GlobalOp(name, build, table, doc=f"``{name}(a, b)``: " + (
+        "``a^T @ b``" if which == 0 else "``a @ b^T``") + " over the last two dims.")
+
+
+matmul_tn = _transposed_matmul("matmul_tn", 0)
+matmul_nt = _transposed_matmul("matmul_nt", 1)
+
+
+# ---- rules ------------------------------------------------------------------------------------
+
+
+def _add(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    return [unbroadcast(g, _shape(a)) if node.needs[0] else None,
+            unbroadcast(g, _shape(b)) if node.needs[1] else None]
+
+
+def _sub(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    return [unbroadcast(g, _shape(a)) if node.needs[0] else None,
+            unbroadcast(ops.neg(g), _shape(b)) if node.needs[1] else None]
+
+
+def _mul(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    return [unbroadcast(ops.mul(g, b), _shape(a)) if node.needs[0] else None,
+            unbroadcast(ops.mul(g, a), _shape(b)) if node.needs[1] else None]
+
+
+def _div(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    ga = unbroadcast(ops.div(g, b), _shape(a)) if node.needs[0] else None
+    gb = unbroadcast(ops.neg(ops.div(ops.mul(g, node.out), b)), _shape(b)) \
+        if node.needs[1] else None
+    return [ga, gb]
+
+
+def _pow(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    ga = gb = None
+    if node.needs[0]:  # b * a ** (b - 1)
+        bm1 = ops.sub(b, 1) if isinstance(b, GlobalTensor) else b - 1
+        ga = unbroadcast(ops.mul(g, ops.mul(b, ops.pow(a, bm1))), _shape(a))
+    if node.needs[1]:  # a ** b * log(a), taken as 0 where a <= 0
+        if isinstance(a, GlobalTensor):
+            pos = ops.gt(a, 0)
+            loga: Any = ops.where(pos, ops.log(ops.where(pos, a, 1)), 0)
+        else:
+            loga = math.log(a) if a > 0 else 0.0
+        gb = unbroadcast(ops.mul(g, ops.mul(node.out, loga)), _shape(b))
+    return [ga, gb]
+
+
+def _extremum(bigger: Callable[..., Any]) -> Rule:
+    def rule(node: Node, g: GlobalTensor) -> Grads:
+        """maximum/minimum: the gradient goes to the winner, half each on a tie."""
+        a, b = node.inputs
+        half = ops.mul(g, 0.5)
+        tie = ops.eq(a, b)
+        ga = unbroadcast(ops.where(bigger(a, b), g, ops.where(tie, half, 0)), _shape(a)) \
+            if node.needs[0] else None
+        gb = unbroadcast(ops.where(bigger(b, a), g, ops.where(tie, half, 0)), _shape(b)) \
+            if node.needs[1] else None
+        return [ga, gb]
+
+    return rule
+
+
+def _where(node: Node, g: GlobalTensor) -> Grads:
+    c, x, y = node.inputs
+    return [None,
+            unbroadcast(ops.where(c, g, 0), _shape(x)) if node.needs[1] else None,
+            unbroadcast(ops.where(c, 0, g), _shape(y)) if node.needs[2] else None]
+
+
+def _unary(f: Callable[[Node, GlobalTensor, Any], GlobalTensor]) -> Rule:
+    def rule(node: Node, g: GlobalTensor) -> Grads:
+        return [f(node, g, node.inputs[0])]
+
+    return rule
+
+
+UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
+    "neg": lambda n, g, x: ops.neg(g),
+    "abs": lambda n, g, x: ops.where(ops.gt(x, 0), g, ops.where(ops.lt(x, 0), ops.neg(g), 0)),
+    "exp": lambda n, g, x: ops.mul(g, n.out),
+    "log": lambda n, g, x: ops.div(g, x),
+    "sqrt": lambda n, g, x: ops.div(g, ops.mul(n.out, 2)),
+    "tanh": lambda n, g, x: ops.mul(g, ops.sub(1, ops.mul(n.out, n.out))),
+    "relu": lambda n, g, x: ops.where(ops.gt(x, 0), g, 0),
+    "sigmoid": lambda n, g, x: ops.mul(g, ops.mul(n.out, ops.sub(1, n.out))),
+    "astype": lambda n, g, x: g,  # the engine casts to x's dtype
+    "reshape": lambda n, g, x: ops.reshape(g, x.shape),
+}
+
+
+def _matmul(node: Node, g: GlobalTensor) -> Grads:
+    a, b = node.inputs
+    return [unbroadcast(matmul_nt(g, b), a.shape) if node.needs[0] else None,
+            unbroadcast(matmul_tn(a, g), b.shape) if node.needs[1] else None]
+
+
+def _sum(node: Node, g: GlobalTensor) -> Grads:
+    x = node.inputs[0]
+    _, kshape = _reduced_shape(x, node)
+    return [expand_as(ops.reshape(g, kshape) if g.shape != kshape else g, x)]
+
+
+def _mean(node: Node, g: GlobalTensor) -> Grads:
+    x = node.inputs[0]
+    axes, kshape = _reduced_shape(x, node)
+    count = math.prod(x.shape[d] for d in axes)
+    gk = ops.reshape(g, kshape) if g.shape != kshape else g
+    return [expand_as(ops.div(gk, count) if count else gk, x)]
+
+
+def _max_min(node: Node, g: GlobalTensor) -> Grads:
+    """The gradient goes to the elements equal to the result, shared evenly among ties."""
+    x = node.inputs[0]
+    axes, kshape = _reduced_shape(x, node)
+    out = node.out if node.out.shape == kshape else ops.reshape(node.out, kshape)
+    gk = g if g.shape == kshape else ops.reshape(g, kshape)
+    mask = ops.eq(x, out)
+    count = ops.sum(ops.astype(mask, g.dtype), axes, keepdim=True)
+    return [ops.where(mask, ops.div(gk, count), 0)]
+
+
+def _softmax(node: Node, g: GlobalTensor) -> Grads:
+    d = norm_dim(node.name, node.param(1, "dim", -1), node.out.ndim)
+    y = node.out
+    s = ops.sum(ops.mul(g, y), d, keepdim=True)
+    return [ops.mul(y, ops.sub(g, s))]
+
+
+def _log_softmax(node: Node, g: GlobalTensor) -> Grads:
+    d = norm_dim(node.name, node.param(1, "dim", -1), node.out.ndim)
+    s = ops.sum(g, d, keepdim=True)
+    return [ops.sub(g, ops.mul(ops.exp(node.out), s))]
+
+
+def _transpose(node: Node, g: GlobalTensor) -> Grads:
+    n = g.ndim
+    axes: Any = node.args[1:]
+    if len(axes) == 1 and isinstance(axes[0], (list, tuple)):
+        axes = tuple(axes[0])
+    perm = [int(p) % n for p in axes] if axes and axes != (None,) else list(range(n))[::-1]
+    inv = [0] * n
+    for j, p in enumerate(perm):
+        inv[p] = j
+    return [ops.transpose(g, inv)]
+
+
+def _getitem(node: Node, g: GlobalTensor) -> Grads:
+    x = node.inputs[0]
+    return [scatter(g, x.shape, node.param(1, "key"))]
+
+
+def _cat(node: Node, g: GlobalTensor) -> Grads:
+    d = norm_dim("cat", node.param(1, "dim", 0), g.ndim)
+    out: list[GlobalTensor | None] = []
+    start = 0
+    for t, need in zip(node.inputs, node.needs):
+        n = t.shape[d]
+        key = (slice(None),) * d + (slice(start, start + n),)
+        out.append(ops.getitem(g, key) if need else None)
+        start += n
+    return out
+
+
+def _cross_entropy(node: Node, g: GlobalTensor) -> Grads:
+    logits, labels = node.inputs
+    return [cross_entropy_grad(logits, labels, g), None]
+
+
+def _to_global(node: Node, g: GlobalTensor) -> Grads:
+    """The gradient goes back to the source placement in the conjugate SBP (same cost table)."""
+    src = node.inputs[0]
+    sbp = tuple(conjugate_sbp(s) for s in src.sbp)
+    return [g.to_global(placement=src.placement, sbp=sbp)]
+
+#: Op name -> backward rule. Ops with bool results (comparisons) have none: they are
+#: never recorded.
+
+
+RULES: dict[str, Rule] = {
+    "add": _add, "sub": _sub, "mul": _mul, "div": _div, "pow": _pow,
+    "maximum": _extremum(ops.gt), "minimum": _extremum(ops.lt), "where": _where,
+    **{name: _unary(f) for name, f in UNARY.items()},
+    "matmul": _matmul, "sum": _sum, "mean": _mean, "max": _max_min, "min": _max_min,
+    "softmax": _softmax, "log_softmax": _log_softmax, "transpose": _transpose,
+    "getitem": _getitem, "cat": _cat, "to_global": _to_global,
+    "cross_entropy": _cross_entropy,
+}

@@ -1,0 +1,109 @@
+"""The tape: one :class:`Node` per op result that needs a gradient.
+
+An op's result that depends on a tensor requiring grad (while grad mode is on) gets a
+node naming the op, its operands as the op call normalised them, its raw arguments
+(for the backward rule's dims, keys, ...) and a detached view of the result (rules such
+as ``exp`` reuse it). The node holds the operands, so the graph stays alive as long as
+the result does; backward walks it from the result to the leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..tensor import GlobalTensor
+from .mode import is_grad_enabled
+
+__all__ = ["Node", "record_op", "record_conversion", "differentiable", "detached"]
+
+
+@dataclass(eq=False)
+class Node:
+    """One recorded op: ``name``, its ``inputs`` (GlobalTensors and scalars), the raw
+    ``args``/``kwargs`` it was called with, its result ``out`` (detached) and, per input,
+    whether a gradient must flow there (``needs``)."""
+
+    name: str
+    inputs: tuple[Any, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: GlobalTensor
+    needs: tuple[bool, ...] = field(default=())
+
+    def param(self, index: int, name: str, default: Any = None) -> Any:
+        """Argument ``name`` of the call, given by position ``index`` or by keyword."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        return self.args[index] if index < len(self.args) else default
+
+    def __repr__(self) -> str:
+        return f"<grad_fn {self.name} of shape {self.out.shape}>"
+
+
+def differentiable(dtype: np.dtype) -> bool:
+    """Real floating dtypes carry gradients (complex ones are not supported yet: their
+    rules need conjugates)."""
+    return np.dtype(dtype).kind == "f"
+
+
+def detached(x: GlobalTensor) -> GlobalTensor:
+    """``x``'s data and layout, without autograd state."""
+    return GlobalTensor(x._local, x._layout, x._dtype)
+
+
+def _needs(x: Any) -> bool:
+    return isinstance(x, GlobalTensor) and x._requires_grad
+
+
+def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
+              kwargs: dict[str, Any], out: GlobalTensor) -> GlobalTensor:
+    """Attach a node to ``out`` when grad mode is on and an operand requires grad."""
+    if not _enabled_for(operands, out):
+        return out
+    out._node = Node(name, operands, args, kwargs, detached(out),
+                     tuple(_needs(o) for o in operands))
+    out._requires_grad = True
+    return out
+
+
+def record_conversion(src: GlobalTensor, out: GlobalTensor) -> GlobalTensor:
+    """Record ``out = src.to_global(...)`` (a new tensor: never ``src`` itself)."""
+    if not _enabled_for((src,), out):
+        return out
+    if out is src:
+        out = detached(src)
+    out._node = Node("to_global", (src,), (), {}, detached(out), (True,))
+    out._requires_grad = True
+    return out
+
+
+def _enabled_for(operands: tuple[Any, ...], out: GlobalTensor) -> bool:
+    return (is_grad_enabled() and differentiable(out.dtype)
+            and any(_needs(o) for o in operands))
+
+
+def set_requires_grad(x: GlobalTensor, flag: Any) -> None:
+    """``x.requires_grad_(flag)``, checked: a bool, a floating dtype, a leaf."""
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"requires_grad must be a bool, got {type(flag).__name__} {flag!r}")
+    if flag and not differentiable(x.dtype):
+        raise TypeError(f"requires_grad=True needs a real floating dtype: a tensor of dtype "
+                        f"{x.dtype} has no gradient (cast it with x.astype(np.float32))")
+    if x._node is not None and not flag:
+        raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use x.detach()")
+    x._requires_grad = bool(flag)
+
+
+def check_grad_value(x: GlobalTensor, g: Any) -> GlobalTensor | None:
+    """A value for ``x.grad``: None or a GlobalTensor of x's shape, placement and SBP."""
+    if g is None:
+        return None
+    if not isinstance(g, GlobalTensor):
+        raise TypeError(f"x.grad must be None or a GlobalTensor, got {type(g).__name__}")
+    if g.layout != x.layout:
+        raise ValueError(f"x.grad must have x's shape, placement and SBP ({x.layout}), got "
+                         f"{g.layout}")
+    return g
