@@ -26,6 +26,7 @@ while the program runs.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -36,7 +37,7 @@ from typing import Any
 from mpi4py import MPI
 
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
-           "GRACE"]
+           "GRACE", "enter", "cannot_meet"]
 
 FINISHED_TEXT = "reached the end of the program"
 GRACE = 3.0  # seconds a failing check waits to hear what the other ranks of its group do
@@ -52,6 +53,13 @@ _rbuf = bytearray(_MAX_NOTICE)
 _notice: Any = None  # the receive posted for the next notice
 _lock = threading.RLock()  # the posted receive is tested by the main and the watchdog thread
 _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before this rank exits
+# Checks and sm.comm collectives entered per group (the key names the kind and the group's
+# world ranks). A finished rank sends
+# its counts, so a peer whose check that rank took part in sees it and keeps waiting: the
+# exchange will complete (the finished rank contributed before it finished), where a
+# check numbered above the finished rank's count for the group never can.
+_checks: dict[str, int] = {}
+_peer_checks: dict[int, dict[str, int] | None] = {}
 
 
 def init() -> None:
@@ -78,6 +86,13 @@ def _take(status: Any) -> None:
     if kind == "verdict":
         if _verdict is None:
             _verdict = text
+    elif kind == "finished":
+        text, _, counts = text.partition("\0")
+        try:
+            _peer_checks[src] = {k: int(v) for k, v in json.loads(counts).items()}
+        except ValueError:  # cut at _MAX_NOTICE: fall back to waiting GRACE seconds
+            _peer_checks[src] = None
+        _states.setdefault(src, text)
     else:
         _states.setdefault(src, text)
 
@@ -143,6 +158,35 @@ def _compose(texts: dict[int, str], ranks: Sequence[int]) -> str:
             "sys.exit on some ranks).")
 
 
+def enter(kind: str, ranks: Sequence[int]) -> tuple[str, int]:
+    """Count one more call of ``kind`` ("check" or "comm") among world ``ranks``.
+
+    Returns its key and number; every rank of a correct program numbers the calls of a
+    group alike, so a finished peer's counts tell whether it took part in this call.
+    """
+    key = f"{kind}:{','.join(map(str, ranks))}"
+    seq = _checks[key] = _checks.get(key, 0) + 1
+    return key, seq
+
+
+def cannot_meet(rank: int, key: str, seq: int, strict: bool = False) -> bool:
+    """True when ``rank`` can never take part in check number ``seq`` of group ``key``.
+
+    A finished rank took part iff its count for the group reaches ``seq``; one whose
+    counts did not fit in its notice is unknown (True, unless ``strict``). A rank stuck
+    in a failed check never takes part.
+    """
+    state = _states.get(rank)
+    if state is None:
+        return False
+    if state != FINISHED_TEXT:
+        return True
+    counts = _peer_checks.get(rank)
+    if counts is None:
+        return not strict
+    return counts.get(key, 0) < seq
+
+
 def _fail(text: str, ranks: Sequence[int]) -> str:
     """Agree on the failure of a check of ``ranks`` that cannot complete; return the message."""
     global _broken, _verdict
@@ -171,14 +215,21 @@ def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
     if _comm is None:
         request.Wait()
         return None
+    key, seq = enter("check", ranks)
     status = MPI.Status()
     spins = 0
+    gone_since: float | None = None
     while not request.Test():
         with _lock:
             while _notice.Test(status):
                 _take(status)
-        if _states and any(r in _states for r in ranks):
-            return _fail(text, ranks)
+        if _states and any(cannot_meet(r, key, seq) for r in ranks):
+            if gone_since is None:
+                gone_since = time.monotonic()
+            # only peers of unknown count: give the exchange GRACE seconds to complete
+            if any(cannot_meet(r, key, seq, strict=True) for r in ranks) \
+                    or time.monotonic() - gone_since > GRACE:
+                return _fail(text, ranks)
         spins += 1
         if spins > 20:
             if spins < 50000:
@@ -218,7 +269,8 @@ def _at_exit() -> None:
             time.sleep(0.002)
         _exit_failed("")
     poll()
-    mine = _notify("finished", FINISHED_TEXT, range(size), synchronous=True)
+    mine = _notify("finished", f"{FINISHED_TEXT}\0{json.dumps(_checks)}", range(size),
+                   synchronous=True)
     stuck_since: float | None = None
     delay = 0.0005
     while True:

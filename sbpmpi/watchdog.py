@@ -161,12 +161,26 @@ def _exit_watch_on() -> bool:
     return _exit_on
 
 
+def _world_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
+
+
+# Point-to-point calls wait on one partner that a group's numbering cannot tell: the exit
+# watch fires for them only when every other rank of the group has finished.
+_P2P = ("send", "recv", "wait")
+
+
 class _ExitWatch:
-    __slots__ = ("op", "peers", "start")
+    __slots__ = ("op", "peers", "start", "key", "seq")
 
     def __init__(self, op: str, peers: Any) -> None:
+        from . import exit_agreement
+
         self.op = op
-        self.peers = peers
+        self.peers = _peer_ranks(peers) or tuple(range(_world_size()))
+        self.key, self.seq = ("", 0) if op in _P2P else exit_agreement.enter("comm", self.peers)
 
     def __enter__(self) -> None:
         self.start = time.monotonic()
@@ -193,7 +207,6 @@ def _exit_run() -> None:
 
     from . import exit_agreement
 
-    size = MPI.COMM_WORLD.Get_size()
     while True:
         time.sleep(EXIT_POLL)
         now = time.monotonic()
@@ -203,10 +216,13 @@ def _exit_run() -> None:
             continue
         exit_agreement.poll()
         gone = set(exit_agreement.states())
+        me = MPI.COMM_WORLD.Get_rank()
         for w in late:
-            peers = _peer_ranks(w.peers) or tuple(range(size))
-            if any(r in gone for r in peers):
-                _fire_exit(w, peers)
+            if not w.key:  # point to point: only once every partner it could have is gone
+                if all(r in gone for r in w.peers if r != me) and len(w.peers) > 1:
+                    _fire_exit(w, w.peers)
+            elif any(exit_agreement.cannot_meet(r, w.key, w.seq) for r in w.peers):
+                _fire_exit(w, w.peers)
 
 
 def _fire_exit(w: _ExitWatch, peers: tuple[int, ...]) -> None:
