@@ -11,9 +11,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+from mpirun import job_env, mpiexec
 
 from sbpmpi import cli
-from sbpmpi.launch import find_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 180
@@ -21,13 +21,11 @@ TIMEOUT = 180
 
 def run(args, n=None, cwd=None, timeout=TIMEOUT):
     """``python -m sbpmpi ARGS``, under ``mpiexec -n n`` when n is given."""
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 20), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "sbpmpi", *args]
     if n is not None:
-        cmd = [find_mpiexec().path, "-n", str(n), *cmd]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+        cmd = [*mpiexec(n), *cmd]
+    return subprocess.run(cmd, cwd=cwd, env=job_env(n or 1, timeout), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
