@@ -48,6 +48,7 @@ def launcher_family():  # noqa: ANN201 - a module
     spec = importlib.util.spec_from_file_location("_sbpmpi_launcher_family", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -116,12 +117,15 @@ def main() -> int:
     print(f"mpiexec: {exe} ({info.description})"
           + ("; environment added: " + " ".join(f"{k}={v}" for k, v in added.items())
              if added else ""), flush=True)
+    # test files or folders among the pytest arguments replace the default "tests"
+    given = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
+    where = [] if given else ["tests"]
     results = []
     if not a.no_serial:
         xml = logs / "serial.xml"
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not mpi", f"--junitxml={xml}",
-               "tests", *a.pytest_args]
+               *where, *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=env)
         results.append(("serial", rc, counts(xml), time.time() - t0))
@@ -130,7 +134,7 @@ def main() -> int:
         t0 = time.time()
         cmd = [exe, "-n", str(n), *mpiexec_args, sys.executable,
                str(ROOT / "scripts" / "mpi_pytest.py"),
-               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", "tests", *a.pytest_args]
+               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *where, *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=dict(env, MPIEXEC_TIMEOUT=str(a.timeout)))
         if rc != 0:
