@@ -237,10 +237,14 @@ def test_bad_mpiexec_args_are_refused(tmp_path):
     assert r.returncode == 2 and "--mpiexec-args" in r.stderr
 
 
-def test_dry_run_shows_what_open_mpi_needs(capsys, tmp_path):
+def test_dry_run_shows_what_open_mpi_needs(capsys, tmp_path, monkeypatch):
     """An Open MPI 5 mpiexec (a stand-in that only answers --version) gets the root
     permission as root and oversubscription for more ranks than cores."""
     from sbpmpi import launcher_family
+
+    for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+              "PRTE_MCA_rmaps_default_mapping_policy", "SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(k, raising=False)  # as set by run_tests.py under Open MPI
 
     fake = tmp_path / "mpiexec"
     fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{OMPI5_VERSION}EOF\n")
