@@ -92,6 +92,8 @@ def main() -> int:
     ap.add_argument("--mpiexec-args", action="append", default=[], metavar="ARGS",
                     help="extra mpiexec arguments, one string split like a shell; may be repeated "
                          "(also $SBPMPI_MPIEXEC_ARGS, which comes first)")
+    ap.add_argument("--logs", default=str(ROOT / "test-logs"),
+                    help="folder for the rank logs and JUnit files (emptied first)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     a = ap.parse_args(glue_mpiexec_args(sys.argv[1:]))
     sizes = [int(x) for x in a.sizes.split(",") if x]
@@ -104,7 +106,7 @@ def main() -> int:
     except ValueError as e:
         ap.error(f"--mpiexec-args / SBPMPI_MPIEXEC_ARGS: {e}")
     exe = mpiexec_cmd()
-    logs = ROOT / "test-logs"
+    logs = Path(a.logs).resolve()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir()
     env = dict(os.environ, SBPMPI_TEST_LOGDIR=str(logs), PYTHONUNBUFFERED="1")
@@ -152,7 +154,7 @@ def main() -> int:
     if bad and tf == 0:
         tf = 1  # a rank failed or the run died: never report green
     print(f"total: {tp} passed, {tf} failed, {ts} skipped")
-    return 1 if bad else 0
+    return 1 if bad or tf else 0  # a run without its JUnit file counts as failed
 
 
 if __name__ == "__main__":

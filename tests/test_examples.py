@@ -108,3 +108,14 @@ def test_examples_use_the_shared_hint():
         text = path.read_text()
         assert text.count("sm.launch.expect_world(") == 1, path.name
         assert "run under mpiexec" not in text, path.name
+
+
+def test_placement_beyond_a_world_of_one_says_run_under_mpiexec():
+    import sbpmpi as sm
+
+    with pytest.raises(ValueError, match=r"out of range for a world of 1 process .*"
+                                         r"run under mpiexec -n 3 \(was mpiexec forgotten\?\)"):
+        sm.placement("cpu", [0, 1, 2], world_size=1)
+    with pytest.raises(ValueError) as e:  # a world of 2 did use mpiexec: no such hint
+        sm.placement("cpu", [0, 2], world_size=2)
+    assert "mpiexec" not in str(e.value)
