@@ -4,9 +4,7 @@ round-trips as without it."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -20,13 +18,9 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 
 @pytest.fixture
-def shared_dir():
-    d = tempfile.mkdtemp(prefix="sbpmpi-ckpt-progress-") if rank == 0 else None
-    d = comm.bcast(d, root=0)
-    yield d
-    comm.Barrier()
-    if rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
+def shared_dir(tmp_path):
+    """Rank 0's tmp_path, which every rank of this one-host job sees."""
+    return comm.bcast(str(tmp_path), root=0)
 
 
 def state():

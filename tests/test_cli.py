@@ -163,19 +163,18 @@ def test_rows_are_reported_as_they_are_measured(capsys):
     assert all(r.raw_call for r in results)
 
 
+def row(conv, call, shape, ours_ms, raw_ms, plan, repeats=10, spread=1.0):
+    """A benchmark result as bench writes it to JSON."""
+    return {"conversion": conv, "raw_call": call, "shape": shape, "sbpmpi_ms": ours_ms,
+            "raw_ms": raw_ms, "ratio": ours_ms / raw_ms, "plan": plan, "repeats": repeats,
+            "spread": spread, "noisy": repeats < 5 or spread > 1.5}
+
+
 ROWS = [
-    {"conversion": "S(0)->B", "raw_call": "Allgather", "shape": [4, 256], "sbpmpi_ms": 2.0,
-     "raw_ms": 1.0, "ratio": 2.0, "plan": "all_gather(axis 0: S(0) -> B)", "repeats": 10,
-     "spread": 1.1, "noisy": False},
-    {"conversion": "S(0)->B", "raw_call": "Allgather", "shape": [8, 256], "sbpmpi_ms": 2.0,
-     "raw_ms": 4.0, "ratio": 0.5, "plan": "all_gather(axis 0: S(0) -> B)", "repeats": 3,
-     "spread": 1.1, "noisy": True},
-    {"conversion": "P->B", "raw_call": "Allreduce", "shape": [4, 256], "sbpmpi_ms": 1.0,
-     "raw_ms": 1.0, "ratio": 1.0, "plan": "all_reduce(axis 0: P -> B)", "repeats": 10,
-     "spread": 1.0, "noisy": False},
-    {"conversion": "B->S(0)", "raw_call": "slice", "shape": [4, 256], "sbpmpi_ms": 0.01,
-     "raw_ms": 0.001, "ratio": 10.0, "plan": "local_slice(axis 0: B -> S(0))", "repeats": 10,
-     "spread": 1.0, "noisy": False},
+    row("S(0)->B", "Allgather", [4, 256], 2.0, 1.0, "all_gather(axis 0: S(0) -> B)"),
+    row("S(0)->B", "Allgather", [8, 256], 2.0, 4.0, "all_gather(axis 0: S(0) -> B)", repeats=3),
+    row("P->B", "Allreduce", [4, 256], 1.0, 1.0, "all_reduce(axis 0: P -> B)"),
+    row("B->S(0)", "slice", [4, 256], 0.01, 0.001, "local_slice(axis 0: B -> S(0))"),
 ]
 
 
