@@ -288,3 +288,14 @@ def test_c_code_that_fails_on_one_rank_ends_the_job(tmp_path):
 def test_m_and_c_together_are_refused(tmp_path):
     r = run(["-n", "2", "-m", "-c", "pass"])
     assert r.returncode == 2
+
+
+def test_build_command_for_srun_and_code():
+    srun = launch.build_command("p.py", [], 8, mpiexec="srun", python="PY", family="slurm",
+                                nproc_per_node=4, hostfile="nodes")
+    assert srun[:8] == ["srun", "-n", "8", "--ntasks-per-node", "4", "--nodefile", "nodes", "PY"]
+    code = launch.build_command("print(1)", ["x"], 2, mpiexec="M", python="PY", code=True)
+    assert code == ["M", "-n", "2", "PY", "-m", "sbpmpi.launch", "--bootstrap", "-c",
+                    "print(1)", "x"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        launch.build_command("x", [], 1, module=True, code=True)
