@@ -130,6 +130,8 @@ def main() -> int:
                *where, *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        if rc == 5 and given:  # the files given have no serial tests
+            rc = 0
         results.append(("serial", rc, counts(xml), time.time() - t0))
     for n in sizes:
         xml = logs / f"mpi-n{n}.xml"
@@ -139,6 +141,8 @@ def main() -> int:
                "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *where, *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=dict(env, MPIEXEC_TIMEOUT=str(a.timeout)))
+        if rc == 5 and given:  # pytest: no test collected; the files given have no MPI tests
+            rc = 0
         if rc != 0:
             for f in sorted(logs.glob(f"n{n}-rank*.log")):
                 print(f"----- {f.name} (last lines) -----")
