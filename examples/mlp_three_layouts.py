@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=16)
     args = ap.parse_args()
+    sm.launch.expect_world(4, what="MLP")  # a note when run without mpiexec
     rank, world = sm.env.get_rank(), sm.env.get_world_size()
     n, d_in, d_hid, d_out = args.batch, 6, args.hidden, 4
     rng = np.random.default_rng(7)  # the same values on every rank

@@ -12,7 +12,6 @@ axis: (S(0), B) @ (B, S(1)) gives (S(0), S(1)).
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
@@ -23,13 +22,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="S10: 2-D SBP on a 2x2 mesh")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
-    rank, world = sm.env.get_rank(), sm.env.get_world_size()
+    sm.launch.expect_world(4, minimum=4, what="S10 (a 2x2 mesh)")  # exits on fewer
+    rank = sm.env.get_rank()
     np.set_printoptions(precision=3, suppress=True)
-    if world < 4:  # the same decision on every rank: no rank waits for another
-        if rank == 0:
-            print(f"S10 needs 4 ranks for its 2x2 mesh, got {world}: "
-                  f"mpiexec -n 4 python {sys.argv[0]}", file=sys.stderr)
-        sys.exit(2)
     mesh = sm.placement(args.device, ranks=[[0, 1], [2, 3]])
 
     x = sm.randn(4, 6, placement=mesh, sbp=(sm.sbp.broadcast, sm.sbp.split(0)))

@@ -31,6 +31,7 @@ def main() -> None:
     launched = "RANK" in os.environ and "LOCAL_RANK" in os.environ
     if not launched:
         sm.env.set_launcher_env()  # plain mpiexec / srun: set them from MPI now
+    sm.launch.expect_world(4, what="S11")  # a note when run without mpiexec
     rank, world = sm.env.get_rank(), sm.env.get_world_size()
     gpu = ""
     if args.device == "cuda":

@@ -21,6 +21,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     xp = sm.backend.get_xp(args.device)  # numpy, or cupy for --device cuda
+    sm.launch.expect_world(2, what="S12")  # a note when run without mpiexec
     rank, p = sm.env.get_rank(), sm.env.get_world_size()
     comm = sm.comm
     log: list[str] = []

@@ -21,6 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="S4: global to global (boxing)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
+    sm.launch.expect_world(2, what="S4")  # a note when run without mpiexec
     rank, world = sm.env.get_rank(), sm.env.get_world_size()
     np.set_printoptions(precision=3, suppress=True)
     placement = sm.placement(args.device, ranks=list(range(world)))

@@ -25,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="S5: what each SBP means")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
+    sm.launch.expect_world(2, what="S5")  # a note when run without mpiexec
     rank, world = sm.env.get_rank(), sm.env.get_world_size()
     placement = sm.placement(args.device, ranks=list(range(world)))
     value = np.array([[1.0, 2.0], [3.0, 4.0]])

@@ -20,6 +20,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="S7: model parallel matmul")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
+    sm.launch.expect_world(2, what="S7")  # a note when run without mpiexec
     rank, world = sm.env.get_rank(), sm.env.get_world_size()
     placement = sm.placement(args.device, ranks=list(range(world)))
 

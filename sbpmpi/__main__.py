@@ -1,4 +1,4 @@
-"""``python -m sbpmpi {info,bench}``: see :mod:`sbpmpi.cli`."""
+"""``python -m sbpmpi {info,bench,plot}`` and ``--version``: see :mod:`sbpmpi.cli`."""
 
 import sys
 

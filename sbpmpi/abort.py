@@ -13,7 +13,6 @@ single process; ``SBPMPI_ABORT_ON_ERROR=0`` turns it off, ``=1`` forces it on.
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 import threading
 import time
@@ -165,19 +164,25 @@ def installed() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m sbpmpi.abort prog.py ARGS``: run ``prog.py`` so that any failure aborts.
+    """``python -m sbpmpi.abort (prog.py | -m module | -c code) ARGS``: run the program so
+    that any failure on any rank aborts the job.
 
     Besides uncaught exceptions this also aborts on ``sys.exit(n)`` with ``n != 0``,
-    which the hooks cannot see.
+    which the hooks cannot see. The program runs through ``mpi4py.run.run_command_line``
+    (the runner of ``python -m mpi4py``), so ``-m``, ``-c`` and ``-`` (stdin) work as
+    there; this adds the ``sbpmpi: rank R: ...`` report before ``MPI_Abort``.
     """
+    from mpi4py.run import run_command_line
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m sbpmpi.abort prog.py [args...]", file=sys.stderr)
-        raise SystemExit(2)
-    sys.argv = args
+    if not args or args[0] in ("-h", "--help") or (args[0] in ("-m", "-c") and len(args) < 2):
+        print("usage: python -m sbpmpi.abort prog.py [args...]\n"
+              "   or: python -m sbpmpi.abort -m module [args...]\n"
+              "   or: python -m sbpmpi.abort -c code [args...]", file=sys.stderr)
+        raise SystemExit(0 if args[:1] in (["-h"], ["--help"]) else 2)
     install(force=None if os.environ.get(ENV_VAR) else True)
     try:
-        runpy.run_path(args[0], run_name="__main__")
+        run_command_line(args)
     except SystemExit as e:
         code = e.code
         if code is None or code == 0:

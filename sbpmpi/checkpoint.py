@@ -15,7 +15,10 @@ file raises :class:`~sbpmpi.errors.CheckpointError` on every rank.
 
 ``sm.save_state(tensors, directory)`` / ``sm.load_state(directory)`` handle a dict
 of tensors with a small JSON index (``index.json``) that is replaced atomically
-last, so a directory always describes one complete state.
+last, so a directory always describes one complete state. With ``verbose=True`` rank 0
+reports each tensor as it is written or read (name, shape, dtype, size, time, rate) on
+stderr, as a progress bar when stderr is a terminal and tqdm is installed (the
+``progress`` extra).
 
 All four are collective over the world: every rank calls them with the same
 arguments.
@@ -28,6 +31,8 @@ import io
 import json
 import os
 import re
+import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -470,20 +475,80 @@ def _prepare_state_dir(directory: str) -> tuple[str, dict[str, Any] | None]:
     return uuid.uuid4().hex[:8], old
 
 
-def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike[str]) -> None:
+def _size_text(n: float) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+class _Progress:
+    """Rank 0's per-tensor report for ``verbose=True``: a line per tensor on stderr, or a
+    tqdm bar (by bytes) when stderr is a terminal and tqdm is installed."""
+
+    def __init__(self, what: str, total_bytes: int, count: int, on: bool) -> None:
+        self.what, self.count, self.done = what, count, 0
+        self.on = on and get_rank() == 0
+        self.bar: Any = None
+        self.t0 = time.perf_counter()
+        if not self.on:
+            return
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True,
+                                unit_divisor=1024, desc=what, file=sys.stderr)
+            except ImportError:
+                self.bar = None
+        if self.bar is None:
+            print(f"{what}: {count} tensor(s), {_size_text(total_bytes)}", file=sys.stderr,
+                  flush=True)
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: np.dtype, seconds: float) -> None:
+        if not self.on:
+            return
+        self.done += 1
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.bar is not None:
+            self.bar.set_postfix_str(name, refresh=False)
+            self.bar.update(nbytes)
+            return
+        rate = f", {nbytes / seconds / 1e6:.0f} MB/s" if seconds > 0 and nbytes else ""
+        print(f"{self.what}: [{self.done}/{self.count}] {name!r} {tuple(shape)} {dtype} "
+              f"{_size_text(nbytes)} in {seconds:.2f} s{rate}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if not self.on:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            print(f"{self.what}: done in {time.perf_counter() - self.t0:.2f} s", file=sys.stderr,
+                  flush=True)
+
+
+def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike[str], *,
+               verbose: bool = False) -> None:
     """Save a dict of global tensors into ``directory`` with an ``index.json`` (collective).
 
     Each tensor goes to its own ``.npy`` file (``<name>.<token>.npy``, readable by
     ``numpy.load``); the index, which records each tensor's file, shape, dtype, SBP
     and placement, is replaced atomically last. A save that dies half-way leaves the
-    previous state loadable.
+    previous state loadable. ``verbose=True``: rank 0 reports each tensor on stderr
+    (a tqdm bar when stderr is a terminal and tqdm is installed).
     """
     items = _state_arg(tensors)
     d = _path_arg(directory, "directory")
+    if not isinstance(verbose, bool):
+        raise TypeError(f"sm.save_state: verbose must be True or False, got {verbose!r}")
     consistency.check_collective("sm.save_state", (d, tuple(items.items())))
     token, old = consistency.decide_on_root(lambda: _prepare_state_dir(d), "sm.save_state")
     used: set[str] = set()
     entries: dict[str, Any] = {}
+    progress = _Progress(f"sm.save_state {d}",
+                         sum(int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize
+                             for x in items.values()), len(items), verbose)
     for name, x in items.items():
         stem = _safe_name(name)
         base, i = stem, 1
@@ -492,7 +557,9 @@ def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike
             base = f"{stem}-{i}"
         used.add(base.lower())
         fname = f"{base}.{token}.npy"
+        t0 = time.perf_counter()
         save(x, os.path.join(d, fname))
+        progress.tensor(name, x.shape, x.dtype, time.perf_counter() - t0)
         entries[name] = {
             "file": fname, "shape": list(x.shape), "dtype": _descr_json(_native(x.dtype)),
             "sbp": _sbp_to_json(x.sbp),
@@ -500,6 +567,7 @@ def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike
         }
     index = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "tensors": entries}
     consistency.decide_on_root(lambda: _write_index(d, index, old), "sm.save_state")
+    progress.close()
 
 
 def _per_name(arg: Any, name: str) -> Any:
@@ -508,7 +576,7 @@ def _per_name(arg: Any, name: str) -> Any:
 
 def load_state(directory: str | os.PathLike[str], *,
                placement: Placement | Mapping[str, Placement] | None = None,
-               sbp: Any = None) -> dict[str, GlobalTensor]:
+               sbp: Any = None, verbose: bool = False) -> dict[str, GlobalTensor]:
     """Load every tensor of a ``sm.save_state`` directory (collective).
 
     Parameters
@@ -520,12 +588,17 @@ def load_state(directory: str | os.PathLike[str], *,
     sbp : SBP, sequence of SBP, or dict name -> either, optional
         By default each one's SBP as saved, when the placement has as many mesh axes
         as when saved.
+    verbose : bool
+        Rank 0 reports each tensor as it is read on stderr (a tqdm bar when stderr is a
+        terminal and tqdm is installed).
 
     Returns
     -------
     dict of name -> GlobalTensor, in the order they were saved.
     """
     d = _path_arg(directory, "directory")
+    if not isinstance(verbose, bool):
+        raise TypeError(f"sm.load_state: verbose must be True or False, got {verbose!r}")
     if placement is not None and not isinstance(placement, (Placement, Mapping)):
         raise TypeError(f"sm.load_state: placement must be an sm.placement or a dict of them, "
                         f"got {type(placement).__name__} {placement!r}")
@@ -541,6 +614,7 @@ def load_state(directory: str | os.PathLike[str], *,
     from .env import get_world_size
 
     out: dict[str, GlobalTensor] = {}
+    progress = _Progress(f"sm.load_state {d}", _index_bytes(tensors), len(tensors), verbose)
     for name, e in tensors.items():
         where = f"sm.load_state: tensor {name!r}"
         pl = _per_name(placement, name)
@@ -561,9 +635,26 @@ def load_state(directory: str | os.PathLike[str], *,
                 raise ValueError(f"{where} was saved with sbp {saved} on a {len(saved)}-d mesh; "
                                  f"pass sbp= for the {pl.ndim}-d placement {pl!r}")
             nd = saved
+        t0 = time.perf_counter()
         x = load(os.path.join(d, e["file"]), placement=pl, sbp=nd)
+        progress.tensor(name, x.shape, x.dtype, time.perf_counter() - t0)
         if list(x.shape) != list(e["shape"]) or _descr_json(x.dtype) != e["dtype"]:
             raise CheckpointError(f"{where}: file {e['file']!r} holds {x.shape} {x.dtype} but "
                                   f"the index says {tuple(e['shape'])} {e['dtype']}")
         out[name] = x
+    progress.close()
     return out
+
+
+def _index_bytes(tensors: Mapping[str, Any]) -> int:
+    """Total bytes the index's tensors hold (0 for an entry it cannot size)."""
+    total = 0
+    for e in tensors.values():
+        try:
+            descr = e["dtype"]
+            fields: Any = descr if isinstance(descr, str) else [tuple(f) for f in descr]
+            dt = np.lib.format.descr_to_dtype(fields)
+            total += int(np.prod(e["shape"], dtype=np.int64)) * dt.itemsize
+        except Exception:
+            pass
+    return total

@@ -16,7 +16,13 @@ Examples
 
     python -m sbpmpi.launch -n 4 examples/s10_2d_sbp.py
     python -m sbpmpi.launch -n 2 -m mypackage.train --epochs 3
+    python -m sbpmpi.launch -n 2 -c "import sbpmpi as sm; print(sm.env.get_rank())"
     python -m sbpmpi.launch --dry-run -n 8 --hostfile hosts train.py
+    python -m sbpmpi.launch -n 4 --mpiexec-args "--bind-to core" train.py
+
+The launcher also knows what each MPI's ``mpiexec`` needs (:mod:`sbpmpi.launcher_family`):
+under Open MPI it allows running as root and running more ranks than cores, which
+MPICH does without being asked.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from . import launcher_family
+
 __all__ = [
     "MpiLibrary",
     "Mpiexec",
@@ -45,6 +53,9 @@ __all__ = [
     "launch",
     "bootstrap",
     "main",
+    "ranks_hint",
+    "expect_world",
+    "mpiexec_args_from",
 ]
 
 _NAMES = ("mpiexec", "mpirun")
@@ -146,13 +157,10 @@ def mpi_library() -> MpiLibrary:
 
 
 def mpiexec_family(path: str, timeout: float = 20.0) -> str:
-    """Family of the MPI an ``mpiexec`` belongs to, from ``mpiexec --version``."""
-    try:
-        p = subprocess.run([path, "--version"], capture_output=True, text=True,
-                           timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return _family(p.stdout + p.stderr)
+    """Family of the MPI an ``mpiexec`` belongs to, from ``mpiexec --version`` (cached):
+    ``"mpich"`` (Hydra: MPICH, Intel MPI, MVAPICH), ``"openmpi"``, ``"slurm"`` (srun)
+    or ``"unknown"``; see :func:`sbpmpi.launcher_family.parse_version`."""
+    return launcher_family.detect(path, timeout).family
 
 
 def _candidates(lib: MpiLibrary) -> list[tuple[str, str]]:
@@ -253,11 +261,17 @@ def find_mpiexec(override: str | None = None, *, check_family: bool = True) -> M
 def _per_node_args(family: str, n: int) -> list[str]:
     if family == "openmpi":
         return ["--map-by", f"ppr:{n}:node"]
+    if family == "slurm":
+        return ["--ntasks-per-node", str(n)]
     return ["-ppn", str(n)]
 
 
 def _hostfile_args(family: str, hostfile: str) -> list[str]:
-    return ["--hostfile", hostfile] if family == "openmpi" else ["-f", hostfile]
+    if family == "openmpi":
+        return ["--hostfile", hostfile]
+    if family == "slurm":
+        return ["--nodefile", hostfile]
+    return ["-f", hostfile]
 
 
 def build_command(
@@ -268,6 +282,7 @@ def build_command(
     mpiexec: str = "mpiexec",
     family: str = "mpich",
     module: bool = False,
+    code: bool = False,
     nproc_per_node: int | None = None,
     hostfile: str | None = None,
     mpiexec_args: Sequence[str] = (),
@@ -276,15 +291,20 @@ def build_command(
 ) -> list[str]:
     """The ``mpiexec`` command line that runs ``program`` on ``nprocs`` ranks.
 
-    With ``bootstrap`` (the default) each rank starts as ``python -m sbpmpi.launch
-    --bootstrap`` which sets the launcher variables, then runs the program.
+    ``program`` is a script path, a module name with ``module``, or Python source with
+    ``code`` (as ``python -m`` and ``python -c``). With ``bootstrap`` (the default) each
+    rank starts as ``python -m sbpmpi.launch --bootstrap`` which sets the launcher
+    variables, then runs the program.
     """
+    if module and code:
+        raise ValueError("module and code exclude each other: the program is one or the other")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"number of processes must be a positive int, got {nprocs!r}")
     if nproc_per_node is not None and (not isinstance(nproc_per_node, int) or nproc_per_node < 1):
         raise ValueError(f"processes per node must be a positive int, got {nproc_per_node!r}")
     if not program:
-        raise ValueError("no program given: expected a script path or, with -m, a module name")
+        raise ValueError("no program given: expected a script path, a module name with -m, "
+                         "or code with -c")
     cmd = [mpiexec, "-n", str(nprocs)]
     if nproc_per_node is not None:
         cmd += _per_node_args(family, nproc_per_node)
@@ -296,14 +316,17 @@ def build_command(
         cmd += ["-m", "sbpmpi.launch", "--bootstrap"]
     if module:
         cmd += ["-m", program]
+    elif code:
+        cmd += ["-c", program]
     else:
         cmd.append(program)
     cmd += list(args)
     return cmd
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _IDENTITY_VARS}
+    env.update(extra or {})
     # the child ranks must import the same sbpmpi as this launcher
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []
@@ -312,9 +335,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def launch(cmd: Sequence[str]) -> int:
-    """Run ``cmd`` (from ``build_command``) and return its exit status."""
-    proc = subprocess.Popen(list(cmd), env=_child_env())
+def launch(cmd: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` (from ``build_command``) with ``env`` added to this environment, and
+    return its exit status."""
+    proc = subprocess.Popen(list(cmd), env=_child_env(env))
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -346,25 +370,24 @@ def _set_rendezvous() -> dict[str, str]:
 
 
 def bootstrap(argv: Sequence[str]) -> None:
-    """Set the launcher variables from MPI, then run ``argv`` (``prog.py args`` or
-    ``-m module args``) as ``__main__``; abort the job if it fails on any rank."""
+    """Set the launcher variables from MPI, then run ``argv`` (``prog.py args``,
+    ``-m module args`` or ``-c code args``) as ``__main__``; abort the job if it fails on
+    any rank.
+
+    The program runs through ``mpi4py.run.run_command_line``, the runner behind
+    ``python -m mpi4py``; this adds the launcher variables and the per-rank report.
+    """
+    from mpi4py.run import run_command_line
+
     from . import env
 
     argv = list(argv)
-    module = bool(argv) and argv[0] == "-m"
-    if module:
-        argv = argv[1:]
-    if not argv:
+    if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         raise SystemExit("sbpmpi.launch --bootstrap: no program given")
     env.set_launcher_env()
     _set_rendezvous()
-    sys.argv[:] = argv
     try:
-        if module:
-            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
+        run_command_line(argv)
     except SystemExit as e:
         if e.code in (None, 0):
             raise
@@ -381,7 +404,8 @@ def _user_traceback(e: BaseException) -> TracebackType | None:
     tb = e.__traceback__
     skip = (os.path.abspath(__file__), "<frozen runpy>", os.path.abspath(runpy.__file__ or ""))
     while tb is not None and (tb.tb_frame.f_code.co_filename in skip
-                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+                              or tb.tb_frame.f_code.co_filename.endswith(
+                                  ("runpy.py", os.path.join("mpi4py", "run.py")))):
         tb = tb.tb_next
     return tb
 
@@ -417,9 +441,12 @@ def _fail(kind: str, e: BaseException | None, code: int) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m sbpmpi.launch",
+        usage="python -m sbpmpi.launch [options] (prog.py | -m module | -c code) [args ...]",
         description="Run an SPMD program on N MPI ranks with the mpiexec of the MPI that "
                     "mpi4py uses; RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR "
-                    "and MASTER_PORT are set in every rank.",
+                    "and MASTER_PORT are set in every rank, and a failing rank aborts the job. "
+                    "Under Open MPI it adds what running as root or more ranks than cores "
+                    "needs (see --dry-run).",
     )
     ap.add_argument("-n", "--np", "--nproc", dest="n", type=int, default=None,
                     help="total number of processes (default: nnodes * nproc-per-node, or 1)")
@@ -429,17 +456,62 @@ def _parser() -> argparse.ArgumentParser:
                     help="number of nodes; with --nproc-per-node gives the total")
     ap.add_argument("--hostfile", default=None, help="file of host names for mpiexec")
     ap.add_argument("--mpiexec", default=None,
-                    help="the mpiexec to use (default: the one of mpi4py's MPI library)")
-    ap.add_argument("--mpiexec-args", default="",
-                    help="extra arguments for mpiexec, one string, e.g. '-bind-to core'")
+                    help="the mpiexec to use (default: the one of mpi4py's MPI library; "
+                         "also $SBPMPI_MPIEXEC)")
+    ap.add_argument("--mpiexec-args", action="append", default=[], metavar="ARGS",
+                    help="extra arguments for mpiexec, one string split like a shell "
+                         "(e.g. '--bind-to core' or --mpiexec-args=--oversubscribe); may be "
+                         "repeated; $SBPMPI_MPIEXEC_ARGS comes first")
     ap.add_argument("--no-bootstrap", action="store_true",
                     help="run the program directly (no launcher variables, no abort on error)")
-    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the environment it adds and the command, and exit")
     ap.add_argument("-m", dest="module", action="store_true",
                     help="the program is a module name, run as python -m")
-    ap.add_argument("program", help="script path (or module name with -m)")
+    ap.add_argument("-c", dest="code", action="store_true",
+                    help="the program is Python source, run as python -c")
+    ap.add_argument("program", help="script path (module name with -m, code with -c)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
     return ap
+
+
+_TAKES_VALUE = ("-n", "--np", "--nproc", "--nproc-per-node", "--nproc_per_node", "--nnodes",
+                "--hostfile", "--mpiexec", "--mpiexec-args")
+
+
+def _glue_option_values(argv: list[str]) -> list[str]:
+    """``--mpiexec-args --oversubscribe`` -> ``--mpiexec-args=--oversubscribe``.
+
+    argparse takes a value that starts with ``-`` for an option; gluing it with ``=``
+    makes it a value. Only the launcher's own options (before the program) are looked at.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--" or not a.startswith("-") or a in ("-m", "-c"):
+            return out + argv[i:]  # the program (or -m/-c and the program) and its args
+        if a == "--mpiexec-args" and i + 1 < len(argv):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        if a in _TAKES_VALUE and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 1
+        i += 1
+    return out
+
+
+def mpiexec_args_from(values: Sequence[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``$SBPMPI_MPIEXEC_ARGS`` then each ``--mpiexec-args`` value, split like a shell."""
+    import shlex
+
+    env = os.environ if environ is None else environ
+    out = shlex.split(env.get("SBPMPI_MPIEXEC_ARGS", ""))
+    for v in values:
+        out += shlex.split(v)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -448,14 +520,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--bootstrap"]:
         bootstrap(argv[1:])
         return 0
-    a = _parser().parse_args(argv)
+    ap = _parser()
+    a = ap.parse_args(_glue_option_values(argv))
     n = a.n
     if n is None:
         n = (a.nnodes or 1) * (a.ppn or 1)
     if n < 1:
-        _parser().error(f"-n must be at least 1, got {n}")
-    if not a.module and not os.path.exists(a.program):
-        _parser().error(f"program {a.program!r} does not exist (use -m for a module name)")
+        ap.error(f"-n must be at least 1, got {n}")
+    if a.module and a.code:
+        ap.error("-m and -c exclude each other")
+    if not (a.module or a.code) and not os.path.exists(a.program):
+        ap.error(f"program {a.program!r} does not exist (use -m for a module name, -c for code)")
+    try:
+        mpiexec_args = mpiexec_args_from(a.mpiexec_args)
+    except ValueError as e:
+        ap.error(f"--mpiexec-args / SBPMPI_MPIEXEC_ARGS: {e}")
     try:
         exe = find_mpiexec(a.mpiexec, check_family=True)
     except FileNotFoundError as e:
@@ -463,15 +542,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import shlex
 
-    fam = exe.family if exe.family != "unknown" else mpi_library().family
+    info, extra_env = launcher_family.needed_env(exe.path, n, hostfile=a.hostfile is not None)
+    fam = info.family if info.family != "unknown" else mpi_library().family
     cmd = build_command(a.program, a.args, n, mpiexec=exe.path, family=fam, module=a.module,
-                        nproc_per_node=a.ppn, hostfile=a.hostfile,
-                        mpiexec_args=shlex.split(a.mpiexec_args), bootstrap=not a.no_bootstrap)
+                        code=a.code, nproc_per_node=a.ppn, hostfile=a.hostfile,
+                        mpiexec_args=mpiexec_args, bootstrap=not a.no_bootstrap)
     if a.dry_run:
-        print(f"# mpiexec: {exe}")
+        print(f"# mpiexec: {exe}; {info.description}")
+        if extra_env:
+            print("# environment added: " + " ".join(f"{k}={v}" for k, v in extra_env.items()))
         print(shlex.join(cmd))
         return 0
-    return launch(cmd)
+    return launch(cmd, extra_env)
+
+
+def ranks_hint(needed: int, program: str | None = None) -> str:
+    """``"run under mpiexec -n N python prog.py (...)"``: the advice for a world too small."""
+    prog = program or (sys.argv[0] if sys.argv and sys.argv[0] else "prog.py")
+    return (f"run under mpiexec -n {needed} python {prog} "
+            f"(or python -m sbpmpi.launch -n {needed} {prog})")
+
+
+def expect_world(wanted: int, minimum: int = 1, what: str | None = None) -> int:
+    """For a program written for ``wanted`` ranks: say so when it got fewer.
+
+    With fewer than ``minimum`` ranks, rank 0 prints ``<what> needs N ranks, got W: run
+    under mpiexec -n N ...`` to stderr and every rank exits with status 2 (the same
+    decision everywhere: no rank is left waiting). On a world of one process when
+    ``wanted > 1`` -- most often a forgotten ``mpiexec`` -- it prints a note with the same
+    advice and carries on. Returns the world size. Called by the examples.
+    """
+    from mpi4py import MPI
+
+    world, rank = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    name = what or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "this program")
+    if world < minimum:
+        if rank == 0:
+            print(f"{name} needs {minimum} ranks, got {world}: {ranks_hint(max(minimum, wanted))}",
+                  file=sys.stderr, flush=True)
+        sys.exit(2)
+    if world == 1 and wanted > 1:
+        print(f"note: {name} runs on a world of 1 process, so nothing is split or "
+              f"communicated; {ranks_hint(wanted)}", file=sys.stderr, flush=True)
+    return int(world)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,12 @@ class Placement:
             world_size = get_world_size()
         bad = [int(r) for r in arr.flat if not 0 <= r < world_size]
         if bad:
+            hint = (f"; run under mpiexec -n {max(bad) + 1} (was mpiexec forgotten?)"
+                    if world_size == 1 else "")
             raise ValueError(
                 f"placement ranks {bad} are out of range for a world of {world_size} "
                 f"process{'es' if world_size != 1 else ''} (valid ranks are 0..{world_size - 1})"
+                f"{hint}"
             )
         uniq, counts = np.unique(arr, return_counts=True)
         if (counts > 1).any():

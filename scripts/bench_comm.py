@@ -4,8 +4,9 @@
 
 For each op and message size: the median time per call of the raw mpi4py call and of
 the sbpmpi.comm call (same arrays), their ratio, and the Python overhead in microseconds.
-Rank 0 prints a table and writes JSON. Calls alternate raw/sbpmpi in blocks so that
-drift in machine load hits both alike.
+Rank 0 prints each row as it is measured and writes JSON. Calls alternate raw/sbpmpi
+in blocks so that drift in machine load hits both alike. A ratio from fewer than 5
+blocks, or whose blocks spread wider than max/min = 1.5 on either side, is flagged noisy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from sbpmpi import comm as C
+from sbpmpi.boxing.bench import NOISY_MIN_REPEATS, NOISY_SPREAD
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -69,6 +71,11 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args()
     rows = []
+    if rank == 0:
+        print(f"sbpmpi.comm vs raw mpi4py, {size} ranks, {MPI.Get_library_version().splitlines()[0]}"
+              f" (noisy: < {NOISY_MIN_REPEATS} blocks or max/min > {NOISY_SPREAD:g})")
+        print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'sbpmpi us':>11}{'ratio':>8}{'+us':>8}",
+              flush=True)
     for nbytes in [int(s) for s in a.sizes.split(",") if s]:
         reps = a.reps or max(20, min(2000, 2_000_000 // max(nbytes, 1000)))
         for op, (raw, ours) in cases(nbytes).items():
@@ -78,15 +85,18 @@ def main() -> None:
                 t_raw.append(timed(raw, reps))
                 t_sm.append(timed(ours, reps))
             r, s = statistics.median(t_raw), statistics.median(t_sm)
-            rows.append({"op": op, "bytes": nbytes, "ranks": size, "raw_us": r * 1e6,
-                         "sbpmpi_us": s * 1e6, "ratio": s / r if r else float("nan"),
-                         "overhead_us": (s - r) * 1e6})
+            spread = max(max(t) / min(t) if min(t) > 0 else float("inf") for t in (t_raw, t_sm))
+            noisy = a.blocks < NOISY_MIN_REPEATS or spread > NOISY_SPREAD
+            row = {"op": op, "bytes": nbytes, "ranks": size, "raw_us": r * 1e6,
+                   "sbpmpi_us": s * 1e6, "ratio": s / r if r else float("nan"),
+                   "overhead_us": (s - r) * 1e6, "blocks": a.blocks, "spread": spread,
+                   "noisy": noisy}
+            rows.append(row)
+            if rank == 0:
+                print(f"{row['op']:<15}{row['bytes']:>10}{row['raw_us']:>10.2f}"
+                      f"{row['sbpmpi_us']:>11.2f}{row['ratio']:>8.2f}{row['overhead_us']:>8.2f}"
+                      f"{'  noisy' if noisy else ''}", flush=True)
     if rank == 0:
-        print(f"sbpmpi.comm vs raw mpi4py, {size} ranks, {MPI.Get_library_version().splitlines()[0]}")
-        print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'sbpmpi us':>11}{'ratio':>8}{'+us':>8}")
-        for row in rows:
-            print(f"{row['op']:<15}{row['bytes']:>10}{row['raw_us']:>10.2f}"
-                  f"{row['sbpmpi_us']:>11.2f}{row['ratio']:>8.2f}{row['overhead_us']:>8.2f}")
         out = json.dumps({"ranks": size, "results": rows}, indent=1)
         if a.json:
             with open(a.json, "w") as f:

@@ -1,19 +1,18 @@
-"""python -m sbpmpi info / bench, and the pure-Python PNG writer behind bench's plot."""
+"""python -m sbpmpi info / bench / plot / --version, and bench's plot, CSV and progress."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
+from mpirun import job_env, mpiexec
 
-from sbpmpi import cli
-from sbpmpi.launch import find_mpiexec
+from sbpmpi import benchplot, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 180
@@ -21,35 +20,11 @@ TIMEOUT = 180
 
 def run(args, n=None, cwd=None, timeout=TIMEOUT):
     """``python -m sbpmpi ARGS``, under ``mpiexec -n n`` when n is given."""
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 20), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "sbpmpi", *args]
     if n is not None:
-        cmd = [find_mpiexec().path, "-n", str(n), *cmd]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
-    """Decode an 8-bit RGB PNG with filter 0 rows (what Canvas writes); check the CRCs."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width, height = 8, b"", 0, 0
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
-        if kind == b"IHDR":
-            width, height, depth, ctype = struct.unpack(">IIBB", body[:10])
-            assert (depth, ctype) == (8, 2)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = 1 + 3 * width
-    rows = [raw[y * stride:(y + 1) * stride] for y in range(height)]
-    assert all(r[0] == 0 for r in rows)
-    return width, height, [r[1:] for r in rows]
+        cmd = [*mpiexec(n), *cmd]
+    return subprocess.run(cmd, cwd=cwd, env=job_env(n or 1, timeout), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def test_sizes_parse_and_print():
@@ -63,52 +38,6 @@ def test_sizes_parse_and_print():
             cli.parse_size(bad)
     assert [cli.format_size(n) for n in (1, 1023, 1024, 1536, 1 << 20, 3 << 30)] == \
         ["1", "1023", "1K", "1.5K", "1M", "3G"]
-
-
-def test_canvas_png_round_trip():
-    c = cli.Canvas(7, 5)
-    c.set(0, 0, (255, 0, 0))
-    c.set(6, 4, (0, 0, 255))
-    c.set(99, 99, (1, 2, 3))  # outside: ignored
-    c.line(0, 4, 6, 0, (0, 200, 0))
-    w, h, rows = read_png(c.png())
-    assert (w, h) == (7, 5)
-    for y in range(h):
-        for x in range(w):
-            assert tuple(rows[y][3 * x:3 * x + 3]) == c.get(x, y)
-    assert c.get(0, 0) == (255, 0, 0)
-    assert c.get(0, 4) == c.get(6, 0) == c.get(3, 2) == (0, 200, 0)  # ends and middle
-    assert c.get(6, 4) == (0, 0, 255)
-    assert c.get(1, 1) == (255, 255, 255)
-    with pytest.raises(ValueError, match="canvas size"):
-        cli.Canvas(0, 3)
-
-
-def test_dashed_line_leaves_gaps():
-    c = cli.Canvas(40, 3)
-    c.line(0, 1, 39, 1, (0, 0, 0), dash=5)
-    on = [c.get(x, 1) == (0, 0, 0) for x in range(40)]
-    assert on[:5] == [True] * 5 and on[5:10] == [False] * 5 and on[10:15] == [True] * 5
-
-
-def test_plot_draws_every_series():
-    series = {"sbpmpi S(0)->B": [(1024, 0.1), (65536, 2.0), (1 << 20, 5.0)],
-              "MPI Allgather": [(1024, 0.3), (65536, 4.0), (1 << 20, 9.0)]}
-    c = cli.draw_plot(series, title="t", xlabel="size", ylabel="GB/s")
-    w, h, rows = read_png(c.png())
-    colors = {tuple(r[i:i + 3]) for r in rows for i in range(0, len(r), 3)}
-    assert cli._COLORS[0] in colors  # both series of the pair share the first color
-    assert (0, 0, 0) in colors  # axes and text
-    # an empty plot and a one-point series still make an image
-    read_png(cli.draw_plot({}).png())
-    read_png(cli.draw_plot({"a": [(10, 1.0)]}).png())
-
-
-def test_plot_lines_writes_a_png(tmp_path):
-    out = tmp_path / "p.png"
-    how = cli.plot_lines(str(out), {"MPI x": [(1, 1.0), (2, 3.0)]}, "t", "x", "y")
-    assert how in ("matplotlib", "built-in PNG writer")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_usage_and_unknown_command():
@@ -150,13 +79,14 @@ def test_info_under_mpiexec_prints_one_table_on_rank_0(n):
         assert row["local_size"] == len(peers)
 
 
-def test_bench_under_mpiexec_writes_table_json_and_png(tmp_path):
+def test_bench_under_mpiexec_writes_table_json_csv_and_png(tmp_path):
     sizes = ["64K", "256K"]
     r = run(["bench", "--sizes", ",".join(sizes), "--repeats", "2", "--warmup", "1",
-             "--overhead-repeats", "3", "--out", "b.png", "--json", "b.json"], n=2, cwd=tmp_path)
+             "--overhead-repeats", "3", "--out", "b.png", "--json", "b.json", "--csv", "b.csv"],
+            n=2, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     d = json.loads((tmp_path / "b.json").read_text())
-    assert d["world_size"] == 2 and d["dtype"] == "float32"
+    assert d["world_size"] == 2 and d["dtype"] == "float32" and d["date"] and d["mpi_library"]
     res = d["results"]
     convs = {x["conversion"] for x in res}
     assert {"S(0)->B", "P->B", "P->S(0)", "S(0)->S(1)"} <= convs
@@ -169,29 +99,170 @@ def test_bench_under_mpiexec_writes_table_json_and_png(tmp_path):
         nbytes = x["shape"][0] * x["shape"][1] * 4
         assert 0 < nbytes <= x["mib"] * (1 << 20)
         assert x["conversion"] in r.stdout
+        assert x["repeats"] == 2 and x["noisy"] is True  # 2 repeats: too few to quote
+    lines = r.stdout.splitlines()
+    # the size table streams: one header, then one row per measurement, flagged noisy
+    heads = [i for i, line in enumerate(lines) if line.startswith("boxing vs raw mpi4py")]
+    assert len(heads) == 1
+    rows = [line for line in lines if "  noisy  " in line]
+    assert len(rows) == len(res)
+    assert "note: " in r.stdout and "ratios are noisy" in r.stdout
     assert "bandwidth = global tensor bytes / time" in r.stdout
-    png = (tmp_path / "b.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    if not _has_matplotlib():  # the built-in writer: decode it fully
-        w, h, _ = read_png(png)
-        assert (w, h) == (900, 560)
+    with open(tmp_path / "b.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(res) and set(table[0]) == set(benchplot.CSV_COLUMNS)
+    assert {row["conversion"] for row in table} == convs
+    if benchplot.have_matplotlib():
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not (tmp_path / "b.png").exists()
+        assert "pip install 'sbpmpi[plot]'" in r.stdout
 
 
-def test_bandwidth_series_from_results():
-    from types import SimpleNamespace as R
+def test_version():
+    from sbpmpi import __version__
 
-    results = [R(conversion="S(0)->B", shape=(4, 256), sbpmpi_ms=2.0, raw_ms=1.0,
-                 plan="all_gather(axis 0: S(0) -> B)"),
-               R(conversion="S(0)->B", shape=(8, 256), sbpmpi_ms=2.0, raw_ms=4.0,
-                 plan="all_gather(axis 0: S(0) -> B)"),
-               R(conversion="B->S(0)", shape=(4, 256), sbpmpi_ms=0.01, raw_ms=0.001,
-                 plan="local_slice(axis 0: B -> S(0))")]
-    s = cli.bandwidth_series(results, itemsize=4)
-    assert list(s) == ["sbpmpi S(0)->B", "MPI S(0)->B"]  # no data moved: not plotted
-    assert s["sbpmpi S(0)->B"] == [(4096.0, 4096 / 2e-3 / 1e9), (8192.0, 8192 / 2e-3 / 1e9)]
-    assert s["MPI S(0)->B"] == [(4096.0, 4096 / 1e-3 / 1e9), (8192.0, 8192 / 4e-3 / 1e9)]
-    table = cli.format_bandwidth(results, 4)
+    r = run(["--version"])
+    assert r.returncode == 0 and r.stdout.strip() == f"sbpmpi {__version__}"
+    assert __version__[0].isdigit()
+
+
+def test_noisy_flag_and_note():
+    from sbpmpi.boxing import bench as bb
+
+    def result(repeats, spread):
+        return bb.Result("S(0)->B", 1.0, (4, 240), "p", 1.0, 1.1, 1.1, 2, "Allgather",
+                         repeats, spread)
+    assert not result(5, 1.5).noisy
+    assert result(4, 1.0).noisy and result(10, 1.51).noisy
+    assert bb.noisy_note([result(10, 1.2)]) == ""
+    assert "1 of 2 ratios are noisy (repeats spread" in bb.noisy_note([result(10, 1.2),
+                                                                         result(10, 2.0)])
+    assert "fewer than 5 repeats" in bb.noisy_note([result(3, 1.0)])
+    assert bb.as_dict(result(3, 1.0))["noisy"] is True
+    assert bb.format_row("size", result(3, 1.0)).split()[5] == "noisy"
+
+
+def test_rows_are_reported_as_they_are_measured(capsys):
+    """run() hands each row to on_result before the next is measured (one rank here)."""
+    from sbpmpi.boxing import bench as bb
+
+    seen = []
+    printer = bb.printer(0)
+
+    def on_result(kind, r):
+        seen.append((kind, r.conversion))
+        printer(kind, r)
+    results, small = bb.run([0.03], repeats=1, warmup=0, overhead_repeats=1,
+                            on_result=on_result)
+    assert seen == [("size", r.conversion) for r in results] + \
+        [("overhead", r.conversion) for r in small]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("boxing vs raw mpi4py") and out.count("") == 1
+    assert len(out) == 2 + len(results) + 1 + 2 + len(small)
+    assert all(r.raw_call for r in results)
+
+
+def row(conv, call, shape, ours_ms, raw_ms, plan, repeats=10, spread=1.0):
+    """A benchmark result as bench writes it to JSON."""
+    return {"conversion": conv, "raw_call": call, "shape": shape, "sbpmpi_ms": ours_ms,
+            "raw_ms": raw_ms, "ratio": ours_ms / raw_ms, "plan": plan, "repeats": repeats,
+            "spread": spread, "noisy": repeats < 5 or spread > 1.5}
+
+
+ROWS = [
+    row("S(0)->B", "Allgather", [4, 256], 2.0, 1.0, "all_gather(axis 0: S(0) -> B)"),
+    row("S(0)->B", "Allgather", [8, 256], 2.0, 4.0, "all_gather(axis 0: S(0) -> B)", repeats=3),
+    row("P->B", "Allreduce", [4, 256], 1.0, 1.0, "all_reduce(axis 0: P -> B)"),
+    row("B->S(0)", "slice", [4, 256], 0.01, 0.001, "local_slice(axis 0: B -> S(0))"),
+]
+
+
+def test_bandwidth_series_pairs_each_conversion():
+    s = benchplot.bandwidth_series(ROWS, itemsize=4)
+    assert list(s) == ["S(0)->B", "P->B"]  # B->S(0) moves no data: not plotted
+    assert s["S(0)->B"]["sbpmpi"] == [(4096.0, 4096 / 2e-3 / 1e9), (8192.0, 8192 / 2e-3 / 1e9)]
+    assert s["S(0)->B"]["MPI"] == [(4096.0, 4096 / 1e-3 / 1e9), (8192.0, 8192 / 4e-3 / 1e9)]
+    table = cli.format_bandwidth([type("R", (), r)() for r in ROWS], 4)
     assert "B->S(0)" in table and f"{4096 / 2e-3 / 1e9:.3f}" in table
+
+
+def test_byte_ticks():
+    assert [benchplot.format_bytes(n) for n in (512, 1024, 65536, 1.5 * (1 << 20), 1 << 30)] \
+        == ["512 B", "1 KiB", "64 KiB", "1.5 MiB", "1 GiB"]
+
+
+def test_csv_rows(tmp_path):
+    benchplot.write_csv(ROWS, 4, str(tmp_path / "r.csv"))
+    with open(tmp_path / "r.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["conversion"] for r in rows] == [r["conversion"] for r in ROWS]
+    assert rows[0]["bytes"] == "4096" and rows[0]["shape"] == "4x256"
+    assert float(rows[0]["sbpmpi_GBps"]) == pytest.approx(4096 / 2e-3 / 1e9)
+    assert [r["noisy"] for r in rows] == ["0", "1", "0", "0"]
+
+
+def test_outputs_without_a_plot_keep_json_and_csv():
+    assert cli.outputs_for("b.png", "", "", True) == ("b.png", "", "")
+    assert cli.outputs_for("b.png", "", "", False) == ("", "b.json", "b.csv")
+    assert cli.outputs_for("b.png", "x.json", "", False) == ("", "x.json", "b.csv")
+    assert cli.outputs_for("", "", "", True) == ("", "sbpmpi-bench.json", "sbpmpi-bench.csv")
+
+
+DOC = {"world_size": 4, "device": "cpu", "dtype": "float32", "mpi_library": "MPICH 5.0.2",
+       "date": "2026-11-23 04:00 UTC", "results": ROWS}
+
+
+@pytest.mark.skipif(not benchplot.have_matplotlib(), reason="needs matplotlib (sbpmpi[plot])")
+def test_plot_pairs_each_conversion_in_one_colour():
+    import matplotlib.pyplot as plt
+
+    fig = benchplot.bandwidth_figure(DOC, 4)
+    try:
+        ax = fig.axes[0]
+        drawn = [ln for ln in ax.get_lines() if ln.get_linestyle() in ("-", "--")]
+        by_colour: dict = {}
+        for ln in drawn:
+            by_colour.setdefault(ln.get_color(), []).append(ln.get_linestyle())
+        assert sorted(map(sorted, by_colour.values())) == [["-", "--"], ["-", "--"]]
+        title = ax.get_title()
+        for part in ("4 ranks", "cpu", "MPICH 5.0.2", "2026-11-23"):
+            assert part in title
+        fig.canvas.draw()
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        assert "4 KiB" in ticks and "8 KiB" in ticks
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "S(0)->B  (raw: Allgather)" in legend and "sbpmpi" in legend
+        assert any(t.startswith("noisy") for t in legend)  # ROWS[1] is noisy
+    finally:
+        plt.close(fig)
+
+
+def test_plot_command_redraws_a_saved_run(tmp_path):
+    (tmp_path / "b.json").write_text(json.dumps(DOC))
+    r = run(["plot", "b.json", "--csv", "b.csv"], cwd=tmp_path)
+    assert (tmp_path / "b.csv").exists()
+    if benchplot.have_matplotlib():
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert r.returncode == 1 and "sbpmpi[plot]" in r.stderr
+    (tmp_path / "bad.json").write_text("[]")
+    r = run(["plot", "bad.json"], cwd=tmp_path)
+    assert r.returncode == 2 and "no 'results' list" in r.stderr
+
+
+def test_bench_without_matplotlib_writes_json_and_csv_and_says_how(tmp_path, monkeypatch,
+                                                                    capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(benchplot, "have_matplotlib", lambda: False)
+    assert cli.main(["bench", "--sizes", "32K", "--repeats", "1", "--warmup", "0",
+                     "--overhead-repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "sbpmpi-bench.json").exists() and (tmp_path / "sbpmpi-bench.csv").exists()
+    assert not (tmp_path / "sbpmpi-bench.png").exists()
+    assert "pip install 'sbpmpi[plot]'" in out
+    assert "python -m sbpmpi plot sbpmpi-bench.json --out sbpmpi-bench.png" in out
 
 
 def test_bench_device_needs_support_in_the_benchmark():
@@ -205,14 +276,6 @@ def test_bench_device_needs_support_in_the_benchmark():
     with pytest.raises(ValueError, match="'cpu' placements only"):
         cli._bench_run_kwargs(run_cpu_only, "cuda")
     assert cli._bench_run_kwargs(run_any, "cuda") == {"device_type": "cuda"}
-
-
-def _has_matplotlib():
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def test_bench_rejects_bad_arguments(tmp_path):

@@ -7,14 +7,12 @@ as users do, ``mpiexec -n N python examples/FILE``, with a time limit.
 from __future__ import annotations
 
 import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from sbpmpi.launch import find_mpiexec
+from mpirun import job_env, mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -55,11 +53,9 @@ def missing(needs):
     return out
 
 
-def run(cmd, timeout=TIMEOUT):
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 20), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def run(cmd, n=4, timeout=TIMEOUT):
+    return subprocess.run(cmd, cwd=ROOT, env=job_env(n, timeout), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def test_every_example_file_is_run_here():
@@ -72,7 +68,7 @@ def test_example(name, n, ok, needs):
     lacking = missing(needs)
     if lacking:
         pytest.skip(f"needs {', '.join(lacking)}, not in this tree yet")
-    r = run([find_mpiexec().path, "-n", str(n), sys.executable, str(EXAMPLES / name)])
+    r = run([*mpiexec(n), sys.executable, str(EXAMPLES / name)], n)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert ok in r.stdout.splitlines(), r.stdout[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -87,6 +83,40 @@ def test_s11_under_the_launcher():
 
 
 def test_s10_with_too_few_ranks_says_so():
-    r = run([find_mpiexec().path, "-n", "2", sys.executable, str(EXAMPLES / "s10_2d_sbp.py")])
-    assert r.returncode != 0
-    assert "needs 4 ranks" in r.stderr
+    r = run([*mpiexec(2), sys.executable, str(EXAMPLES / "s10_2d_sbp.py")], 2)
+    assert r.returncode == 2
+    assert "needs 4 ranks, got 2: run under mpiexec -n 4" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name,needed,ok", [("s1_create_global.py", 2, "S1 OK"),
+                                            ("s10_2d_sbp.py", 4, None)])
+def test_example_without_mpiexec_says_run_under_mpiexec(name, needed, ok):
+    """A forgotten mpiexec: a world of 1 process. S1 still runs and says how to get the
+    2-rank version; S10 cannot run and says so."""
+    r = run([sys.executable, str(EXAMPLES / name)], 1)
+    assert f"run under mpiexec -n {needed} python " in r.stderr, r.stderr[-3000:]
+    if ok:
+        assert r.returncode == 0 and ok in r.stdout.splitlines()
+        assert "note: S1 runs on a world of 1 process" in r.stderr
+    else:
+        assert r.returncode == 2 and "needs 4 ranks, got 1" in r.stderr
+
+
+def test_examples_use_the_shared_hint():
+    """Each example asks sm.launch.expect_world, not a copy of the hint of its own."""
+    for path in EXAMPLES.glob("*.py"):
+        text = path.read_text()
+        assert text.count("sm.launch.expect_world(") == 1, path.name
+        assert "run under mpiexec" not in text, path.name
+
+
+def test_placement_beyond_a_world_of_one_says_run_under_mpiexec():
+    import sbpmpi as sm
+
+    with pytest.raises(ValueError, match=r"out of range for a world of 1 process .*"
+                                         r"run under mpiexec -n 3 \(was mpiexec forgotten\?\)"):
+        sm.placement("cpu", [0, 1, 2], world_size=1)
+    with pytest.raises(ValueError) as e:  # a world of 2 did use mpiexec: no such hint
+        sm.placement("cpu", [0, 2], world_size=2)
+    assert "mpiexec" not in str(e.value)

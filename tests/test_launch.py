@@ -186,3 +186,116 @@ def test_single_rank_failure_is_a_plain_python_error(tmp_path):
     r = run(["-n", "1", str(prog)])
     assert r.returncode != 0
     assert "KeyError: 'solo'" in r.stderr
+
+
+# -- any MPI: mpiexec arguments, what each launcher needs, -c --------------------------------
+
+OMPI5_VERSION = "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
+
+
+def dry_run(capsys, args):
+    assert launch.main(["--dry-run", *args]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+@pytest.mark.parametrize("given,expected", [
+    (["--mpiexec-args", "--oversubscribe"], ["--oversubscribe"]),   # the README's examples
+    (["--mpiexec-args", "--allow-run-as-root --oversubscribe"],
+     ["--allow-run-as-root", "--oversubscribe"]),
+    (["--mpiexec-args", "-bind-to core"], ["-bind-to", "core"]),
+    (["--mpiexec-args=--bind-to core"], ["--bind-to", "core"]),
+    (["--mpiexec-args", "-genv A 1", "--mpiexec-args", "--verbose"], ["-genv", "A", "1",
+                                                                       "--verbose"]),
+])
+def test_mpiexec_args_accept_values_starting_with_dashes(capsys, tmp_path, monkeypatch,
+                                                         given, expected):
+    monkeypatch.delenv("SBPMPI_MPIEXEC_ARGS", raising=False)
+    prog = tmp_path / "prog.py"
+    prog.write_text("")
+    cmd = dry_run(capsys, ["-n", "2", *given, str(prog), "--mpiexec-args", "x"])[-1].split()
+    i = cmd.index("2") + 1
+    assert cmd[i:i + len(expected)] == expected
+    assert cmd[i + len(expected)] == sys.executable
+    assert cmd[-3:] == [str(prog), "--mpiexec-args", "x"]  # the program's own arguments
+
+
+def test_mpiexec_args_from_the_environment_come_first(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SBPMPI_MPIEXEC_ARGS", "-bind-to none")
+    prog = tmp_path / "prog.py"
+    prog.write_text("")
+    cmd = dry_run(capsys, ["-n", "2", "--mpiexec-args", "--verbose", str(prog)])[-1].split()
+    i = cmd.index("2") + 1
+    assert cmd[i:i + 3] == ["-bind-to", "none", "--verbose"]
+    assert launch.mpiexec_args_from(["'a b' c"], {"SBPMPI_MPIEXEC_ARGS": "x"}) == \
+        ["x", "a b", "c"]
+
+
+def test_bad_mpiexec_args_are_refused(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("")
+    r = run(["--dry-run", "--mpiexec-args", "'unclosed", str(prog)])
+    assert r.returncode == 2 and "--mpiexec-args" in r.stderr
+
+
+def test_dry_run_shows_what_open_mpi_needs(capsys, tmp_path, monkeypatch):
+    """An Open MPI 5 mpiexec (a stand-in that only answers --version) gets the root
+    permission as root and oversubscription for more ranks than cores."""
+    from sbpmpi import launcher_family
+
+    for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+              "PRTE_MCA_rmaps_default_mapping_policy", "SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(k, raising=False)  # as set by run_tests.py under Open MPI
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{OMPI5_VERSION}EOF\n")
+    fake.chmod(0o755)
+    prog = tmp_path / "prog.py"
+    prog.write_text("")
+    many = launcher_family.physical_cores() + 1
+    out = dry_run(capsys, ["--mpiexec", str(fake), "-n", str(many), "--nproc-per-node", "2",
+                           str(prog)])
+    assert out[0].startswith(f"# mpiexec: {fake}") and "Open MPI 5.0.11 (prterun)" in out[0]
+    added = out[1]
+    assert "PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe" in added
+    assert ("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in added) == \
+        (os.geteuid() == 0)
+    assert "--map-by ppr:2:node" in out[-1]  # Open MPI's dialect
+    # one rank as a normal user needs nothing
+    if os.geteuid() != 0:
+        assert len(dry_run(capsys, ["--mpiexec", str(fake), "-n", "1", str(prog)])) == 2
+
+
+def test_launch_runs_code_with_c(tmp_path):
+    code = ("import os, sys; from mpi4py import MPI; "
+            "open(os.path.join(sys.argv[1], f'c-{MPI.COMM_WORLD.Get_rank()}'), 'w')"
+            ".write(os.environ['RANK'] + ' ' + ' '.join(sys.argv))")
+    r = run(["-n", "2", "-c", code, str(tmp_path), "--x"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = sorted(p.read_text() for p in tmp_path.glob("c-*"))
+    assert got == [f"0 -c {tmp_path} --x", f"1 -c {tmp_path} --x"]
+
+
+def test_c_code_that_fails_on_one_rank_ends_the_job(tmp_path):
+    code = ("from mpi4py import MPI; w = MPI.COMM_WORLD\n"
+            "if w.Get_rank() == 1: raise RuntimeError('from -c')\n"
+            "w.Barrier()")
+    t0 = time.monotonic()
+    r = run(["-n", "2", "-c", code], timeout=90)
+    assert r.returncode != 0 and time.monotonic() - t0 < 60
+    assert "rank 1" in r.stderr and "RuntimeError: from -c" in r.stderr
+
+
+def test_m_and_c_together_are_refused(tmp_path):
+    r = run(["-n", "2", "-m", "-c", "pass"])
+    assert r.returncode == 2
+
+
+def test_build_command_for_srun_and_code():
+    srun = launch.build_command("p.py", [], 8, mpiexec="srun", python="PY", family="slurm",
+                                nproc_per_node=4, hostfile="nodes")
+    assert srun[:8] == ["srun", "-n", "8", "--ntasks-per-node", "4", "--nodefile", "nodes", "PY"]
+    code = launch.build_command("print(1)", ["x"], 2, mpiexec="M", python="PY", code=True)
+    assert code == ["M", "-n", "2", "PY", "-m", "sbpmpi.launch", "--bootstrap", "-c",
+                    "print(1)", "x"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        launch.build_command("x", [], 1, module=True, code=True)

@@ -12,6 +12,10 @@ the raw call (minima, because scheduling noise on a shared machine only adds tim
 its last row goes through ``x.to_global``, which adds ``sbpmpi.consistency``'s
 cross-rank check (``SBPMPI_CHECK=0`` turns it off).
 
+Rank 0 prints each row as soon as it is measured. A ratio is flagged ``noisy`` when it
+comes from fewer than 5 repeats, or when either side's repeats spread wider than
+max / min = 1.5: repeat with more ``--repeats`` on a quieter machine before quoting it.
+
 The raw reference calls mpi4py directly: that is what is being compared against.
 """
 
@@ -29,7 +33,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["main", "run", "Result"]
+__all__ = ["main", "run", "Result", "format_header", "format_row", "format_tables",
+           "noisy_note", "printer", "as_dict", "RAW_CALLS",
+           "NOISY_MIN_REPEATS", "NOISY_SPREAD"]
+
+NOISY_MIN_REPEATS = 5  # fewer repeats than this: the median is not worth quoting
+NOISY_SPREAD = 1.5  # max / min of one side's repeats wider than this: a noisy machine
 
 
 @dataclass
@@ -44,15 +53,34 @@ class Result:
     sbpmpi_ms: float
     ratio: float
     world_size: int
+    raw_call: str = ""  # the mpi4py call it is compared with, e.g. "Allgather"
+    repeats: int = 0
+    spread: float = 1.0  # the wider of the two sides' max / min over the repeats
+
+    @property
+    def noisy(self) -> bool:
+        """Too few repeats, or repeats too far apart, to quote the ratio."""
+        return self.repeats < NOISY_MIN_REPEATS or self.spread > NOISY_SPREAD
 
 
 Case = tuple[str, Callable[[], Any], Callable[[], Any], str]
 
+# the raw mpi4py call each conversion is compared with (by name; 2x2 rows add the prefix)
+RAW_CALLS = {"S(0)->B": "Allgather", "P->B": "Allreduce", "P->S(0)": "Reduce_scatter_block",
+             "S(0)->S(1)": "Alltoall", "B->S(0)": "slice", "S(0)->B x.to_global": "Allgather",
+             "2x2 (S(0),S(1))->(B,B)": "Allgather", "2x2 (P,P)->(B,B)": "Allreduce"}
+
+
+def _spread(times: Any) -> float:
+    lo = float(np.min(times))
+    return float(np.max(times)) / lo if lo > 0 else float("inf")
+
 
 def _time_pair(raw: Callable[[], Any], ours: Callable[[], Any], repeats: int,
-               warmup: int, sync: Callable[[], None], best: bool = False) -> tuple[float, float]:
+               warmup: int, sync: Callable[[], None], best: bool = False,
+               ) -> tuple[float, float, float]:
     """Median (or with ``best`` the minimum) over repeats of the slowest rank's seconds of
-    ``raw`` and ``ours``, interleaved."""
+    ``raw`` and ``ours``, interleaved; and the wider spread (max / min) of the two."""
     world = MPI.COMM_WORLD
     for _ in range(warmup):
         raw()
@@ -71,7 +99,7 @@ def _time_pair(raw: Callable[[], Any], ours: Callable[[], Any], repeats: int,
     world.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
     tr_max, to_max = both
     pick = min if best else statistics.median
-    return float(pick(tr_max)), float(pick(to_max))
+    return float(pick(tr_max)), float(pick(to_max)), max(_spread(tr_max), _spread(to_max))
 
 
 class _Raw:
@@ -205,10 +233,13 @@ def _cases(nbytes: int, dtype: np.dtype, device_type: str = "cpu",
 
 def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int = 2,
         dtype: Any = np.float32, overhead_repeats: int = 300, device_type: str = "cpu",
+        on_result: Callable[[str, Result], None] | None = None,
         ) -> tuple[list[Result], list[Result]]:
     """Measure every conversion at every size, and the overhead at a tiny size.
 
     ``device_type="cuda"`` places the tensors (and the raw buffers) on the GPU.
+    ``on_result(kind, result)`` is called on every rank as each row is measured, with
+    ``kind`` ``"size"`` or ``"overhead"`` (for printing progress).
     """
     from .. import backend
 
@@ -219,36 +250,88 @@ def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int
         if device_type != "cpu":
             backend.synchronize()
 
+    def report(kind: str, r: Result) -> Result:
+        if on_result is not None:
+            on_result(kind, r)
+        return r
+
     results = []
     for mib in sizes_mib:
         for name, raw, ours, plan in _cases(int(mib * (1 << 20)), dt, device_type):
             shape = tuple(ours().shape)
-            tr, to = _time_pair(raw, ours, repeats, warmup, sync)
-            results.append(Result(name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p))
+            tr, to, spread = _time_pair(raw, ours, repeats, warmup, sync)
+            results.append(report("size", Result(
+                name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p,
+                RAW_CALLS.get(name, ""), repeats, spread)))
     small = []
     for name, raw, ours, plan in _cases(p * 2 * 240 * dt.itemsize, dt, device_type, True):
-        tr, to = _time_pair(raw, ours, overhead_repeats, 20, sync, best=True)
-        small.append(Result(name, 0.0, tuple(ours().shape), plan, tr * 1e3, to * 1e3,
-                            to / tr, p))
+        tr, to, spread = _time_pair(raw, ours, overhead_repeats, 20, sync, best=True)
+        small.append(report("overhead", Result(
+            name, 0.0, tuple(ours().shape), plan, tr * 1e3, to * 1e3, to / tr, p,
+            RAW_CALLS.get(name, ""), overhead_repeats, spread)))
     return results, small
 
 
+def as_dict(r: Result) -> dict[str, Any]:
+    """``r`` as plain data for JSON, with its ``noisy`` flag."""
+    return asdict(r) | {"noisy": r.noisy}
+
+
+def format_header(kind: str, p: int) -> str:
+    """Title and column names of the ``"size"`` or ``"overhead"`` table."""
+    if kind == "size":
+        return (f"boxing vs raw mpi4py, {p} ranks (medians of the slowest rank; ratio = "
+                f"sbpmpi / raw; noisy: < {NOISY_MIN_REPEATS} repeats or max/min > "
+                f"{NOISY_SPREAD:g})\n"
+                f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}"
+                f"{'':>7}  plan")
+    return (f"per-conversion overhead on tiny tensors ({p} ranks; best of the repeats)\n"
+            f"{'conversion':<24}{'shape':>12}{'raw us':>9}{'sbpmpi us':>11}{'overhead us':>13}")
+
+
+def format_row(kind: str, r: Result) -> str:
+    """One row of the ``"size"`` or ``"overhead"`` table."""
+    if kind == "size":
+        return (f"{r.conversion:<24}{r.mib:>6g}{r.raw_ms:>10.3f}{r.sbpmpi_ms:>11.3f}"
+                f"{r.ratio:>8.2f}{'noisy' if r.noisy else '':>7}  {r.plan}")
+    return (f"{r.conversion:<24}{str(r.shape):>12}{r.raw_ms * 1e3:>9.1f}"
+            f"{r.sbpmpi_ms * 1e3:>11.1f}{(r.sbpmpi_ms - r.raw_ms) * 1e3:>13.1f}")
+
+
 def format_tables(results: Sequence[Result], small: Sequence[Result]) -> str:
+    """Both tables, whole (what rank 0 printed row by row while measuring)."""
     p = results[0].world_size if results else MPI.COMM_WORLD.Get_size()
-    lines = [f"boxing vs raw mpi4py, {p} ranks (medians of the slowest rank; ratio = "
-             f"sbpmpi / raw)",
-             f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}  plan"]
-    for r in results:
-        lines.append(f"{r.conversion:<24}{r.mib:>6g}{r.raw_ms:>10.3f}{r.sbpmpi_ms:>11.3f}"
-                     f"{r.ratio:>8.2f}  {r.plan}")
-    lines.append("")
-    lines.append(f"per-conversion overhead on tiny tensors ({p} ranks; best of the repeats)")
-    lines.append(f"{'conversion':<24}{'shape':>12}{'raw us':>9}{'sbpmpi us':>11}"
-                 f"{'overhead us':>13}")
-    for r in small:
-        lines.append(f"{r.conversion:<24}{str(r.shape):>12}{r.raw_ms * 1e3:>9.1f}"
-                     f"{r.sbpmpi_ms * 1e3:>11.1f}{(r.sbpmpi_ms - r.raw_ms) * 1e3:>13.1f}")
+    lines = [format_header("size", p), *(format_row("size", r) for r in results), "",
+             format_header("overhead", p), *(format_row("overhead", r) for r in small)]
     return "\n".join(lines)
+
+
+def noisy_note(results: Sequence[Result]) -> str:
+    """A line saying how many ratios are noisy and what to do, or ``""``."""
+    bad = [r for r in results if r.noisy]
+    if not bad:
+        return ""
+    few = min(r.repeats for r in bad) < NOISY_MIN_REPEATS
+    return (f"note: {len(bad)} of {len(results)} ratios are noisy ("
+            + (f"fewer than {NOISY_MIN_REPEATS} repeats" if few else
+               f"repeats spread wider than max/min {NOISY_SPREAD:g}")
+            + "): rerun with more --repeats on a quieter machine before quoting them")
+
+
+def printer(rank: int) -> Callable[[str, Result], None]:
+    """An ``on_result`` for :func:`run` that prints each row on rank 0 as it comes."""
+    started: set[str] = set()
+
+    def show(kind: str, r: Result) -> None:
+        if rank != 0:
+            return
+        if kind not in started:
+            if started:
+                print()
+            print(format_header(kind, r.world_size), flush=True)
+            started.add(kind)
+        print(format_row(kind, r), flush=True)
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,15 +356,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = calibrate()
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(table, flush=True)
+    rank = MPI.COMM_WORLD.Get_rank()
     results, small = run(sizes, a.repeats, a.warmup, overhead_repeats=a.overhead_repeats,
-                         device_type=a.device)
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(format_tables(results, small), flush=True)
+                         device_type=a.device, on_result=printer(rank))
+    if rank == 0:
+        note = noisy_note(results)
+        if note:
+            print(note, flush=True)
         if a.json:
             doc = {"world_size": MPI.COMM_WORLD.Get_size(), "device": a.device,
                    "mpi": MPI.Get_library_version().splitlines()[0],
-                   "results": [asdict(r) for r in results],
-                   "overhead": [asdict(r) | {"overhead_us": (r.sbpmpi_ms - r.raw_ms) * 1e3}
+                   "results": [as_dict(r) for r in results],
+                   "overhead": [as_dict(r) | {"overhead_us": (r.sbpmpi_ms - r.raw_ms) * 1e3}
                                 for r in small]}
             with open(a.json, "w") as f:
                 json.dump(doc, f, indent=1)
