@@ -1,0 +1,85 @@
+"""Cost rows per GPU transport and the calibration cache file (serial)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+import sbpmpi as sm
+from sbpmpi import backend
+from sbpmpi.boxing import cost
+from sbpmpi.comm.gpu import select
+
+cal = importlib.import_module("sbpmpi.boxing.calibrate")  # sm.boxing.calibrate is the function
+
+
+@pytest.fixture
+def clean(monkeypatch, tmp_path):
+    monkeypatch.delenv("SBPMPI_GPU_TRANSPORT", raising=False)
+    monkeypatch.setenv("SBPMPI_COST_CACHE", str(tmp_path / "costs.json"))
+    prev_installed = cost._installed
+    prev = cost._current
+    cost.set_cost_table(None)
+    yield monkeypatch
+    monkeypatch.undo()
+    select.set_gpu_transport(None)
+    cost.set_cost_table(prev if prev_installed else None)
+
+
+def test_default_device_row_follows_the_transport(clean):
+    for name in ("ipc", "staged", "mpi"):
+        select.set_gpu_transport(name)
+        t = sm.boxing.get_cost_table()
+        assert t.device == cost.GPU_TRANSPORT_COSTS[name] and t.host == cost.DEFAULT_TABLE.host
+        assert (name in t.source) or name == "mpi"
+    select.set_gpu_transport("ipc")
+    ipc = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    select.set_gpu_transport("staged")
+    staged = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    assert staged > 50 * ipc  # the planner sees why staged steps are dear
+    assert cost.step_seconds("cuda") == cost.GPU_TRANSPORT_COSTS["staged"].step
+    mine = cost.table_for_transport("ipc")
+    cost.set_cost_table(mine)
+    select.set_gpu_transport("staged")
+    assert sm.boxing.get_cost_table() is mine  # an installed table wins
+    with pytest.raises(ValueError, match="transport 'nccl' is not one of"):
+        cost.table_for_transport("nccl")
+
+
+def test_cache_round_trip_and_reuse(clean, tmp_path):
+    path = str(tmp_path / "costs.json")
+    assert cal.cache_path() == path
+    table = cost.table_for_transport("ipc")
+    key = cal.cache_key()
+    assert key.endswith("1 ranks") and "transport" in key and "|" in key
+    assert cal.write_cache_entry(key, table) == path
+    doc = json.load(open(path))
+    assert set(doc[key]) >= {"cpu", "cuda", "source", "measured"}
+    got = cal._table_from(cal.read_cache()[key], key)
+    assert got.host == table.host and got.device == table.device and "cached" in got.source
+    # calibrate(reuse=True) installs the cached entry without measuring
+    reused = sm.boxing.calibrate(reuse=True)
+    assert reused.device == table.device and sm.boxing.get_cost_table() is reused
+    clean.setenv("SBPMPI_COST_CACHE", "off")
+    assert cal.cache_path() is None and cal.read_cache() == {}
+    assert cal.write_cache_entry(key, table) is None
+
+
+def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
+    t = sm.boxing.calibrate(repeats=1, large_bytes=1 << 16)
+    entry = cal.read_cache()[cal.cache_key()]
+    assert cal._costs(entry["cpu"]) == t.host
+    # with a GPU on a single node, the cached device row is the default at start
+    key = cal.cache_key()
+    clean.setattr(backend, "cupy_available", lambda: True)
+    clean.setattr(cal, "cache_key", lambda world_size=None: key)
+    name = select.gpu_transport().name
+    row = cal.cached_device_row(name)
+    assert row is not None and row[0] == t.device and "cached" in row[1]
+    other = "ipc" if name != "ipc" else "staged"
+    assert cal.cached_device_row(other) is None  # another transport's entry does not count
+    cost.set_cost_table(None)
+    assert sm.boxing.get_cost_table().device == t.device
+    assert "cached" in sm.boxing.get_cost_table().source
