@@ -247,7 +247,7 @@ def test_ipc_handles_offsets_cache_and_order():
         return first, out.get(), dev.log[:n_log], dev.log[n_log:], dict(t.stats)
 
     res = _threads(p, body)
-    for r, got in enumerate(res):
+    for got in res:
         assert not isinstance(got, BaseException), got
         first, second, log1, log2, stats = got
         np.testing.assert_array_equal(first, np.concatenate([np.arange(5.0) + 10 * k

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -44,6 +45,35 @@ class Result:
     sbpmpi_ms: float
     ratio: float
     world_size: int
+    proxy_ms: float | None = None  # cuda: a device-to-device copy of the bytes a rank receives
+
+
+# Share of the global tensor each rank receives, per conversion (the algorithmic minimum:
+# all-reduce moves it twice); the device-copy proxy copies this many bytes.
+def _received_share(conversion: str, p: int) -> float:
+    if p <= 1 or conversion.startswith("B->"):
+        return 0.0
+    if conversion.startswith("2x2"):
+        return (2.0 if "(P,P)" in conversion else 1.0) * 3 / 4
+    if conversion.startswith("P->B"):
+        return 2 * (p - 1) / p
+    if conversion.startswith("S(0)->S(1)"):
+        return (p - 1) / (p * p)
+    return (p - 1) / p
+
+
+def _device_copy(nbytes: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(copy, same copy): a device-to-device copy of ``nbytes`` (the physical proxy)."""
+    from .. import backend
+
+    cp = backend.get_xp("cuda")
+    src = cp.ones(max(nbytes, 1), dtype=np.uint8)
+    dst = cp.empty_like(src)
+
+    def copy() -> Any:
+        dst[:nbytes] = src[:nbytes]
+        return dst
+    return copy, copy
 
 
 Case = tuple[str, Callable[[], Any], Callable[[], Any], str]
@@ -224,7 +254,12 @@ def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int
         for name, raw, ours, plan in _cases(int(mib * (1 << 20)), dt, device_type):
             shape = tuple(ours().shape)
             tr, to = _time_pair(raw, ours, repeats, warmup, sync)
-            results.append(Result(name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p))
+            proxy = None
+            if device_type == "cuda":
+                nbytes = int(_received_share(name, p) * math.prod(shape) * dt.itemsize)
+                proxy = _time_pair(*_device_copy(nbytes), repeats, warmup, sync)[0] * 1e3
+            results.append(Result(name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p,
+                                  proxy))
     small = []
     for name, raw, ours, plan in _cases(p * 2 * 240 * dt.itemsize, dt, device_type, True):
         tr, to = _time_pair(raw, ours, overhead_repeats, 20, sync, best=True)
@@ -235,12 +270,19 @@ def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int
 
 def format_tables(results: Sequence[Result], small: Sequence[Result]) -> str:
     p = results[0].world_size if results else MPI.COMM_WORLD.Get_size()
+    proxy = any(r.proxy_ms is not None for r in results)
     lines = [f"boxing vs raw mpi4py, {p} ranks (medians of the slowest rank; ratio = "
-             f"sbpmpi / raw)",
-             f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}  plan"]
+             f"sbpmpi / raw)" + ("; copy = device-to-device copy of the bytes a rank "
+                                "receives, x copy = sbpmpi / copy" if proxy else ""),
+             f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}"
+             + (f"{'copy ms':>10}{'x copy':>8}" if proxy else "") + "  plan"]
     for r in results:
+        extra = ""
+        if proxy:
+            c = r.proxy_ms or 0.0
+            extra = f"{c:>10.3f}" + (f"{r.sbpmpi_ms / c:>8.1f}" if c > 0 else f"{'-':>8}")
         lines.append(f"{r.conversion:<24}{r.mib:>6g}{r.raw_ms:>10.3f}{r.sbpmpi_ms:>11.3f}"
-                     f"{r.ratio:>8.2f}  {r.plan}")
+                     f"{r.ratio:>8.2f}{extra}  {r.plan}")
     lines.append("")
     lines.append(f"per-conversion overhead on tiny tensors ({p} ranks; best of the repeats)")
     lines.append(f"{'conversion':<24}{'shape':>12}{'raw us':>9}{'sbpmpi us':>11}"

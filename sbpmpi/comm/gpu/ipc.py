@@ -70,7 +70,7 @@ class IpcTransport:
     """The IPC protocol over ``comm`` (all its ranks on one node) with ``device``."""
 
     device: Device
-    comm: MPI.Intracomm
+    comm: MPI.Comm
     exported: dict[int, tuple[Allocation, bytes]] = field(default_factory=dict)
     mapped: dict[tuple[int, int], _Mapping] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {
