@@ -420,3 +420,16 @@ def test_info_reports_the_transport(env):
 def test_route_is_off_by_default_without_the_variable(env):
     select.set_gpu_transport(None)
     assert select.gpu_transport().name != "ipc" and not route.ENABLED
+
+
+def test_an_invalid_transport_fails_the_first_gpu_collective(env):
+    from fake_cuda import FakeCudaArray
+
+    env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
+    select._decision = None
+    env.setattr(route, "_checked", False)
+    env.setattr(route, "ENABLED", True)  # as set at import from the variable
+    with pytest.raises(ValueError, match="SBPMPI_GPU_TRANSPORT='nccl' is not one of"):
+        sm.comm.all_reduce(FakeCudaArray.from_numpy(np.ones(3)))
+    sm.comm.all_reduce(np.ones(3))  # host arrays never look at the GPU transport
+    env.delenv("SBPMPI_GPU_TRANSPORT")
