@@ -184,3 +184,61 @@ def test_info_names_ipc(chk, dev):
     info = C.info()
     chk.true(info["gpu_transport"] == "ipc", str(info))
     chk.true(str(list(range(size))) in info["ipc"], str(info["ipc"]))
+
+
+@pytest.fixture
+def pseudo_nodes(monkeypatch):
+    """Nodes of two ranks (SBPMPI_IPC_NODE_SIZE=2): the hierarchical path on one machine."""
+    monkeypatch.setenv("SBPMPI_IPC_NODE_SIZE", "2")
+    d = FakeIpcDevice(f"h{rank}")
+    route.set_device(d)
+    C.set_gpu_transport("ipc")
+    yield d
+    route.set_device(None)
+    C.set_gpu_transport(None)
+    world.Barrier()
+    d.cleanup()
+
+
+def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):
+    dev, p = pseudo_nodes, size
+    t_before = route.transports().get(C.WORLD.ranks)
+    assert t_before is None
+    for dt, op in ((np.float32, ReduceOp.SUM), (np.int32, ReduceOp.MAX),
+                   (np.float64, ReduceOp.AVG), (np.bool_, ReduceOp.MIN)):
+        for n in (0, 1, 5, 2 * p + 1):
+            xs = [data(r, n, dt, 8) for r in range(p)]
+            x = dev.array(xs[rank])
+            C.all_reduce(x, op=op)
+            want = UFUNC[op].reduce(np.stack(xs), axis=0, dtype=np.dtype(dt))
+            if op is ReduceOp.AVG:
+                want = want / np.dtype(dt).type(p)
+            chk.same(x.get(), want, f"hierarchical all_reduce {dt} {op} n={n}")
+    allx = [data(r, 6, np.float32, 9) for r in range(p)]
+    out = dev.empty((p, 6), np.float32)
+    C.all_gather(out, dev.array(allx[rank]))
+    chk.same(out.get(), np.stack(allx), "hierarchical all_gather")
+    counts = [(2 * r + 1) % 4 for r in range(p)]
+    v = [data(r, counts[r], np.int64, 10) for r in range(p)]
+    gd = [sum(counts[:r]) + r for r in range(p)]
+    out = dev.array(np.full(sum(counts) + p, -1, np.int64))
+    C.all_gather_v(out, dev.array(v[rank]), counts, gd)
+    want = np.full(sum(counts) + p, -1, np.int64)
+    for r in range(p):
+        want[gd[r]:gd[r] + counts[r]] = v[r]
+    chk.same(out.get(), want, "hierarchical all_gather_v")
+    # reduce-scatter has no hierarchical form yet: the MPI path, correct
+    big = [data(r, 2 * p, np.float32, 11) for r in range(p)]
+    y = dev.empty(2, np.float32)
+    C.reduce_scatter(y, dev.array(big[rank]))
+    chk.same(y.get(), np.add.reduce(np.stack(big), axis=0)[2 * rank:2 * rank + 2],
+             "reduce_scatter beside the hierarchy")
+    t = route.transports()[C.WORLD.ranks]
+    if p in (1, 2):  # one (pseudo-)node: plain IPC
+        chk.true(not isinstance(t, str) and t.stats["calls"] > 0, str(t))
+    elif p == 4:  # two nodes of two ranks
+        from sbpmpi.comm.gpu.hier import Hierarchical
+
+        chk.true(isinstance(t, Hierarchical) and t.stats["calls"] >= 18, str(t))
+    else:  # 3 ranks: nodes of 2 and 1: no hierarchy, the MPI path
+        chk.true(isinstance(t, str) and "same number" in t, str(t))

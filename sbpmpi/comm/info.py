@@ -57,7 +57,8 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
     d["gpu_transport_reason"] = tr.reason
     if tr.name == "ipc":
         d["ipc"] = {str(list(ranks)): t if isinstance(t, str) else
-                    dict(t.stats, mapped=len(t.mapped), device=t.device.name)
+                    dict(t.stats, mapped=len(t.mapped), device=t.device.name,
+                         kind="hierarchical" if hasattr(t, "cross") else "one node")
                     for ranks, t in route.transports().items()}
     if all_ranks:
         per_rank = MPI.COMM_WORLD.allgather(

@@ -147,13 +147,16 @@ class IpcTransport:
     def run(self, op: str, bufs: Mapping[str, Buffer], ok: bool,
             make_schedule: Callable[[np.ndarray], Schedule], meta: Any = (),
             dtype: np.dtype | None = None, reduce_op: ReduceOp | None = None,
-            export: tuple[str, ...] = ("in",)) -> bool:
+            export: tuple[str, ...] = ("in",),
+            hooks: Mapping[int, Callable[[Mapping[str, int]], None]] | None = None) -> bool:
         """Run one collective; False (on every rank) when some rank cannot use IPC.
 
         ``bufs``: this rank's ``"in"`` / ``"out"`` buffers; ``ok``: this rank's arrays are
         exportable; ``meta``: int64 call metadata gathered from every rank and handed to
         ``make_schedule`` (an array of shape (ranks, len(meta))); ``export``: the roles
-        the schedule reads from peers.
+        the schedule reads from peers; ``hooks[n]``: called with this rank's buffer
+        pointers after the barrier that opens phase n, before its moves (the inter-node
+        leg of a hierarchical collective).
         """
         me, p = self.rank, self.size
         meta_arr = np.asarray(meta, dtype=np.int64).reshape(-1)
@@ -214,6 +217,9 @@ class IpcTransport:
             if err is not None:
                 continue
             try:
+                hook = hooks.get(n) if hooks else None
+                if hook is not None:
+                    hook(local)
                 for mv in phase:
                     s = src_ptr(mv.src, mv.src_buf) + mv.src_off
                     d = local[mv.dst_buf] + mv.dst_off

@@ -23,7 +23,10 @@ from ..reduce_op import ReduceOp
 from ..tracing import ACTIVE, note
 from . import schedule as S
 from .device import Device
+from .hier import Hierarchical, node_split
 from .ipc import Buffer, IpcTransport
+
+Transport = IpcTransport | Hierarchical
 
 __all__ = ["ENABLED", "configure", "set_device", "get_device", "transport_for", "transports",
            "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v", "all_reduce",
@@ -36,7 +39,7 @@ ENABLED: bool = os.environ.get("SBPMPI_GPU_TRANSPORT", "").strip().lower() not i
 _checked = False
 _device: Device | None = None
 _device_reason = ""
-_transports: dict[tuple[int, ...], IpcTransport | str] = {}
+_transports: dict[tuple[int, ...], Transport | str] = {}
 
 
 def configure(on: bool) -> None:
@@ -61,7 +64,10 @@ def set_device(device: Device | None) -> None:
     """
     global _device, _device_reason
     for t in _transports.values():
-        if isinstance(t, IpcTransport):
+        if isinstance(t, Hierarchical):
+            t.close_all()
+            t.node.comm.Free()
+        elif isinstance(t, IpcTransport):
             t.close_all()
             t.comm.Free()
     _transports.clear()
@@ -88,30 +94,31 @@ def device_reason() -> str:
     return _device_reason
 
 
-def transport_for(g: Group, comm: MPI.Intracomm) -> IpcTransport | str:
-    """The IPC transport of group ``g``, or why it has none (collective on first use)."""
+def transport_for(g: Group, comm: MPI.Intracomm) -> Transport | str:
+    """The IPC transport of group ``g`` (hierarchical when it spans nodes), or why it has
+    none (collective over the group on first use)."""
     hit = _transports.get(g.ranks)
     if hit is None:
         dev = get_device()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        node = node_split(comm)
         one_node = node.Get_size() == comm.Get_size()
         have = comm.allreduce(int(dev is not None), op=MPI.MIN)
-        if not one_node:
-            hit = (f"the group's {comm.Get_size()} ranks span nodes: MPI between nodes "
-                   "(hierarchical IPC + MPI is not built yet)")
-        elif not have:
+        if not have or dev is None:
+            node.Free()
             hit = "some rank has no device that can export memory" + (
                 f" ({_device_reason})" if _device_reason else "")
-        if hit is None and dev is not None:
+        elif one_node:
             hit = IpcTransport(dev, node)
         else:
-            node.Free()
-        assert hit is not None
+            h = Hierarchical.build(IpcTransport(dev, node), comm)
+            if isinstance(h, str):
+                node.Free()
+            hit = h
         _transports[g.ranks] = hit
     return hit
 
 
-def transports() -> dict[tuple[int, ...], IpcTransport | str]:
+def transports() -> dict[tuple[int, ...], Transport | str]:
     """Group ranks -> its transport or why it has none (for sbpmpi.comm.info)."""
     return dict(_transports)
 
@@ -127,17 +134,26 @@ def _contig(a: Any, m: tuple[Any, ...]) -> Any:
 def _run(name: str, g: Group, comm: MPI.Intracomm, m: tuple[Any, ...], arrays: Sequence[Any],
          roles: dict[str, tuple[Any, int]], make: Callable[[np.ndarray], S.Schedule],
          meta: Any = (), op: ReduceOp | None = None, average: tuple[Any, int] | None = None,
-         traced: int = 0, export: tuple[str, ...] = ("in",)) -> bool:
+         traced: int = 0, export: tuple[str, ...] = ("in",),
+         hier: Callable[[Hierarchical, dict[str, Buffer]], bool] | None = None) -> bool:
     if not _settle():
         return False
     t = transport_for(g, comm)
-    if isinstance(t, str):
-        return False
+    if isinstance(t, str) or (isinstance(t, Hierarchical) and hier is None):
+        return False  # the same on every rank of the group
     dev = t.device
     ok = _owned(dev, arrays)
     bufs = {r: Buffer(dev.pointer(a) if ok and n else 0, n) for r, (a, n) in roles.items()}
-    with watch(name, g.ranks):
-        done = t.run(name, bufs, ok, make, meta, m[0], op, export)
+    if isinstance(t, Hierarchical):
+        assert hier is not None
+        if not comm.allreduce(int(ok), op=MPI.MIN):  # every node must agree, not just one
+            t.stats["fallbacks"] += 1
+            return False
+        with watch(name, g.ranks):
+            done = hier(t, bufs)
+    else:
+        with watch(name, g.ranks):
+            done = t.run(name, bufs, ok, make, meta, m[0], op, export)
     if done:
         if average is not None and op is ReduceOp.AVG and average[1]:
             dev.divide(dev.pointer(average[0]), average[1], m[0], g.size)
@@ -151,19 +167,23 @@ def all_gather(out: Any, arr: Any, m: tuple[Any, ...], g: Group, comm: MPI.Intra
     p, me = g.size, comm.Get_rank()
     nb = m[1] * m[0].itemsize
     arr = _contig(arr, m)
+    counts, displs = [nb] * p, [k * nb for k in range(p)]
     return _run("all_gather", g, comm, m, (out, arr), {"in": (arr, nb), "out": (out, p * nb)},
-                lambda _: S.all_gather_v(p, me, [nb] * p, [k * nb for k in range(p)]),
-                traced=nb)
+                lambda _: S.all_gather_v(p, me, counts, displs), traced=nb,
+                hier=lambda h, b: h.all_gather_v("all_gather", b["in"].ptr, b["out"].ptr,
+                                                 p * nb, True, counts, displs))
 
 
 def all_gather_v(out: Any, arr: Any, m: tuple[Any, ...], counts: Sequence[int],
                  displs: Sequence[int], need: int, g: Group, comm: MPI.Intracomm) -> bool:
     p, me, it = g.size, comm.Get_rank(), m[0].itemsize
     arr = _contig(arr, m)
+    cb, db = [c * it for c in counts], [d * it for d in displs]
     return _run("all_gather_v", g, comm, m, (out, arr),
                 {"in": (arr, m[1] * it), "out": (out, need * it)},
-                lambda _: S.all_gather_v(p, me, [c * it for c in counts],
-                                         [d * it for d in displs]), traced=m[1] * it)
+                lambda _: S.all_gather_v(p, me, cb, db), traced=m[1] * it,
+                hier=lambda h, b: h.all_gather_v("all_gather_v", b["in"].ptr, b["out"].ptr,
+                                                 need * it, True, cb, db))
 
 
 def reduce_scatter(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...], op: ReduceOp,
@@ -188,7 +208,8 @@ def all_reduce(arr: Any, m: tuple[Any, ...], op: ReduceOp, g: Group,
     nb = m[1] * it
     return _run("all_reduce", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
                 lambda _: S.all_reduce(p, me, m[1], it), op=op, average=(arr, nb), traced=nb,
-                export=("out",))
+                export=("out",),
+                hier=lambda h, b: h.all_reduce("all_reduce", b["out"].ptr, True, m[1], m[0], op))
 
 
 def all_to_all(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...], g: Group,

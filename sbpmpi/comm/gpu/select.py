@@ -3,9 +3,11 @@
 - ``mpi``: device pointers go to a CUDA-aware MPI library directly.
 - ``staged``: through pooled pinned host buffers (any MPI).
 - ``ipc``: between ranks of one node, CUDA IPC copies from the peers' device memory
-  (:mod:`.ipc`); calls that cannot use it (a group spanning nodes, host arrays, memory
-  that cannot be exported) take the ``mpi`` path where the library is CUDA-aware, else
-  ``staged``; every rank of the call agrees.
+  (:mod:`.ipc`); for a group spanning nodes with the same number (>= 2) of its ranks on
+  each, all-reduce and all-gather(v) are hierarchical (IPC on each node, one staged MPI
+  exchange between nodes: :mod:`.hier`); calls that cannot use it (other collectives
+  across nodes, host arrays, memory that cannot be exported) take the ``mpi`` path where
+  the library is CUDA-aware, else ``staged``; every rank of the call agrees.
 
 ``mpi`` and ``staged`` forced by the environment act through
 :func:`..cuda_aware.cuda_awareness` (``SBPMPI_CUDA_AWARE`` still wins over them, and
