@@ -11,7 +11,8 @@
 #   2. the README's test command at n = 1..4 (the "cuda" parameters are active there), with
 #      the default transport (staged on a non-CUDA-aware MPI)
 #   3. the CUDA IPC suites at n = 1..4 with SBPMPI_GPU_TRANSPORT=ipc, and the GPU parts of
-#      the boxing and comm tests over IPC
+#      the boxing and comm tests over IPC; then at n = 4 as two pseudo-nodes of two ranks
+#      (SBPMPI_IPC_NODE_SIZE=2: hierarchical, the inter-node leg staged through MPI)
 #   4. calibration per transport (refreshes the cache file; prints the tables)
 #   5. the GPU benchmark (staged mpi4py and the device-copy proxy in the same run) at 2 and
 #      4 ranks, per transport, as tables and JSON
@@ -83,6 +84,13 @@ ipc_suite() {
   return $rc
 }
 step 03 tests-ipc ipc_suite
+
+hier_suite() {  # two pseudo-nodes of two ranks: IPC on each, staged MPI between them
+  SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2 SBPMPI_TEST_LOGDIR="$OUTDIR/hier-logs" \
+    timeout 1200 "$MPIEXEC" -n 4 "$PY" scripts/mpi_pytest.py -q --with-mpi -m mpi \
+    tests/test_gpu_transport_cuda.py tests/test_comm_cuda.py tests/test_boxing.py
+}
+step 03 tests-ipc-hierarchical hier_suite
 
 for t in $TRANSPORTS; do
   step 04 "calibrate-$t" env SBPMPI_GPU_TRANSPORT="$t" "$MPIEXEC" -n 2 "$PY" -m sbpmpi info --calibrate
