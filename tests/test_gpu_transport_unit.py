@@ -433,3 +433,16 @@ def test_an_invalid_transport_fails_the_first_gpu_collective(env):
         sm.comm.all_reduce(FakeCudaArray.from_numpy(np.ones(3)))
     sm.comm.all_reduce(np.ones(3))  # host arrays never look at the GPU transport
     env.delenv("SBPMPI_GPU_TRANSPORT")
+
+
+def test_allocations_without_an_id_are_keyed_by_handle():
+    dev = _StubDevice()
+    dev.allocation = lambda ptr: Allocation(ptr & ~0xFFFF, 0x10000, -1)  # type: ignore[method-assign]
+    t = IpcTransport(dev, None)  # type: ignore[arg-type]
+    t._export(0x50010)
+    t._export(0x50020)
+    assert t.stats["exports"] == 2 and not t.exported  # never cached
+    a = t._open(1, -1, 0x1000, 0x100, b"a")
+    assert t._open(1, -1, 0x1000, 0x100, b"a") == a and len(dev.opened) == 1
+    b = t._open(1, -1, 0x1000, 0x100, b"b")  # same range, new handle: the old one was freed
+    assert b != a and dev.closed == [a]

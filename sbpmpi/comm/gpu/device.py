@@ -120,13 +120,15 @@ class CupyDevice:
         base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
         if self._range(ctypes.byref(base), ctypes.byref(size), ptr) != 0:
             return None
-        capable = ctypes.c_int(0)
+        capable = ctypes.c_int(1)
         if self._attr(ctypes.byref(capable), _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                      ptr) != 0 or not capable.value:
+                      ptr) == 0 and not capable.value:
             return None  # e.g. stream-ordered (cudaMallocAsync) memory
         bid = ctypes.c_uint64(0)
         if self._attr(ctypes.byref(bid), _CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != 0:
-            return None
+            # an old driver: (base, size) stands in for the id (a freed and reallocated
+            # range of the same size then looks unchanged: handles are re-exported per call)
+            return Allocation(int(base.value), int(size.value), -1)
         return Allocation(int(base.value), int(size.value), int(bid.value))
 
     def export(self, base: int) -> bytes:

@@ -53,7 +53,7 @@ class Buffer:
 
 def _record_dtype(nmeta: int) -> np.dtype:
     r = len(ROLES)
-    return np.dtype([("ok", "<i8"), ("id", "<u8", (r,)), ("base", "<u8", (r,)),
+    return np.dtype([("ok", "<i8"), ("id", "<i8", (r,)), ("base", "<u8", (r,)),
                      ("size", "<u8", (r,)), ("off", "<u8", (r,)),
                      ("handle", "u1", (r, HANDLE_BYTES)), ("meta", "<i8", (max(nmeta, 1),))])
 
@@ -72,7 +72,7 @@ class IpcTransport:
     device: Device
     comm: MPI.Comm
     exported: dict[int, tuple[Allocation, bytes]] = field(default_factory=dict)
-    mapped: dict[tuple[int, int], _Mapping] = field(default_factory=dict)
+    mapped: dict[tuple[int, int | bytes], _Mapping] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {
         "calls": 0, "fallbacks": 0, "exports": 0, "opens": 0, "closes": 0, "bytes_read": 0})
     last_error: str = ""
@@ -91,6 +91,9 @@ class IpcTransport:
         a = self.device.allocation(ptr)
         if a is None:
             return None
+        if a.id < 0:  # no process-unique id: export every time, never cache
+            self.stats["exports"] += 1
+            return a, self.device.export(a.base)
         hit = self.exported.get(a.id)
         if hit is not None:
             return hit
@@ -107,7 +110,7 @@ class IpcTransport:
     # -- import (peers' allocations) ---------------------------------------------------------
 
     def _open(self, peer: int, bid: int, base: int, size: int, handle: bytes) -> int:
-        key = (peer, bid)
+        key: tuple[int, int | bytes] = (peer, bid if bid >= 0 else handle)
         m = self.mapped.pop(key, None)
         if m is None:
             for k, old in list(self.mapped.items()):
@@ -120,7 +123,7 @@ class IpcTransport:
         self.mapped[key] = m  # most recently used last
         return m.mapped
 
-    def _close(self, key: tuple[int, int]) -> None:
+    def _close(self, key: tuple[int, int | bytes]) -> None:
         m = self.mapped.pop(key)
         self.device.close(m.mapped)
         self.stats["closes"] += 1
