@@ -8,7 +8,6 @@ import json
 import pytest
 
 import sbpmpi as sm
-from sbpmpi import backend
 from sbpmpi.boxing import cost
 from sbpmpi.comm.gpu import select
 
@@ -18,6 +17,7 @@ cal = importlib.import_module("sbpmpi.boxing.calibrate")  # sm.boxing.calibrate 
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
     monkeypatch.delenv("SBPMPI_GPU_TRANSPORT", raising=False)
+    monkeypatch.setattr(cost.backend, "cupy_available", lambda: True)  # as on a GPU node
     monkeypatch.setenv("SBPMPI_COST_CACHE", str(tmp_path / "costs.json"))
     prev_installed = cost._installed
     prev = cost._current
@@ -68,12 +68,11 @@ def test_cache_round_trip_and_reuse(clean, tmp_path):
 
 
 def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
-    t = sm.boxing.calibrate(repeats=1, large_bytes=1 << 16)
+    t = sm.boxing.calibrate(["cpu"], repeats=1, large_bytes=1 << 16)
     entry = cal.read_cache()[cal.cache_key()]
     assert cal._costs(entry["cpu"]) == t.host
     # with a GPU on a single node, the cached device row is the default at start
     key = cal.cache_key()
-    clean.setattr(backend, "cupy_available", lambda: True)
     clean.setattr(cal, "cache_key", lambda world_size=None: key)
     name = select.gpu_transport().name
     row = cal.cached_device_row(name)
@@ -97,3 +96,14 @@ def test_bench_table_has_the_device_copy_proxy():
     assert "copy ms" in text and "x copy" in text and "5.0" in text
     cpu = format_tables([Result("S(0)->B", 64, (2, 8), "all_gather", 1.0, 1.0, 1.0, 2)], [])
     assert "copy ms" not in cpu
+
+
+def test_without_a_gpu_the_plain_defaults(monkeypatch):
+    monkeypatch.setattr(cost.backend, "cupy_available", lambda: False)
+    monkeypatch.setenv("SBPMPI_GPU_TRANSPORT", "ipc")
+    prev_installed, prev = cost._installed, cost._current
+    cost.set_cost_table(None)
+    try:
+        assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
+    finally:
+        cost.set_cost_table(prev if prev_installed else None)

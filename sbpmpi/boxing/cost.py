@@ -26,9 +26,9 @@ in use must be the same on every rank (plans are computed independently on each 
 :func:`sbpmpi.boxing.calibrate` measures one and installs it everywhere.
 
 The device row depends on the GPU transport (:mod:`sbpmpi.comm.gpu`): until a table is
-installed, :func:`get_cost_table` returns the defaults with the device row of the
-transport in use (:data:`GPU_TRANSPORT_COSTS`), or, on a single-node job with a GPU, the
-device row cached by an earlier :func:`sbpmpi.boxing.calibrate` on this machine
+installed, :func:`get_cost_table` returns, where CuPy sees a GPU, the defaults with the
+device row of the transport in use (:data:`GPU_TRANSPORT_COSTS`), or, on a single-node
+job, the device row cached by an earlier :func:`sbpmpi.boxing.calibrate` on this machine
 (:mod:`.calibrate`). The transport is decided from the environment and the MPI library
 only, so every rank gets the same table.
 """
@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from .. import backend
 from ..comm.gpu import select as _select
 
 __all__ = [
@@ -199,7 +200,12 @@ _auto: dict[str, CostTable] = {}
 
 
 def _default_table() -> CostTable:
-    """The defaults for the GPU transport in use (or its cached calibration), cached."""
+    """The defaults for the GPU transport in use (or its cached calibration), cached.
+
+    Without a GPU (no "cuda" placement can run) the plain defaults, with no detection.
+    """
+    if not backend.cupy_available():
+        return DEFAULT_TABLE
     name = (_select._decision or _select.gpu_transport()).name
     hit = _auto.get(name)
     if hit is None:
