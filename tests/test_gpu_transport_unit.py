@@ -446,3 +446,135 @@ def test_allocations_without_an_id_are_keyed_by_handle():
     assert t._open(1, -1, 0x1000, 0x100, b"a") == a and len(dev.opened) == 1
     b = t._open(1, -1, 0x1000, 0x100, b"b")  # same range, new handle: the old one was freed
     assert b != a and dev.closed == [a]
+
+
+# ----------------------------------------------------------------------------- CupyDevice
+
+
+class _CFunc:
+    """A ctypes function stand-in: argtypes/restype are set by the caller."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.argtypes, self.restype = fn, None, None
+
+    def __call__(self, *args: Any) -> Any:
+        assert self.argtypes is not None and len(args) == len(self.argtypes)
+        return self.fn(*args)
+
+
+class _FakeDriver:
+    """libcuda.so.1's two calls, over a table of fake allocations."""
+
+    def __init__(self, allocs: dict[int, tuple[int, int, int]]) -> None:
+        self.allocs = allocs  # base -> (size, buffer id, ipc capable)
+        self.cuMemGetAddressRange_v2 = _CFunc(self._range)
+        self.cuPointerGetAttribute = _CFunc(self._attr)
+
+    def _find(self, ptr: int) -> tuple[int, int, int, int] | None:
+        for base, (size, bid, cap) in self.allocs.items():
+            if base <= ptr < base + size:
+                return base, size, bid, cap
+        return None
+
+    def _range(self, base_ref: Any, size_ref: Any, ptr: int) -> int:
+        hit = self._find(ptr)
+        if hit is None:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        base_ref._obj.value, size_ref._obj.value = hit[0], hit[1]
+        return 0
+
+    def _attr(self, out_ref: Any, attr: int, ptr: int) -> int:
+        hit = self._find(ptr)
+        if hit is None:
+            return 1
+        if attr == 7:  # BUFFER_ID
+            if hit[2] < 0:
+                return 1  # an old driver
+            out_ref._obj.value = hit[2]
+        elif attr == 10:  # IS_LEGACY_CUDA_IPC_CAPABLE
+            out_ref._obj.value = hit[3]
+        return 0
+
+
+def _fake_cupy(calls: list) -> Any:
+    import ctypes
+    import types
+
+    class Arr(np.ndarray):
+        @property
+        def data(self):  # type: ignore[override]
+            return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    class Stream:
+        ptr = 1234
+
+        def synchronize(self) -> None:
+            calls.append(("sync",))
+
+    def memcpy_async(dst: int, src: int, n: int, kind: int, stream: int) -> None:
+        calls.append(("memcpyAsync", n, kind, stream))
+        ctypes.memmove(dst, src, n)
+
+    def unowned(ptr: int, size: int, owner: Any, device_id: int) -> Any:
+        calls.append(("UnownedMemory", size, device_id))
+        return types.SimpleNamespace(ptr=ptr, size=size)
+
+    def ndarray(shape: Any, dtype: Any, memptr: Any) -> np.ndarray:
+        n = memptr.mem.size
+        return np.frombuffer((ctypes.c_char * n).from_address(memptr.mem.ptr),
+                             dtype=dtype).reshape(shape)
+
+    runtime = types.SimpleNamespace(
+        ipcGetMemHandle=lambda base: calls.append(("get", base)) or bytes(range(64)),
+        ipcOpenMemHandle=lambda h, flags: calls.append(("open", h, flags)) or 0xABC000,
+        ipcCloseMemHandle=lambda p: calls.append(("close", p)),
+        memcpyAsync=memcpy_async)
+    cuda = types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0), runtime=runtime,
+        get_current_stream=lambda: Stream(), UnownedMemory=unowned,
+        MemoryPointer=lambda mem, off: types.SimpleNamespace(mem=mem, off=off))
+    return types.SimpleNamespace(
+        cuda=cuda, ndarray=ndarray, add=np.add, multiply=np.multiply, maximum=np.maximum,
+        minimum=np.minimum, empty=lambda n, dtype: np.empty(n, dtype).view(Arr))
+
+
+def test_cupy_device_calls_cuda_as_documented(monkeypatch):
+    """CupyDevice against stand-ins of CuPy and libcuda that check the calls' shapes (the
+    real ones need a GPU): driver queries, export/open/close, async copies on the current
+    stream, device-side reductions on views of raw pointers."""
+    import ctypes
+    import sys
+
+    from sbpmpi.comm.gpu import device as D
+
+    calls: list = []
+    a = np.arange(8, dtype=np.float32)
+    b = np.full(8, 10, dtype=np.float32)
+    base = a.ctypes.data
+    drv = _FakeDriver({base: (32, 77, 1), b.ctypes.data: (32, -1, 1), 1 << 44: (64, 5, 0)})
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(calls))
+    monkeypatch.setattr(D.ctypes, "CDLL", lambda name: drv if name == "libcuda.so.1" else
+                        ctypes.CDLL(name))
+    dev = D.CupyDevice()
+    assert dev.allocation(base + 8) == Allocation(base, 32, 77)
+    assert dev.allocation(b.ctypes.data).id == -1  # no buffer id: the protocol keys by handle
+    assert dev.allocation(1 << 44) is None  # not IPC capable (stream-ordered memory)
+    assert dev.allocation(12) is None
+    h = dev.export(base)
+    assert h == bytes(range(64)) and ("get", base) in calls
+    assert dev.open(h) == 0xABC000 and ("open", h, 1) in calls  # lazy peer access
+    dev.close(0xABC000)
+    assert ("close", 0xABC000) in calls
+    dev.copy(b.ctypes.data, base + 4, 8)
+    np.testing.assert_array_equal(b[:2], [1, 2])
+    assert ("memcpyAsync", 8, 4, 1234) in calls  # cudaMemcpyDefault on the current stream
+    dev.reduce(a.ctypes.data, b.ctypes.data, 32, np.dtype(np.float32), ReduceOp.MAX)
+    want = np.maximum(np.arange(8, dtype=np.float32), [1, 2] + [10] * 6)
+    np.testing.assert_array_equal(a, want)
+    dev.divide(a.ctypes.data, 32, np.dtype(np.float32), 2)
+    np.testing.assert_array_equal(a, want / 2)
+    assert ("UnownedMemory", 32, 0) in calls
+    ptr, keep = dev.scratch(16)
+    assert ptr == keep.ctypes.data and keep.nbytes >= 16
+    dev.synchronize()
+    assert calls[-1] == ("sync",)

@@ -22,6 +22,7 @@ One call, on every rank of the node communicator:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,7 @@ class Buffer:
     nbytes: int
 
 
+@functools.cache
 def _record_dtype(nmeta: int) -> np.dtype:
     r = len(ROLES)
     return np.dtype([("ok", "<i8"), ("id", "<i8", (r,)), ("base", "<u8", (r,)),
