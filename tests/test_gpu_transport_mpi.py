@@ -78,6 +78,12 @@ def test_every_collective_over_ipc(chk, dev):
             if op is ReduceOp.AVG:
                 want = want / np.dtype(dt).type(p)
             chk.same(out.get(), want[3 * rank:3 * rank + 3], f"reduce_scatter {dt} {op}")
+    # above DIRECT_ALL_REDUCE_BYTES (and p > 2): reduce-scatter + all-gather on IPC
+    n_big = route.DIRECT_ALL_REDUCE_BYTES // 4 + 3
+    xs = [data(r, n_big, np.float32, 12) for r in range(p)]
+    x = dev.array(xs[rank])
+    C.all_reduce(x, op=ReduceOp.MAX)
+    chk.same(x.get(), np.maximum.reduce(np.stack(xs), axis=0), "large all_reduce")
     for root in range(p):
         x = dev.array(allx[rank])
         C.broadcast(x, src=root)

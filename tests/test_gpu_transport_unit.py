@@ -101,17 +101,21 @@ def test_reduce_scatter_v_and_all_reduce_schedules(p, dtype, op):
     for count in (0, 1, n, 4 * p + 3):
         ins = [data(r, count, dt, 3) for r in range(p)]
         want = UFUNC[op].reduce(np.stack(ins), axis=0, dtype=dt)
-        sch = [S.all_reduce(p, r, count, dt.itemsize) for r in range(p)]
-        bufs = [x.copy() for x in ins]
-        mem = []
-        for r in range(p):
-            b = bufs[r].view(np.uint8)
-            mem.append({"in": b, "out": b, "tmp": _tmp(sch[r])})
-        _simulate(p, sch, mem, dt, op)
-        for r in range(p):
-            np.testing.assert_array_equal(bufs[r], want, err_msg=f"all_reduce rank {r}")
-            # each rank reads (p-1)/p of the buffer twice, not (p-1) whole buffers
-            assert sch[r].peer_reads(r) <= 2 * (count // p + 1) * (p - 1) * dt.itemsize
+        for fn in (S.all_reduce, S.all_reduce_direct):
+            sch = [fn(p, r, count, dt.itemsize) for r in range(p)]
+            bufs = [x.copy() for x in ins]
+            mem = []
+            for r in range(p):
+                b = bufs[r].view(np.uint8)
+                mem.append({"in": b, "out": b, "tmp": _tmp(sch[r])})
+            _simulate(p, sch, mem, dt, op)
+            for r in range(p):
+                np.testing.assert_array_equal(bufs[r], want, err_msg=f"{fn.__name__} rank {r}")
+                if fn is S.all_reduce:  # reads (p-1)/p of the buffer twice, not p-1 buffers
+                    assert sch[r].peer_reads(r) <= 2 * (count // p + 1) * (p - 1) * dt.itemsize
+                elif sch[r].phases:  # the last phase is local: no final barrier
+                    assert not sch[r].final_barrier
+                    assert all(mv.src == r for mv in sch[r].phases[-1])
 
 
 @pytest.mark.parametrize("p", SIZES)
@@ -284,6 +288,22 @@ def test_ipc_all_reduce_phases_are_separated_by_barriers():
         mid = kinds.index("barrier")
         assert "reduce" in kinds[i0:mid] and kinds[mid - 1] == "sync"
         assert "copy" in kinds[mid + 1:] and kinds[-2:] == ["sync", "barrier"]
+
+    def direct(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
+        b = Buffer(dev.pointer(x), 24)
+        assert t.run("all_reduce", {"in": b, "out": b}, True,
+                     lambda _: S.all_reduce_direct(p, r, 6, 4), (), np.dtype(np.float32),
+                     ReduceOp.SUM, export=("out",))
+        return x.get(), [e[0] for e in dev.log]
+
+    for got, kinds in _threads(p, direct):
+        np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
+        # reads, then one barrier, then the local copy back and no final barrier
+        assert kinds.count("barrier") == 1 and kinds.count("allgather") == 1
+        mid = kinds.index("barrier")
+        assert kinds[mid - 1] == "sync" and "reduce" in kinds[:mid]
+        assert kinds[mid + 1:] == ["copy", "sync"], kinds
 
 
 def test_ipc_falls_back_together_and_fails_together():

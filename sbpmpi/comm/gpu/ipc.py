@@ -216,9 +216,12 @@ class IpcTransport:
                 hit = ptrs[(k, role)] = base + int(r["off"][i])
             return hit
 
+        failed = 0
         for n, phase in enumerate(sched.phases):
-            if n and self._barrier(int(err is not None)):
-                break
+            if n:
+                failed = self._barrier(int(err is not None))
+                if failed:
+                    break
             if err is not None:
                 continue
             try:
@@ -237,7 +240,13 @@ class IpcTransport:
                         self.stats["bytes_read"] += mv.nbytes
             except Exception as e:  # finish the protocol, then raise on every rank
                 err = e
-        failed = self._barrier(int(err is not None))
+        if sched.final_barrier:  # the same on every rank
+            failed = self._barrier(int(err is not None)) or failed
+        elif not failed:  # the last phase was local: wait for this rank's own work only
+            try:
+                self.device.synchronize()
+            except Exception as e:
+                err = e
         del keep
         if err is not None:
             raise IpcError(f"{op}: CUDA IPC failed on node rank {me}: "

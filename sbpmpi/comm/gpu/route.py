@@ -37,6 +37,10 @@ __all__ = ["ENABLED", "configure", "set_device", "get_device", "transport_for", 
 ENABLED: bool = os.environ.get("SBPMPI_GPU_TRANSPORT", "").strip().lower() not in (
     "", "mpi", "staged")
 _checked = False
+# all-reduce reads every peer's whole buffer (2 synchronisations) up to this size, or at
+# 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (3). To tune
+# on a GPU.
+DIRECT_ALL_REDUCE_BYTES = 256 << 10
 _device: Device | None = None
 _device_reason = ""
 _transports: dict[tuple[int, ...], Transport | str] = {}
@@ -207,7 +211,9 @@ def all_reduce(arr: Any, m: tuple[Any, ...], op: ReduceOp, g: Group,
     p, me, it = g.size, comm.Get_rank(), m[0].itemsize
     nb = m[1] * it
     return _run("all_reduce", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
-                lambda _: S.all_reduce(p, me, m[1], it), op=op, average=(arr, nb), traced=nb,
+                lambda _: (S.all_reduce_direct if p == 2 or nb <= DIRECT_ALL_REDUCE_BYTES
+                           else S.all_reduce)(p, me, m[1], it), op=op, average=(arr, nb),
+                traced=nb,
                 export=("out",),
                 hier=lambda h, b: h.all_reduce("all_reduce", b["out"].ptr, True, m[1], m[0], op))
 

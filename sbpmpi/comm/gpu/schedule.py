@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["Move", "Schedule", "COPY", "REDUCE", "blocks", "all_gather_v", "reduce_scatter_v",
-           "all_reduce", "all_to_all_v", "broadcast", "exchange", "P2P"]
+           "all_reduce", "all_reduce_direct", "all_to_all_v", "broadcast", "exchange", "P2P"]
 
 COPY = "copy"
 REDUCE = "reduce"
@@ -46,6 +46,9 @@ class Schedule:
     phases: tuple[tuple[Move, ...], ...]
     exports: tuple[str, ...] = ("in",)
     tmp_bytes: int = 0
+    # False when the last phase reads nothing from peers on every rank: the barrier
+    # before it already tells each rank that the peers are done with its buffers
+    final_barrier: bool = True
 
     def moves(self) -> list[Move]:
         return [m for ph in self.phases for m in ph]
@@ -129,6 +132,23 @@ def all_reduce(p: int, me: int, count: int, itemsize: int) -> Schedule:
     ph1 = tuple(Move(COPY, k, "out", bl[k][0], "out", bl[k][0], bl[k][1] - bl[k][0])
                 for k in _order(p, me)[:-1] if bl[k][1] > bl[k][0])
     return Schedule((ph0, ph1), exports=("out",), tmp_bytes=n)
+
+
+def all_reduce_direct(p: int, me: int, count: int, itemsize: int) -> Schedule:
+    """In place, for latency-bound sizes: every rank reduces all the buffers (rank order)
+    into ``tmp``; after a barrier (no rank reads a peer any more) it copies ``tmp`` back.
+
+    Two synchronisations instead of the three of :func:`all_reduce`; each rank reads
+    (p-1) whole buffers instead of 2(p-1)/p of one (the same bytes at p = 2).
+    """
+    _check(p, me)
+    n = count * itemsize
+    if p == 1 or n == 0:
+        return Schedule((), exports=("out",))
+    ph0 = (Move(COPY, 0, "out", 0, "tmp", 0, n),) + tuple(
+        Move(REDUCE, k, "out", 0, "tmp", 0, n) for k in range(1, p))
+    ph1 = (Move(COPY, me, "tmp", 0, "out", 0, n),)
+    return Schedule((ph0, ph1), exports=("out",), tmp_bytes=n, final_barrier=False)
 
 
 def all_to_all_v(p: int, me: int, send_nbytes: Sequence[Sequence[int]],
