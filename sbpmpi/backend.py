@@ -28,6 +28,7 @@ __all__ = [
     "device_array_meta",
     "device_pointer",
     "register_host_backed",
+    "is_host_backed",
     "sync_for_transfer",
     "ascontiguous_device",
     "copy_device_to_host",
@@ -133,10 +134,17 @@ def from_dlpack(a: Any) -> Any:
             return cp.from_dlpack(a)
         return np.from_dlpack(a)
     if hasattr(a, "__cuda_array_interface__"):
+        if type(a) in _HOST_BACKED:
+            return a  # a stand-in over host memory: CuPy would take its pointer for a GPU's
         if cp is None:
             raise RuntimeError("got a CUDA array, but CuPy is not available")
         return cp.asarray(a)
     return np.asarray(a)
+
+
+def is_host_backed(a: Any) -> bool:
+    """True for CUDA-array stand-ins over host memory (see :func:`register_host_backed`)."""
+    return type(a) in _HOST_BACKED
 
 
 def to_device(a: Any, device_type: str) -> Any:
@@ -229,11 +237,14 @@ def sync_for_transfer(a: Any) -> None:
 
 def ascontiguous_device(a: Any) -> Any:
     """Return a C-contiguous GPU array with the values of ``a`` (a copy if needed)."""
+    if type(a) in _HOST_BACKED:  # a stand-in over host memory never reaches CuPy
+        if hasattr(a, "copy_contiguous"):
+            return a.copy_contiguous()
+        raise ValueError(f"cannot make a contiguous copy of the host-backed stand-in "
+                         f"{type(a).__name__}: it has no copy_contiguous()")
     cp = _cupy()
     if cp is not None:
         return cp.ascontiguousarray(cp.asarray(a))
-    if type(a) in _HOST_BACKED and hasattr(a, "copy_contiguous"):
-        return a.copy_contiguous()
     raise ValueError(
         f"cannot make a contiguous copy of a non-contiguous {type(a).__name__} without CuPy; "
         "pass a contiguous array")

@@ -164,8 +164,11 @@ def format_info(d: dict[str, Any]) -> str:
         yn = "yes" if aware else "no"
         why = c.get("cuda_aware_reason") or c.get("reason") or ""
         lines.append(f"CUDA-aware:   {yn}" + (f"  ({why})" if why else ""))
+    if c.get("gpu_transport"):
+        lines.append(f"GPU transport: {c['gpu_transport']}  ({c.get('gpu_transport_reason', '')})")
     shown = {"mpi_library", "mpi_version", "mpi4py", "rank", "world_size", "cuda_aware",
-             "cuda_aware_reason", "gpus_visible", "gpu", "ranks"}
+             "cuda_aware_reason", "gpus_visible", "gpu", "ranks", "gpu_transport",
+             "gpu_transport_reason"}
     rest = {k: v for k, v in c.items() if k not in shown}
     if rest:
         lines.append("communication (rank 0's sbpmpi.comm.info()):")
@@ -190,7 +193,8 @@ def info(argv: Sequence[str] = ()) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     ap.add_argument("--calibrate", action="store_true",
                     help="measure the boxing cost table now (collective) instead of showing "
-                         "the stored one")
+                         "the stored one, and refresh this machine's entry in the cache file "
+                         "(sbpmpi.boxing.calibrate.cache_path())")
     a = ap.parse_args(list(argv))
     d = collect_info(calibrate=a.calibrate)
     if d is not None:

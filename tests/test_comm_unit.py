@@ -203,6 +203,74 @@ def test_fake_cuda_copies_and_meta():
         describe([1, 2], "arr", "all_reduce")
 
 
+class _GpuCupy:
+    """A stand-in for CuPy that sees a real GPU: any host pointer handed to it fails, as
+    ``cupy.asarray`` of a host-backed array fails with cudaErrorInvalidDevice on a GPU node."""
+
+    class ndarray:  # noqa: N801 - CuPy's name
+        pass
+
+    class cuda:  # noqa: N801
+        class _Stream:
+            def synchronize(self):
+                pass
+
+        runtime = None
+
+        @staticmethod
+        def get_current_stream():
+            return _GpuCupy.cuda._Stream()
+
+    @staticmethod
+    def _refuse(*args, **kwargs):
+        raise RuntimeError("cudaErrorInvalidDevice: a host-backed stand-in reached CuPy")
+
+    asarray = ascontiguousarray = from_dlpack = _refuse
+
+
+@pytest.fixture
+def gpu_cupy(monkeypatch):
+    """``backend`` believes CuPy sees a GPU; pinned buffers come from a stand-in cupyx."""
+    import sys
+    import types
+
+    monkeypatch.setattr(backend, "_cupy", lambda: _GpuCupy)
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    assert backend.cupy_available()
+    yield monkeypatch
+
+
+def test_fake_cuda_never_reaches_cupy(gpu_cupy):
+    h = np.arange(12.0).reshape(3, 4)
+    d = FakeCudaArray.from_numpy(h)
+    nc = d[:, ::2]
+    np.testing.assert_array_equal(backend.ascontiguous_device(nc).get(), h[:, ::2])
+    assert backend.from_dlpack(d) is d
+    backend.sync_for_transfer(d)
+    for aware in (False, True):
+        cuda_aware.set_cuda_aware(aware)
+        try:
+            st = Stager()
+            m = describe(nc, "arr", "t")
+            buf = st.inp(nc, m)  # a non-contiguous device input: copied by the stand-in
+            np.testing.assert_array_equal(np.asarray(buf.get() if aware else buf),
+                                          h[:, ::2].ravel().reshape(buf.shape))
+            out = FakeCudaArray.zeros(6, np.float64)
+            ob = st.out(out, describe(out, "out", "t"))
+            if aware:
+                assert ob is out
+            else:
+                ob[...] = np.arange(6.0)
+            st.finish()
+            st.release()
+            if not aware:
+                np.testing.assert_array_equal(out.get(), np.arange(6.0))
+        finally:
+            cuda_aware.set_cuda_aware(None)
+
+
 def test_stager_round_trip_without_mpi():
     cuda_aware.set_cuda_aware(False)
     try:

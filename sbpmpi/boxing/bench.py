@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -61,6 +62,35 @@ class Result:
     def noisy(self) -> bool:
         """Too few repeats, or repeats too far apart, to quote the ratio."""
         return self.repeats < NOISY_MIN_REPEATS or self.spread > NOISY_SPREAD
+    proxy_ms: float | None = None  # cuda: a device-to-device copy of the bytes a rank receives
+
+
+# Share of the global tensor each rank receives, per conversion (the algorithmic minimum:
+# all-reduce moves it twice); the device-copy proxy copies this many bytes.
+def _received_share(conversion: str, p: int) -> float:
+    if p <= 1 or conversion.startswith("B->"):
+        return 0.0
+    if conversion.startswith("2x2"):
+        return (2.0 if "(P,P)" in conversion else 1.0) * 3 / 4
+    if conversion.startswith("P->B"):
+        return 2 * (p - 1) / p
+    if conversion.startswith("S(0)->S(1)"):
+        return (p - 1) / (p * p)
+    return (p - 1) / p
+
+
+def _device_copy(nbytes: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(copy, same copy): a device-to-device copy of ``nbytes`` (the physical proxy)."""
+    from .. import backend
+
+    cp = backend.get_xp("cuda")
+    src = cp.ones(max(nbytes, 1), dtype=np.uint8)
+    dst = cp.empty_like(src)
+
+    def copy() -> Any:
+        dst[:nbytes] = src[:nbytes]
+        return dst
+    return copy, copy
 
 
 Case = tuple[str, Callable[[], Any], Callable[[], Any], str]
@@ -260,9 +290,13 @@ def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int
         for name, raw, ours, plan in _cases(int(mib * (1 << 20)), dt, device_type):
             shape = tuple(ours().shape)
             tr, to, spread = _time_pair(raw, ours, repeats, warmup, sync)
+            proxy = None
+            if device_type == "cuda":
+                nbytes = int(_received_share(name, p) * math.prod(shape) * dt.itemsize)
+                proxy = _time_pair(*_device_copy(nbytes), repeats, warmup, sync)[0] * 1e3
             results.append(report("size", Result(
                 name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p,
-                RAW_CALLS.get(name, ""), repeats, spread)))
+                RAW_CALLS.get(name, ""), repeats, spread, proxy)))
     small = []
     for name, raw, ours, plan in _cases(p * 2 * 240 * dt.itemsize, dt, device_type, True):
         tr, to, spread = _time_pair(raw, ours, overhead_repeats, 20, sync, best=True)
@@ -277,14 +311,17 @@ def as_dict(r: Result) -> dict[str, Any]:
     return asdict(r) | {"noisy": r.noisy}
 
 
-def format_header(kind: str, p: int) -> str:
-    """Title and column names of the ``"size"`` or ``"overhead"`` table."""
+def format_header(kind: str, p: int, proxy: bool = False) -> str:
+    """Title and column names of the ``"size"`` or ``"overhead"`` table (``proxy``: with
+    the device-copy columns of a cuda run)."""
     if kind == "size":
         return (f"boxing vs raw mpi4py, {p} ranks (medians of the slowest rank; ratio = "
                 f"sbpmpi / raw; noisy: < {NOISY_MIN_REPEATS} repeats or max/min > "
-                f"{NOISY_SPREAD:g})\n"
+                f"{NOISY_SPREAD:g})"
+                + ("; copy = device-to-device copy of the bytes a rank receives, x copy = "
+                   "sbpmpi / copy" if proxy else "") + "\n"
                 f"{'conversion':<24}{'MiB':>6}{'raw ms':>10}{'sbpmpi ms':>11}{'ratio':>8}"
-                f"{'':>7}  plan")
+                + (f"{'copy ms':>10}{'x copy':>8}" if proxy else "") + f"{'':>7}  plan")
     return (f"per-conversion overhead on tiny tensors ({p} ranks; best of the repeats)\n"
             f"{'conversion':<24}{'shape':>12}{'raw us':>9}{'sbpmpi us':>11}{'overhead us':>13}")
 
@@ -292,8 +329,12 @@ def format_header(kind: str, p: int) -> str:
 def format_row(kind: str, r: Result) -> str:
     """One row of the ``"size"`` or ``"overhead"`` table."""
     if kind == "size":
+        extra = ""
+        if r.proxy_ms is not None:
+            c = r.proxy_ms
+            extra = f"{c:>10.3f}" + (f"{r.sbpmpi_ms / c:>8.1f}" if c > 0 else f"{'-':>8}")
         return (f"{r.conversion:<24}{r.mib:>6g}{r.raw_ms:>10.3f}{r.sbpmpi_ms:>11.3f}"
-                f"{r.ratio:>8.2f}{'noisy' if r.noisy else '':>7}  {r.plan}")
+                f"{r.ratio:>8.2f}{extra}{'noisy' if r.noisy else '':>7}  {r.plan}")
     return (f"{r.conversion:<24}{str(r.shape):>12}{r.raw_ms * 1e3:>9.1f}"
             f"{r.sbpmpi_ms * 1e3:>11.1f}{(r.sbpmpi_ms - r.raw_ms) * 1e3:>13.1f}")
 
@@ -301,7 +342,8 @@ def format_row(kind: str, r: Result) -> str:
 def format_tables(results: Sequence[Result], small: Sequence[Result]) -> str:
     """Both tables, whole (what rank 0 printed row by row while measuring)."""
     p = results[0].world_size if results else MPI.COMM_WORLD.Get_size()
-    lines = [format_header("size", p), *(format_row("size", r) for r in results), "",
+    proxy = any(r.proxy_ms is not None for r in results)
+    lines = [format_header("size", p, proxy), *(format_row("size", r) for r in results), "",
              format_header("overhead", p), *(format_row("overhead", r) for r in small)]
     return "\n".join(lines)
 
@@ -328,7 +370,7 @@ def printer(rank: int) -> Callable[[str, Result], None]:
         if kind not in started:
             if started:
                 print()
-            print(format_header(kind, r.world_size), flush=True)
+            print(format_header(kind, r.world_size, r.proxy_ms is not None), flush=True)
             started.add(kind)
         print(format_row(kind, r), flush=True)
     return show

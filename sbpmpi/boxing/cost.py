@@ -24,12 +24,22 @@ copy            bytes copied locally        1 (per step)        1
 Host (``"cpu"``) and device (``"cuda"``) buffers have separate parameters. The table
 in use must be the same on every rank (plans are computed independently on each rank);
 :func:`sbpmpi.boxing.calibrate` measures one and installs it everywhere.
+
+The device row depends on the GPU transport (:mod:`sbpmpi.comm.gpu`): until a table is
+installed, :func:`get_cost_table` returns, where CuPy sees a GPU, the defaults with the
+device row of the transport in use (:data:`GPU_TRANSPORT_COSTS`), or, on a single-node
+job, the device row cached by an earlier :func:`sbpmpi.boxing.calibrate` on this machine
+(:mod:`.calibrate`). The transport is decided from the environment and the MPI library
+only, so every rank gets the same table.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+
+from .. import backend
+from ..comm.gpu import select as _select
 
 __all__ = [
     "PRIMITIVES",
@@ -44,6 +54,8 @@ __all__ = [
     "step_seconds",
     "get_cost_table",
     "set_cost_table",
+    "GPU_TRANSPORT_COSTS",
+    "table_for_transport",
 ]
 
 PRIMITIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "p2p",
@@ -154,12 +166,65 @@ DEFAULT_TABLE = CostTable(
                                copy_beta=1 / 500e9, p2p_alpha=10e-6, step=10e-6),
 )
 
+# Device rows per GPU transport, estimated from measurements on one H100 shared by two
+# ranks (Open MPI 4.1 not CUDA-aware; issue 13): a staged step (device -> pinned host ->
+# MPI shared memory -> device) costs about 180 us and moves ~1.5 GB/s per rank; a CUDA IPC
+# copy out of a peer's buffer reads 64 MiB in 0.24 ms, plus a stream synchronisation and
+# node barriers per call. "mpi" (a CUDA-aware library) keeps the generic defaults.
+# calibrate() replaces them with measurements.
+# Point-to-point moves (boxing's send_recv) are not carried by IPC yet: the ipc row keeps
+# the staged p2p parameters (on a CUDA-aware MPI, calibrate() measures what they are).
+_STAGED = DeviceCosts.uniform(alpha=80e-6, beta=1 / 1.5e9, copy_alpha=8e-6,
+                              copy_beta=1 / 500e9, p2p_alpha=60e-6, step=100e-6)
+GPU_TRANSPORT_COSTS: dict[str, DeviceCosts] = {
+    "mpi": DEFAULT_TABLE.device,
+    "staged": _STAGED,
+    "ipc": replace(DeviceCosts.uniform(alpha=25e-6, beta=1 / 200e9, copy_alpha=8e-6,
+                                       copy_beta=1 / 500e9, step=10e-6), p2p=_STAGED.p2p),
+}
+
+
+def table_for_transport(transport: str, table: CostTable = DEFAULT_TABLE) -> CostTable:
+    """``table`` with the default device row of GPU ``transport`` (``ipc``/``mpi``/``staged``)."""
+    row = GPU_TRANSPORT_COSTS.get(transport)
+    if row is None:
+        raise ValueError(f"transport {transport!r} is not one of {tuple(GPU_TRANSPORT_COSTS)}")
+    if row is table.device:
+        return table
+    return CostTable(table.host, row, source=f"{table.source}; device row: {transport} defaults")
+
+
 _current: CostTable = DEFAULT_TABLE
+_installed = False
+_auto: dict[str, CostTable] = {}
+
+
+def _default_table() -> CostTable:
+    """The defaults for the GPU transport in use (or its cached calibration), cached.
+
+    Without a GPU (no "cuda" placement can run) the plain defaults, with no detection.
+    """
+    if not backend.cupy_available():
+        return DEFAULT_TABLE
+    name = (_select._decision or _select.gpu_transport()).name
+    hit = _auto.get(name)
+    if hit is None:
+        from .calibrate import cached_device_row
+
+        row = cached_device_row(name)
+        if row is not None:
+            hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
+        else:
+            hit = table_for_transport(name)
+        _auto[name] = hit
+    return hit
 
 
 def get_cost_table() -> CostTable:
     """The table in use."""
-    return _current
+    if _installed:
+        return _current
+    return _default_table()
 
 
 def set_cost_table(table: CostTable | None) -> CostTable:
@@ -167,10 +232,12 @@ def set_cost_table(table: CostTable | None) -> CostTable:
 
     Every rank must install the same table, or plans may differ between ranks.
     """
-    global _current
+    global _current, _installed
     if table is not None and not isinstance(table, CostTable):
         raise TypeError(f"table must be a CostTable or None, got {type(table).__name__}")
-    prev, _current = _current, (DEFAULT_TABLE if table is None else table)
+    prev = get_cost_table()
+    _current, _installed = (DEFAULT_TABLE if table is None else table), table is not None
+    _auto.clear()
     return prev
 
 
@@ -213,7 +280,7 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
     For ``p2p``, ``p`` is the number of messages of the busiest rank and ``nbytes`` the
     bytes it sends or receives.
     """
-    ab = (table or _current).params(device_type).get(primitive)
+    ab = (table or get_cost_table()).params(device_type).get(primitive)
     if primitive != "p2p" and p <= 1:
         return 0.0
     return ab.alpha * rounds(primitive, p) + ab.beta * factor(primitive, p) * float(nbytes)
@@ -221,11 +288,11 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
 
 def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> float:
     """The fixed cost of one plan step."""
-    return (table or _current).params(device_type).step
+    return (table or get_cost_table()).params(device_type).step
 
 
 def copy_seconds(nbytes: float, device_type: str = "cpu", table: CostTable | None = None,
                  ops: int = 1) -> float:
     """Modelled seconds of ``ops`` local steps copying or filling ``nbytes`` bytes in all."""
-    ab = (table or _current).params(device_type).copy
+    ab = (table or get_cost_table()).params(device_type).copy
     return ab.alpha * ops + ab.beta * float(nbytes)

@@ -7,7 +7,8 @@ in place on the arrays passed; ranks given as ``src``/``dst`` are world ranks an
 Modules: :mod:`.group` (groups, mesh sub-communicators), :mod:`.dtypes` (dtype ->
 MPI datatype), :mod:`.reduce_op` (ReduceOp -> MPI op), :mod:`.buffers` (contiguity,
 GPU staging), :mod:`.cuda_aware`, :mod:`.checks` (checked mode), :mod:`.p2p`,
-:mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`, :mod:`.info`.
+:mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`, :mod:`.info`, :mod:`.gpu`
+(the GPU transports: CUDA IPC on a node, and which one is used).
 """
 
 from .checks import checking, set_checking
@@ -23,6 +24,7 @@ from .collectives import (
     scatter,
 )
 from .cuda_aware import is_cuda_aware, set_cuda_aware
+from .gpu import gpu_transport, set_gpu_transport
 from .group import WORLD, Group, get_group, mesh_groups, new_group, placement_group
 from .info import info
 from .objects import all_agree, all_gather_object, broadcast_object
@@ -38,4 +40,5 @@ __all__ = [
     "reduce_scatter", "all_to_all",
     "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v",
     "info", "is_cuda_aware", "set_cuda_aware", "checking", "set_checking",
+    "gpu_transport", "set_gpu_transport",
 ]

@@ -18,6 +18,7 @@ from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .dtypes import dtype_info
+from .gpu import route as _gpu
 from .group import Group, resolve, root_rank
 from .listbufs import gather_list_in, list_metas, scatter_list_out
 from .reduce_op import MPIReduction, ReduceOp, mpi_reduction
@@ -99,6 +100,8 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
         raise
     if checks._enabled:
         checks.agree(comm, "broadcast", None, _sig(m, size=m[1], src=src))
+    if m[3] and _gpu.ENABLED and _gpu.broadcast(arr, m, root, g, comm):
+        return
     me = comm.Get_rank()
     st = stager(m[3])
     try:
@@ -168,6 +171,8 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         raise
     if checks._enabled:
         checks.agree(comm, "all_reduce", None, _sig(m, size=m[1], op=op.name))
+    if m[3] and _gpu.ENABLED and _gpu.all_reduce(arr, m, op, g, comm):
+        return
     red = nan_safe(red, op, m[0], arr, comm, g.ranks)
     st = stager(m[3], _host_only(red, arr, m))
     try:
@@ -279,6 +284,9 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
         raise
     if checks._enabled:
         checks.agree(comm, op, None, _sig(m, size=m[1]))
+    if (m[3] and mo is not None and mo[3] and _gpu.ENABLED
+            and _gpu.all_gather(out, arr, m, g, comm)):
+        return
     st = stager(m[3] or (mo is not None and mo[3]))
     try:
         sbuf = st.inp(arr, m)
@@ -368,6 +376,9 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         raise
     if checks._enabled:
         checks.agree(comm, name, None, _sig(m, size=m[1], op=op.name))
+    if (m[3] and mi is not None and mi[3] and _gpu.ENABLED
+            and _gpu.reduce_scatter(out, x, m, mi, op, g, comm)):
+        return
     red = nan_safe(red, op, m[0], x, comm, g.ranks)
     host_only = _host_only(red, out, m)
     st = stager(m[3] or (mi is not None and mi[3]), host_only)
@@ -422,6 +433,9 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         raise
     if checks._enabled:
         checks.agree(comm, name, None, _sig(m, block=m[1]))
+    if (mo is not None and mi is not None and mo[3] and mi[3] and _gpu.ENABLED
+            and _gpu.all_to_all(out, in_, m, mi, g, comm)):
+        return
     st = stager(m[3] or (mo is not None and mo[3]) or (mi is not None and mi[3]))
     try:
         if mi is not None:

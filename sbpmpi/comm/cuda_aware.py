@@ -3,7 +3,8 @@
 mpi4py has no query for this, and handing a device pointer to an MPI that is not
 CUDA-aware usually crashes, so the decision is conservative, in this order:
 
-1. ``SBPMPI_CUDA_AWARE=1`` / ``0`` in the environment (an explicit override);
+1. ``SBPMPI_CUDA_AWARE=1`` / ``0`` in the environment (an explicit override), then
+   ``SBPMPI_GPU_TRANSPORT=mpi`` / ``staged`` (the transport forced: direct / staged);
 2. what the library reports, identified by ``MPI.Get_library_version()``:
    Cray MPICH: ``MPICH_GPU_SUPPORT_ENABLED=1``; MVAPICH: ``MV2_USE_CUDA=1``;
    Open MPI: ``MPIX_Query_cuda_support()``; MPICH: ``MPIR_CVAR_ENABLE_GPU`` not 0 and
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
-           "library_name"]
+           "detect_library", "library_name"]
 
 ENV = "SBPMPI_CUDA_AWARE"
 _TRUE = ("1", "true", "yes", "on")
@@ -97,6 +98,9 @@ def _mpich_gpu_query() -> tuple[bool | None, str]:
     return bool(out.value), f"MPIX_GPU_query_support(CUDA) returned {out.value}"
 
 
+TRANSPORT_ENV = "SBPMPI_GPU_TRANSPORT"
+
+
 def detect() -> CudaAwareness:
     """Decide CUDA-awareness now (see the module docstring for the order)."""
     override = os.environ.get(ENV)
@@ -105,6 +109,15 @@ def detect() -> CudaAwareness:
         if flag is None:
             raise ValueError(f"{ENV}={override!r} is not one of 0/1 (or true/false)")
         return CudaAwareness(flag, f"{ENV}={override.strip()} (explicit override)")
+    transport = os.environ.get(TRANSPORT_ENV, "").strip().lower()
+    if transport in ("mpi", "staged"):
+        return CudaAwareness(transport == "mpi", f"{TRANSPORT_ENV}={transport} (explicit "
+                             "override of the transport)")
+    return detect_library()
+
+
+def detect_library() -> CudaAwareness:
+    """What the MPI library itself reports (no environment overrides of sbpmpi)."""
     lib = library_name()
     text = MPI.Get_library_version()
     if "CRAY MPICH" in text.upper():

@@ -11,6 +11,8 @@ from .. import backend
 from .buffers import POOL
 from .checks import checking
 from .cuda_aware import cuda_awareness, library_name
+from .gpu import route
+from .gpu.select import gpu_transport
 
 __all__ = ["info"]
 
@@ -23,7 +25,9 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
     ``cuda_aware_reason``, ``staging`` (how GPU arrays reach MPI), ``pinned_pool``
     (staging buffer statistics), ``gpus_visible``, ``gpu`` (device id this rank uses, or
     None), ``cupy_allocator`` (keep CuPy's default ``MemoryPool`` with a CUDA-aware MPI:
-    stream-ordered allocations break CUDA IPC), ``checked_mode``. With ``all_ranks=True`` (collective over WORLD), also
+    stream-ordered allocations break CUDA IPC), ``checked_mode``, ``gpu_transport``
+    (``"ipc"``, ``"mpi"`` or ``"staged"``), ``gpu_transport_reason`` and ``ipc`` (per group
+    that used it: calls, fallbacks, exports, opened mappings; or why it has no IPC). With ``all_ranks=True`` (collective over WORLD), also
     ``ranks``: the per-rank dicts of every rank.
     """
     aware = cuda_awareness()
@@ -48,6 +52,14 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
         "cupy_allocator": backend.cupy_allocator_name(),
         "checked_mode": checking(),
     }
+    tr = gpu_transport()
+    d["gpu_transport"] = tr.name
+    d["gpu_transport_reason"] = tr.reason
+    if tr.name == "ipc":
+        d["ipc"] = {str(list(ranks)): t if isinstance(t, str) else
+                    dict(t.stats, mapped=len(t.mapped), device=t.device.name,
+                         kind="hierarchical" if hasattr(t, "cross") else "one node")
+                    for ranks, t in route.transports().items()}
     if all_ranks:
         per_rank = MPI.COMM_WORLD.allgather(
             {k: d[k] for k in ("rank", "cuda_aware", "gpus_visible", "gpu")})

@@ -16,6 +16,7 @@ from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .collectives import _average, _host_only, nan_safe
 from .dtypes import dtype_info
+from .gpu import route as _gpu
 from .group import Group, resolve, root_rank
 from .reduce_op import ReduceOp, mpi_reduction
 from .tracing import ACTIVE, note
@@ -82,6 +83,8 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         raise
     if checks._enabled:
         checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d)])
+    if m[3] and mo[3] and _gpu.ENABLED and _gpu.all_gather_v(out, arr, m, c, d, need, g, comm):
+        return
     st = stager(m[3] or mo[3])
     try:
         sbuf = st.inp(arr, m)
@@ -205,6 +208,9 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         raise
     if checks._enabled:
         checks.agree(comm, name, None, [("dtype", m[0].str), ("counts", c), ("op", op.name)])
+    if (m[3] and mi[3] and _gpu.ENABLED
+            and _gpu.reduce_scatter_v(out, arr, m, mi, c, op, g, comm)):
+        return
     red = nan_safe(red, op, m[0], arr, comm, g.ranks)
     st = stager(m[3] or mi[3], _host_only(red, out, m))
     try:
@@ -250,6 +256,9 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
                     raise ValueError(
                         f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
                         f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
+    if (m[3] and mo[3] and _gpu.ENABLED
+            and _gpu.all_to_all_v(out, oc, od, oneed, arr, ic, idd, m, g, comm)):
+        return
     st = stager(m[3] or mo[3])
     try:
         sbuf = st.inp(arr, m)

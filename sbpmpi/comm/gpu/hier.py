@@ -1,0 +1,206 @@
+"""Hierarchical collectives for groups that span nodes: CUDA IPC on each node, one MPI
+exchange between nodes.
+
+Used when every node holds the same number ``m >= 2`` of the group's ranks. The ranks of a
+node are one IPC transport; the ranks with the same local index ``l`` on every node form
+the *cross* communicator, whose leg goes through pinned host buffers (MPI, staged):
+
+- all-reduce: IPC reduce-scatter on the node (rank ``l`` holds node block ``l``), the
+  cross all-reduce of block ``l`` (``1/m`` of the bytes per rank instead of all of them),
+  IPC all-gather on the node;
+- all-gather(v): the cross all-gather of the blocks of the ranks with local index ``l``
+  (written to their places in ``out``), then IPC copies of the other local indices' blocks
+  from the node peers that hold them.
+
+With ``m >= 2`` this moves ``m`` times fewer bytes through host memory and MPI than the
+flat staged call, and the node legs run at device speed, so it is the cheaper plan under
+every cost row of :mod:`sbpmpi.boxing.cost`; with ``m = 1`` it is the flat call, which is
+used instead. ``SBPMPI_IPC_NODE_SIZE=k`` splits each node into pseudo-nodes of ``k``
+ranks, so that one machine exercises this path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..buffers import POOL
+from ..dtypes import dtype_info
+from ..reduce_op import ReduceOp, mpi_reduction
+from . import schedule as S
+from .ipc import Buffer, IpcTransport
+
+__all__ = ["Hierarchical", "node_split", "NODE_SIZE_ENV", "node_all_reduce_schedules",
+           "node_all_gather_schedule"]
+
+NODE_SIZE_ENV = "SBPMPI_IPC_NODE_SIZE"
+
+
+def node_split(comm: MPI.Intracomm) -> MPI.Comm:
+    """The ranks of ``comm`` on this node (MPI's shared-memory split), or pseudo-nodes of
+    ``SBPMPI_IPC_NODE_SIZE`` consecutive ranks of it."""
+    raw = os.environ.get(NODE_SIZE_ENV, "").strip()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    if not raw:
+        return node
+    try:
+        k = int(raw)
+        if k < 1:
+            raise ValueError
+    except ValueError:
+        node.Free()
+        raise ValueError(f"{NODE_SIZE_ENV}={raw!r} is not a positive number of ranks") from None
+    sub = node.Split(node.Get_rank() // k, key=node.Get_rank())
+    node.Free()
+    return sub
+
+
+def node_all_reduce_schedules(m: int, local: int, count: int,
+                              itemsize: int) -> tuple[S.Schedule, S.Schedule]:
+    """(reduce-scatter, all-gather) halves of the node all-reduce: after the first, node
+    rank ``l`` holds the node's reduction of block ``l`` of ``blocks(count, m)`` in place."""
+    full = S.all_reduce(m, local, count, itemsize)
+    if not full.phases:
+        return S.Schedule((), exports=("out",)), S.Schedule((), exports=("out",))
+    return (S.Schedule(full.phases[:1], ("out",), full.tmp_bytes),
+            S.Schedule(full.phases[1:], ("out",)))
+
+
+def node_all_gather_schedule(members: Sequence[Sequence[int]], local: int,
+                             nbytes: Sequence[int], displs: Sequence[int]) -> S.Schedule:
+    """Node rank ``local`` copies, from each node peer k, the blocks of the group ranks with
+    local index k (``members[node][k]``), which the peer's cross leg wrote into its ``out``."""
+    m = len(members[0])
+    moves = tuple(S.Move(S.COPY, k, "out", displs[row[k]], "out", displs[row[k]],
+                         nbytes[row[k]])
+                  for k in [(local + i) % m for i in range(1, m)]
+                  for row in members if nbytes[row[k]])
+    return S.Schedule((moves,) if moves else (), exports=("out",))
+
+
+@dataclass
+class Hierarchical:
+    """IPC inside each node of a group, MPI (staged) between them."""
+
+    node: IpcTransport
+    cross: MPI.Comm
+    members: list[list[int]]  # group ranks: members[node index][local index]
+
+    @property
+    def local(self) -> int:
+        return self.node.rank
+
+    @property
+    def m(self) -> int:
+        return self.node.size
+
+    @property
+    def device(self) -> Any:
+        return self.node.device
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self.node.stats
+
+    @property
+    def mapped(self) -> Any:
+        return self.node.mapped
+
+    def close_all(self) -> None:
+        self.node.close_all()
+        self.cross.Free()
+
+    @classmethod
+    def build(cls, node: IpcTransport, comm: MPI.Intracomm) -> Hierarchical | str:
+        """Collective over ``comm``: the hierarchy, or why there is none."""
+        me, local, m = comm.Get_rank(), node.rank, node.size
+        shape = comm.allgather((local, m))
+        sizes = {s for _, s in shape}
+        if len(sizes) != 1 or m < 2:
+            return (f"the group spans nodes with {sorted(sizes)} of its ranks each: "
+                    "hierarchical IPC needs the same number (>= 2) on every node")
+        cross = comm.Split(local, key=me)
+        ni = comm.allgather(cross.Get_rank())
+        members = [[0] * m for _ in range(comm.Get_size() // m)]
+        for r, ((lr, _), j) in enumerate(zip(shape, ni)):
+            members[j][lr] = r
+        return cls(node, cross, members)
+
+    # -- the inter-node legs (staged through pinned host memory) --------------------------
+
+    def _host(self, nbytes: int) -> np.ndarray:
+        return POOL.acquire(max(nbytes, 1))
+
+    def all_reduce(self, name: str, arr_ptr: int, ok: bool, count: int, dtype: np.dtype,
+                   op: ReduceOp) -> bool:
+        it = dtype.itemsize
+        rs, ag = node_all_reduce_schedules(self.m, self.local, count, it)
+        a, b = S.blocks(count, self.m)[self.local]
+        red = mpi_reduction(op, dtype_info(dtype))
+        t = dtype_info(dtype).mpi
+
+        def cross_leg(ptrs: Mapping[str, int]) -> None:
+            n = (b - a) * it
+            if self.cross.Get_size() == 1:
+                return
+            h = self._host(n)
+            try:
+                if n:
+                    self.device.copy(h.ctypes.data, ptrs["out"] + a * it, n)
+                    self.device.synchronize()
+                self.cross.Allreduce(MPI.IN_PLACE, [h, b - a, t], op=red.op)
+                if n:
+                    self.device.copy(ptrs["out"] + a * it, h.ctypes.data, n)
+                    self.device.synchronize()
+            finally:
+                POOL.release(h)
+
+        sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
+                           rs.tmp_bytes)
+        hook_at = len(rs.phases)
+        buf = Buffer(arr_ptr, count * it)
+        return self.node.run(name, {"in": buf, "out": buf}, ok, lambda _: sched, (), dtype,
+                             op, ("out",), {hook_at: cross_leg} if count else None)
+
+    def all_gather_v(self, name: str, in_ptr: int, out_ptr: int, out_nbytes: int, ok: bool,
+                     nbytes: Sequence[int], displs: Sequence[int]) -> bool:
+        rows = self.members
+        mine = [row[self.local] for row in rows]  # the group ranks of my cross comm
+
+        def cross_leg(ptrs: Mapping[str, int]) -> None:
+            sizes = [nbytes[r] for r in mine]
+            h = self._host(sum(sizes))
+            try:
+                me = mine[self.cross.Get_rank()]
+                if nbytes[me]:
+                    self.device.copy(h.ctypes.data, ptrs["in"], nbytes[me])
+                    self.device.synchronize()
+                send = h[:nbytes[me]].copy()
+                self.cross.Allgatherv([send, MPI.BYTE], [h, (sizes, _packed(sizes)), MPI.BYTE])
+                off = 0
+                for r, n in zip(mine, sizes):
+                    if n:
+                        self.device.copy(ptrs["out"] + displs[r], h.ctypes.data + off, n)
+                    off += n
+                self.device.synchronize()
+            finally:
+                POOL.release(h)
+
+        node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
+        sched = S.Schedule(((),) + node_moves.phases, ("out",))
+        return self.node.run(name, {"in": Buffer(in_ptr, nbytes[mine[self.cross.Get_rank()]]),
+                                    "out": Buffer(out_ptr, out_nbytes)}, ok,
+                             lambda _: sched, (), None, None, ("out",), {0: cross_leg})
+
+
+def _packed(sizes: Sequence[int]) -> list[int]:
+    out, s = [], 0
+    for n in sizes:
+        out.append(s)
+        s += n
+    return out

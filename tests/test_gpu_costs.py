@@ -1,0 +1,109 @@
+"""Cost rows per GPU transport and the calibration cache file (serial)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+import sbpmpi as sm
+from sbpmpi.boxing import cost
+from sbpmpi.comm.gpu import select
+
+cal = importlib.import_module("sbpmpi.boxing.calibrate")  # sm.boxing.calibrate is the function
+
+
+@pytest.fixture
+def clean(monkeypatch, tmp_path):
+    monkeypatch.delenv("SBPMPI_GPU_TRANSPORT", raising=False)
+    monkeypatch.setattr(cost.backend, "cupy_available", lambda: True)  # as on a GPU node
+    monkeypatch.setenv("SBPMPI_COST_CACHE", str(tmp_path / "costs.json"))
+    prev_installed = cost._installed
+    prev = cost._current
+    cost.set_cost_table(None)
+    yield monkeypatch
+    monkeypatch.undo()
+    select.set_gpu_transport(None)
+    cost.set_cost_table(prev if prev_installed else None)
+
+
+def test_default_device_row_follows_the_transport(clean):
+    for name in ("ipc", "staged", "mpi"):
+        select.set_gpu_transport(name)
+        t = sm.boxing.get_cost_table()
+        assert t.device == cost.GPU_TRANSPORT_COSTS[name] and t.host == cost.DEFAULT_TABLE.host
+        assert (name in t.source) or name == "mpi"
+    select.set_gpu_transport("ipc")
+    ipc = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    select.set_gpu_transport("staged")
+    staged = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    assert staged > 50 * ipc  # the planner sees why staged steps are dear
+    assert cost.step_seconds("cuda") == cost.GPU_TRANSPORT_COSTS["staged"].step
+    mine = cost.table_for_transport("ipc")
+    cost.set_cost_table(mine)
+    select.set_gpu_transport("staged")
+    assert sm.boxing.get_cost_table() is mine  # an installed table wins
+    with pytest.raises(ValueError, match="transport 'nccl' is not one of"):
+        cost.table_for_transport("nccl")
+
+
+def test_cache_round_trip_and_reuse(clean, tmp_path):
+    path = str(tmp_path / "costs.json")
+    assert cal.cache_path() == path
+    table = cost.table_for_transport("ipc")
+    key = cal.cache_key()
+    assert key.endswith("1 ranks") and "transport" in key and "|" in key
+    assert cal.write_cache_entry(key, table) == path
+    doc = json.load(open(path))
+    assert set(doc[key]) >= {"cpu", "cuda", "source", "measured"}
+    got = cal._table_from(cal.read_cache()[key], key)
+    assert got.host == table.host and got.device == table.device and "cached" in got.source
+    # calibrate(reuse=True) installs the cached entry without measuring
+    reused = sm.boxing.calibrate(reuse=True)
+    assert reused.device == table.device and sm.boxing.get_cost_table() is reused
+    clean.setenv("SBPMPI_COST_CACHE", "off")
+    assert cal.cache_path() is None and cal.read_cache() == {}
+    assert cal.write_cache_entry(key, table) is None
+
+
+def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
+    t = sm.boxing.calibrate(["cpu"], repeats=1, large_bytes=1 << 16)
+    entry = cal.read_cache()[cal.cache_key()]
+    assert cal._costs(entry["cpu"]) == t.host
+    # with a GPU on a single node, the cached device row is the default at start
+    key = cal.cache_key()
+    clean.setattr(cal, "cache_key", lambda world_size=None: key)
+    name = select.gpu_transport().name
+    row = cal.cached_device_row(name)
+    assert row is not None and row[0] == t.device and "cached" in row[1]
+    other = "ipc" if name != "ipc" else "staged"
+    assert cal.cached_device_row(other) is None  # another transport's entry does not count
+    cost.set_cost_table(None)
+    assert sm.boxing.get_cost_table().device == t.device
+    assert "cached" in sm.boxing.get_cost_table().source
+
+
+def test_bench_table_has_the_device_copy_proxy():
+    from sbpmpi.boxing.bench import Result, _received_share, format_tables
+
+    assert _received_share("S(0)->B", 2) == 0.5 and _received_share("P->B", 4) == 1.5
+    assert _received_share("S(0)->S(1)", 4) == 3 / 16 and _received_share("B->S(0)", 4) == 0
+    assert _received_share("2x2 (P,P)->(B,B)", 4) == 1.5 and _received_share("P->S(0)", 1) == 0
+    rows = [Result("S(0)->B", 64, (2, 8), "all_gather", 60.0, 0.5, 0.5 / 60, 2, 0.1),
+            Result("B->S(0)", 64, (2, 8), "local_slice", 0.01, 0.01, 1.0, 2, 0.0)]
+    text = format_tables(rows, [])
+    assert "copy ms" in text and "x copy" in text and "5.0" in text
+    cpu = format_tables([Result("S(0)->B", 64, (2, 8), "all_gather", 1.0, 1.0, 1.0, 2)], [])
+    assert "copy ms" not in cpu
+
+
+def test_without_a_gpu_the_plain_defaults(monkeypatch):
+    monkeypatch.setattr(cost.backend, "cupy_available", lambda: False)
+    monkeypatch.setenv("SBPMPI_GPU_TRANSPORT", "ipc")
+    prev_installed, prev = cost._installed, cost._current
+    cost.set_cost_table(None)
+    try:
+        assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
+    finally:
+        cost.set_cost_table(prev if prev_installed else None)

@@ -1,0 +1,600 @@
+"""Serial tests of the GPU transport: copy schedules against NumPy, the IPC protocol's
+handle + offset bookkeeping, mapping cache and order of synchronisations and barriers
+(ranks as threads over a stand-in device), and the transport selection."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from comm_helpers import UFUNC, data, reduction_ok
+from fake_ipc import FakeIpcDevice
+
+import sbpmpi as sm
+from sbpmpi.comm import ReduceOp, cuda_aware
+from sbpmpi.comm.gpu import route, select
+from sbpmpi.comm.gpu import schedule as S
+from sbpmpi.comm.gpu.device import Allocation
+from sbpmpi.comm.gpu.ipc import MAX_MAPPINGS, Buffer, IpcError, IpcTransport
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def _simulate(p: int, scheds: list[S.Schedule], mem: list[dict[str, np.ndarray]],
+              dtype: np.dtype, op: ReduceOp | None = None) -> None:
+    """Run every rank's schedule phase by phase, checking that no rank reads, in a phase,
+    bytes another rank writes in that phase. ``mem[r][role]``: uint8 buffers (aliases
+    for in-place calls)."""
+    nph = max((len(s.phases) for s in scheds), default=0)
+    for ph in range(nph):
+        moves = [(r, mv) for r in range(p) if ph < len(scheds[r].phases)
+                 for mv in scheds[r].phases[ph]]
+        writes = [(r, mem[r][mv.dst_buf], mv.dst_off, mv.nbytes) for r, mv in moves]
+        for r, mv in moves:
+            if mv.src == r:
+                continue
+            src = mem[mv.src][mv.src_buf]
+            for w, wbuf, off, n in writes:
+                if w == mv.src and np.shares_memory(wbuf, src):
+                    assert mv.src_off + mv.nbytes <= off or off + n <= mv.src_off, (
+                        f"phase {ph}: rank {r} reads bytes {mv.src_off}+{mv.nbytes} of rank "
+                        f"{mv.src} while it writes {off}+{n}")
+        for r, mv in moves:
+            s = mem[mv.src][mv.src_buf][mv.src_off:mv.src_off + mv.nbytes]
+            d = mem[r][mv.dst_buf][mv.dst_off:mv.dst_off + mv.nbytes]
+            assert s.size == d.size == mv.nbytes, f"move {mv} is out of bounds"
+            if mv.kind == S.COPY:
+                d[...] = s
+            else:
+                dv = d.view(dtype)
+                UFUNC[op](dv, s.view(dtype), out=dv)
+
+
+def _tmp(s: S.Schedule) -> np.ndarray:
+    return np.zeros(max(s.tmp_bytes, 1), np.uint8)
+
+
+SIZES = [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_all_gather_v_schedule(p):
+    counts = [(3 * r + 1) % 4 for r in range(p)]
+    displs = [sum(counts[:r]) + 2 * r for r in range(p)]
+    total = max(d + c for c, d in zip(counts, displs)) + 1
+    ins = [data(r, counts[r], np.float64, 1) for r in range(p)]
+    mem = [{"in": ins[r].view(np.uint8), "out": np.full(total, -1.0).view(np.uint8)}
+           for r in range(p)]
+    sch = [S.all_gather_v(p, r, [c * 8 for c in counts], [d * 8 for d in displs])
+           for r in range(p)]
+    _simulate(p, sch, mem, np.dtype(np.float64))
+    want = np.full(total, -1.0)
+    for r in range(p):
+        want[displs[r]:displs[r] + counts[r]] = ins[r]
+    for r in range(p):
+        np.testing.assert_array_equal(mem[r]["out"].view(np.float64), want)
+        assert len(sch[r].phases) <= 1 and sch[r].tmp_bytes == 0
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.bool_, np.float16, np.complex64])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD])
+def test_reduce_scatter_v_and_all_reduce_schedules(p, dtype, op):
+    if not reduction_ok(dtype, op):
+        pytest.skip("not a reduction NumPy defines")
+    dt = np.dtype(dtype)
+    counts = [(r + 2) % 3 + (r == 0) for r in range(p)]
+    n = sum(counts)
+    ins = [data(r, n, dt, 2) for r in range(p)]
+    want = UFUNC[op].reduce(np.stack(ins), axis=0, dtype=dt)
+    outs = [np.zeros(c, dt) for c in counts]
+    mem = [{"in": ins[r].copy().view(np.uint8), "out": outs[r].view(np.uint8)}
+           for r in range(p)]
+    sch = [S.reduce_scatter_v(p, r, [c * dt.itemsize for c in counts]) for r in range(p)]
+    _simulate(p, sch, mem, dt, op)
+    off = 0
+    for r in range(p):
+        np.testing.assert_array_equal(outs[r], want[off:off + counts[r]])
+        off += counts[r]
+    for count in (0, 1, n, 4 * p + 3):
+        ins = [data(r, count, dt, 3) for r in range(p)]
+        want = UFUNC[op].reduce(np.stack(ins), axis=0, dtype=dt)
+        for fn in (S.all_reduce, S.all_reduce_direct):
+            sch = [fn(p, r, count, dt.itemsize) for r in range(p)]
+            bufs = [x.copy() for x in ins]
+            mem = []
+            for r in range(p):
+                b = bufs[r].view(np.uint8)
+                mem.append({"in": b, "out": b, "tmp": _tmp(sch[r])})
+            _simulate(p, sch, mem, dt, op)
+            for r in range(p):
+                np.testing.assert_array_equal(bufs[r], want, err_msg=f"{fn.__name__} rank {r}")
+                if fn is S.all_reduce:  # reads (p-1)/p of the buffer twice, not p-1 buffers
+                    assert sch[r].peer_reads(r) <= 2 * (count // p + 1) * (p - 1) * dt.itemsize
+                elif sch[r].phases:  # the last phase is local: no final barrier
+                    assert not sch[r].final_barrier
+                    assert all(mv.src == r for mv in sch[r].phases[-1])
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_all_to_all_v_broadcast_and_exchange_schedules(p):
+    sc = [[(i + 2 * j) % 3 for j in range(p)] for i in range(p)]  # rank i sends sc[i][j] to j
+    sd = [[sum(sc[i][:j]) + j for j in range(p)] for i in range(p)]  # with gaps
+    ins = [data(i, sd[i][-1] + sc[i][-1] + 1, np.int32, 4) for i in range(p)]
+    outs = []
+    mem = []
+    rd = []
+    for j in range(p):
+        oc = [sc[i][j] for i in range(p)]
+        d = [sum(oc[:i]) for i in range(p)]
+        rd.append(d)
+        outs.append(np.zeros(sum(oc), np.int32))
+        mem.append({"in": ins[j].view(np.uint8), "out": outs[j].view(np.uint8)})
+    sch = [S.all_to_all_v(p, j, [[c * 4 for c in row] for row in sc],
+                          [[d * 4 for d in row] for row in sd], [d * 4 for d in rd[j]])
+           for j in range(p)]
+    _simulate(p, sch, mem, np.dtype(np.int32))
+    for j in range(p):
+        want = np.concatenate([ins[i][sd[i][j]:sd[i][j] + sc[i][j]] for i in range(p)])
+        np.testing.assert_array_equal(outs[j], want)
+    for root in range(p):
+        bufs = [data(r, 7, np.float32, 5) for r in range(p)]
+        mem = [{"in": b.view(np.uint8), "out": b.view(np.uint8)} for b in bufs]
+        _simulate(p, [S.broadcast(p, r, root, 28) for r in range(p)], mem,
+                  np.dtype(np.float32))
+        for b in bufs:
+            np.testing.assert_array_equal(b, data(root, 7, np.float32, 5))
+    moves = [S.P2P(src=r, src_off=4, dst=(r + 1) % p, dst_off=0, nbytes=8) for r in range(p)]
+    ins = [np.arange(4, dtype=np.int32) + 10 * r for r in range(p)]
+    outs = [np.zeros(2, np.int32) for _ in range(p)]
+    mem = [{"in": ins[r].view(np.uint8), "out": outs[r].view(np.uint8)} for r in range(p)]
+    _simulate(p, [S.exchange(p, r, moves) for r in range(p)], mem, np.dtype(np.int32))
+    for r in range(p):
+        np.testing.assert_array_equal(outs[r], ins[(r - 1) % p][1:3])
+
+
+def test_schedule_arguments_are_checked():
+    with pytest.raises(ValueError, match="rank 3 is not in a group of 2"):
+        S.all_gather_v(2, 3, [1, 1], [0, 1])
+    with pytest.raises(ValueError, match="root 2 is not in a group of 2"):
+        S.broadcast(2, 0, 2, 8)
+    with pytest.raises(ValueError, match="outside a group of 2"):
+        S.exchange(2, 0, [S.P2P(0, 0, 5, 0, 4)])
+    assert S.blocks(5, 3) == [(0, 2), (2, 4), (4, 5)]
+    assert S.all_reduce(1, 0, 10, 4).phases == ()
+
+
+# ----------------------------------------------------------------------------- IPC protocol
+
+
+class ThreadComm:
+    """The node communicator for ranks that are threads of this process (mpi4py's calls
+    the protocol uses); every call is logged in the rank's device log."""
+
+    def __init__(self, shared: dict[str, Any], rank: int, size: int, log: list) -> None:
+        self.shared, self.rank, self.size, self.log = shared, rank, size, log
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def _exchange(self, item: Any) -> list[Any]:
+        b: threading.Barrier = self.shared["barrier"]
+        slot = self.shared.setdefault("slots", [None] * self.size)
+        b.wait()
+        slot[self.rank] = item
+        b.wait()
+        got = list(slot)
+        b.wait()
+        return got
+
+    def Allgather(self, send: Any, recv: Any) -> None:  # noqa: N802
+        self.log.append(("allgather",))
+        got = self._exchange(np.array(send[0], copy=True))
+        recv[0][...] = np.concatenate(got)
+
+    def Allreduce(self, _inplace: Any, buf: np.ndarray, op: Any = None) -> None:  # noqa: N802
+        self.log.append(("barrier",))
+        got = self._exchange(buf.copy())
+        buf[...] = np.max(got, axis=0)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+def _threads(p: int, fn: Any) -> list[Any]:
+    shared: dict[str, Any] = {"barrier": threading.Barrier(p, timeout=20)}
+    devs = [FakeIpcDevice(f"t{r}") for r in range(p)]
+    res: list[Any] = [None] * p
+    errs: list[BaseException | None] = [None] * p
+
+    def body(r: int) -> None:
+        t = IpcTransport(devs[r], ThreadComm(shared, r, p, devs[r].log))  # type: ignore[arg-type]
+        try:
+            res[r] = fn(r, devs[r], t)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errs[r] = e
+    ths = [threading.Thread(target=body, args=(r,)) for r in range(p)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(30)
+    for d in devs:
+        d.cleanup()
+    return [e if e is not None else v for v, e in zip(res, errs)]
+
+
+def _gather_call(t: IpcTransport, dev: FakeIpcDevice, x: Any, out: Any, p: int) -> bool:
+    nb = x.size * x.dtype.itemsize
+    return t.run("all_gather", {"in": Buffer(dev.pointer(x), nb),
+                                "out": Buffer(dev.pointer(out), p * nb)},
+                 dev.owns(x) and dev.owns(out),
+                 lambda _: S.all_gather_v(p, t.rank, [nb] * p, [k * nb for k in range(p)]))
+
+
+def test_ipc_handles_offsets_cache_and_order():
+    p = 3
+
+    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(5.0) + 10 * r, offset_pad=1000 * (r + 1))  # interior pointer
+        out = dev.empty(5 * p, np.float64)
+        assert dev.pointer(x) - dev.allocation(dev.pointer(x)).base >= 1000
+        assert _gather_call(t, dev, x, out, p)
+        first = out.get()
+        n_log = len(dev.log)
+        x2 = dev.array(np.arange(5.0) - r)  # same allocation: no new export, no new open
+        assert _gather_call(t, dev, x2, out, p)
+        return first, out.get(), dev.log[:n_log], dev.log[n_log:], dict(t.stats)
+
+    res = _threads(p, body)
+    for got in res:
+        assert not isinstance(got, BaseException), got
+        first, second, log1, log2, stats = got
+        np.testing.assert_array_equal(first, np.concatenate([np.arange(5.0) + 10 * k
+                                                             for k in range(p)]))
+        np.testing.assert_array_equal(second, np.concatenate([np.arange(5.0) - k
+                                                              for k in range(p)]))
+        kinds = [e[0] for e in log1]
+        # synchronise, export once, gather the records (the first barrier), open each peer's
+        # allocation once, copy, then synchronise and meet before returning
+        assert kinds[:3] == ["sync", "export", "allgather"], kinds
+        assert kinds.count("open") == p - 1 and kinds.count("copy") == p
+        assert kinds[-2:] == ["sync", "barrier"], kinds
+        assert max(i for i, k in enumerate(kinds) if k == "copy") < kinds.index("barrier")
+        kinds2 = [e[0] for e in log2]
+        assert "export" not in kinds2 and "open" not in kinds2, kinds2
+        assert stats["opens"] == p - 1 and stats["exports"] == 1 and stats["calls"] == 2
+
+
+def test_ipc_all_reduce_phases_are_separated_by_barriers():
+    p = 2
+
+    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
+        b = Buffer(dev.pointer(x), 24)
+        assert t.run("all_reduce", {"in": b, "out": b}, True,
+                     lambda _: S.all_reduce(p, r, 6, 4), (), np.dtype(np.float32),
+                     ReduceOp.SUM, export=("out",))
+        return x.get(), [e[0] for e in dev.log]
+
+    for got, kinds in _threads(p, body):
+        np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
+        # phase 0: reduce-scatter; barrier; phase 1: all-gather; barrier
+        i0 = kinds.index("allgather")
+        mid = kinds.index("barrier")
+        assert "reduce" in kinds[i0:mid] and kinds[mid - 1] == "sync"
+        assert "copy" in kinds[mid + 1:] and kinds[-2:] == ["sync", "barrier"]
+
+    def direct(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
+        b = Buffer(dev.pointer(x), 24)
+        assert t.run("all_reduce", {"in": b, "out": b}, True,
+                     lambda _: S.all_reduce_direct(p, r, 6, 4), (), np.dtype(np.float32),
+                     ReduceOp.SUM, export=("out",))
+        return x.get(), [e[0] for e in dev.log]
+
+    for got, kinds in _threads(p, direct):
+        np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
+        # reads, then one barrier, then the local copy back and no final barrier
+        assert kinds.count("barrier") == 1 and kinds.count("allgather") == 1
+        mid = kinds.index("barrier")
+        assert kinds[mid - 1] == "sync" and "reduce" in kinds[:mid]
+        assert kinds[mid + 1:] == ["copy", "sync"], kinds
+
+
+def test_ipc_falls_back_together_and_fails_together():
+    p = 2
+
+    def fallback(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.ones(3)) if r == 0 else FakeIpcDevice.__new__(FakeIpcDevice)
+        out = dev.empty(6, np.float64)
+        ok = r == 0
+        nb = 24
+        return t.run("all_gather", {"in": Buffer(dev.pointer(x) if ok else 0, nb),
+                                    "out": Buffer(dev.pointer(out), 2 * nb)}, ok,
+                     lambda _: S.all_gather_v(p, r, [nb] * p, [0, nb])), t.stats["fallbacks"]
+
+    assert _threads(p, fallback) == [(False, 1), (False, 1)]
+
+    def broken(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        if r == 1:
+            def no_open(handle: bytes) -> int:
+                raise OSError("cudaErrorMapBufferObjectFailed (stand-in)")
+            dev.open = no_open  # type: ignore[method-assign]
+        x = dev.array(np.ones(3))
+        out = dev.empty(6, np.float64)
+        return _gather_call(t, dev, x, out, p)
+
+    res = _threads(p, broken)
+    assert all(isinstance(e, IpcError) for e in res), res
+    assert "failed on another rank" in str(res[0]) and "cudaErrorMapBufferObjectFailed" in str(
+        res[1])
+
+
+class _StubDevice:
+    def __init__(self) -> None:
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+        self.n = 0
+
+    def open(self, handle: bytes) -> int:
+        self.opened.append(handle)
+        self.n += 1
+        return 1 << 40 | self.n << 20
+
+    def close(self, mapped: int) -> None:
+        self.closed.append(mapped)
+
+    def allocation(self, ptr: int) -> Allocation:
+        return Allocation(ptr & ~0xFFFF, 0x10000, ptr >> 16)
+
+    def export(self, base: int) -> bytes:
+        return b"h%d" % base
+
+
+def test_mapping_cache_closes_freed_allocations():
+    dev = _StubDevice()
+    t = IpcTransport(dev, None)  # type: ignore[arg-type]
+    a = t._open(1, 7, 0x1000, 0x100, b"a")
+    assert t._open(1, 7, 0x1000, 0x100, b"a") == a and dev.opened == [b"a"]
+    t._open(2, 9, 0x1000, 0x100, b"b")  # another peer's address space: no conflict
+    assert dev.closed == []
+    # peer 1 freed allocation 7; its new allocation 8 overlaps the old range
+    b = t._open(1, 8, 0x1080, 0x100, b"c")
+    assert dev.closed == [a] and b != a and (1, 7) not in t.mapped
+    for i in range(MAX_MAPPINGS + 5):  # bounded: the least recently used are closed
+        t._open(3, 100 + i, 0x100000 * (i + 1), 0x100, b"x")
+    assert len(t.mapped) == MAX_MAPPINGS
+    # exports: once per allocation; a new allocation over a freed one replaces it
+    h1 = t._export(0x50010)
+    assert t._export(0x50020) is h1 and t.stats["exports"] == 1
+    t.close_all()
+    assert not t.mapped and not t.exported
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for var in ("SBPMPI_GPU_TRANSPORT", "SBPMPI_CUDA_AWARE"):
+        monkeypatch.delenv(var, raising=False)
+    yield monkeypatch
+    monkeypatch.undo()
+    select.set_gpu_transport(None)
+
+
+def test_transport_selection_and_reasons(env):
+    env.setattr(select, "cuda_awareness", lambda: cuda_aware.CudaAwareness(False, "lib says no"))
+    d = select.detect()
+    assert d.name == "staged" and not d.forced and "lib says no" in d.reason
+    assert "SBPMPI_GPU_TRANSPORT=ipc" in d.reason
+    env.setattr(select, "cuda_awareness", lambda: cuda_aware.CudaAwareness(True, "lib says yes"))
+    d = select.detect()
+    assert d.name == "mpi" and "lib says yes" in d.reason
+    env.setenv("SBPMPI_GPU_TRANSPORT", "IPC ")
+    d = select.detect()
+    assert d.name == "ipc" and d.forced and "explicit override" in d.reason
+    assert "go mpi" in d.reason
+    env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
+    with pytest.raises(ValueError, match=r"SBPMPI_GPU_TRANSPORT='nccl' is not one of ipc, mpi, "
+                                         r"staged"):
+        select.detect()
+    with pytest.raises(ValueError, match="name='tcp'"):
+        select.set_gpu_transport("tcp")
+
+
+def test_forced_mpi_and_staged_decide_the_staging(env):
+    env.setenv("SBPMPI_GPU_TRANSPORT", "mpi")
+    d = cuda_aware.detect()
+    assert d.aware and "SBPMPI_GPU_TRANSPORT=mpi" in d.reason
+    env.setenv("SBPMPI_GPU_TRANSPORT", "staged")
+    assert not cuda_aware.detect().aware
+    env.setenv("SBPMPI_CUDA_AWARE", "1")  # the older override still wins
+    assert cuda_aware.detect().aware
+    env.delenv("SBPMPI_CUDA_AWARE")
+    env.setenv("SBPMPI_GPU_TRANSPORT", "mpi")
+    if not cuda_aware.detect_library().aware:
+        assert "may crash" in select.detect().reason
+    select.set_gpu_transport("staged")
+    assert not cuda_aware.is_cuda_aware() and not route.ENABLED
+    select.set_gpu_transport("ipc")
+    assert route.ENABLED
+    select.set_gpu_transport("mpi")
+    assert cuda_aware.is_cuda_aware() and not route.ENABLED
+
+
+def test_info_reports_the_transport(env):
+    select.set_gpu_transport("ipc")
+    info = sm.comm.info()
+    assert info["gpu_transport"] == "ipc" and "set_gpu_transport" in info["gpu_transport_reason"]
+    select.set_gpu_transport(None)
+    info = sm.comm.info()
+    assert info["gpu_transport"] in ("mpi", "staged") and info["gpu_transport_reason"]
+
+
+def test_route_is_off_by_default_without_the_variable(env):
+    select.set_gpu_transport(None)
+    assert select.gpu_transport().name != "ipc" and not route.ENABLED
+
+
+def test_an_invalid_transport_fails_the_first_gpu_collective(env):
+    from fake_cuda import FakeCudaArray
+
+    env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
+    select._decision = None
+    env.setattr(route, "_checked", False)
+    env.setattr(route, "ENABLED", True)  # as set at import from the variable
+    with pytest.raises(ValueError, match="SBPMPI_GPU_TRANSPORT='nccl' is not one of"):
+        sm.comm.all_reduce(FakeCudaArray.from_numpy(np.ones(3)))
+    sm.comm.all_reduce(np.ones(3))  # host arrays never look at the GPU transport
+    env.delenv("SBPMPI_GPU_TRANSPORT")
+
+
+def test_allocations_without_an_id_are_keyed_by_handle():
+    dev = _StubDevice()
+    dev.allocation = lambda ptr: Allocation(ptr & ~0xFFFF, 0x10000, -1)  # type: ignore[method-assign]
+    t = IpcTransport(dev, None)  # type: ignore[arg-type]
+    t._export(0x50010)
+    t._export(0x50020)
+    assert t.stats["exports"] == 2 and not t.exported  # never cached
+    a = t._open(1, -1, 0x1000, 0x100, b"a")
+    assert t._open(1, -1, 0x1000, 0x100, b"a") == a and len(dev.opened) == 1
+    b = t._open(1, -1, 0x1000, 0x100, b"b")  # same range, new handle: the old one was freed
+    assert b != a and dev.closed == [a]
+
+
+# ----------------------------------------------------------------------------- CupyDevice
+
+
+class _CFunc:
+    """A ctypes function stand-in: argtypes/restype are set by the caller."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.argtypes, self.restype = fn, None, None
+
+    def __call__(self, *args: Any) -> Any:
+        assert self.argtypes is not None and len(args) == len(self.argtypes)
+        return self.fn(*args)
+
+
+class _FakeDriver:
+    """libcuda.so.1's two calls, over a table of fake allocations."""
+
+    def __init__(self, allocs: dict[int, tuple[int, int, int]]) -> None:
+        self.allocs = allocs  # base -> (size, buffer id, ipc capable)
+        self.cuMemGetAddressRange_v2 = _CFunc(self._range)
+        self.cuPointerGetAttribute = _CFunc(self._attr)
+
+    def _find(self, ptr: int) -> tuple[int, int, int, int] | None:
+        for base, (size, bid, cap) in self.allocs.items():
+            if base <= ptr < base + size:
+                return base, size, bid, cap
+        return None
+
+    def _range(self, base_ref: Any, size_ref: Any, ptr: int) -> int:
+        hit = self._find(ptr)
+        if hit is None:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        base_ref._obj.value, size_ref._obj.value = hit[0], hit[1]
+        return 0
+
+    def _attr(self, out_ref: Any, attr: int, ptr: int) -> int:
+        hit = self._find(ptr)
+        if hit is None:
+            return 1
+        if attr == 7:  # BUFFER_ID
+            if hit[2] < 0:
+                return 1  # an old driver
+            out_ref._obj.value = hit[2]
+        elif attr == 10:  # IS_LEGACY_CUDA_IPC_CAPABLE
+            out_ref._obj.value = hit[3]
+        return 0
+
+
+def _fake_cupy(calls: list) -> Any:
+    import ctypes
+    import types
+
+    class Arr(np.ndarray):
+        @property
+        def data(self):  # type: ignore[override]
+            return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    class Stream:
+        ptr = 1234
+
+        def synchronize(self) -> None:
+            calls.append(("sync",))
+
+    def memcpy_async(dst: int, src: int, n: int, kind: int, stream: int) -> None:
+        calls.append(("memcpyAsync", n, kind, stream))
+        ctypes.memmove(dst, src, n)
+
+    def unowned(ptr: int, size: int, owner: Any, device_id: int) -> Any:
+        calls.append(("UnownedMemory", size, device_id))
+        return types.SimpleNamespace(ptr=ptr, size=size)
+
+    def ndarray(shape: Any, dtype: Any, memptr: Any) -> np.ndarray:
+        n = memptr.mem.size
+        return np.frombuffer((ctypes.c_char * n).from_address(memptr.mem.ptr),
+                             dtype=dtype).reshape(shape)
+
+    runtime = types.SimpleNamespace(
+        ipcGetMemHandle=lambda base: calls.append(("get", base)) or bytes(range(64)),
+        ipcOpenMemHandle=lambda h, flags: calls.append(("open", h, flags)) or 0xABC000,
+        ipcCloseMemHandle=lambda p: calls.append(("close", p)),
+        memcpyAsync=memcpy_async)
+    cuda = types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0), runtime=runtime,
+        get_current_stream=lambda: Stream(), UnownedMemory=unowned,
+        MemoryPointer=lambda mem, off: types.SimpleNamespace(mem=mem, off=off))
+    return types.SimpleNamespace(
+        cuda=cuda, ndarray=ndarray, add=np.add, multiply=np.multiply, maximum=np.maximum,
+        minimum=np.minimum, empty=lambda n, dtype: np.empty(n, dtype).view(Arr))
+
+
+def test_cupy_device_calls_cuda_as_documented(monkeypatch):
+    """CupyDevice against stand-ins of CuPy and libcuda that check the calls' shapes (the
+    real ones need a GPU): driver queries, export/open/close, async copies on the current
+    stream, device-side reductions on views of raw pointers."""
+    import ctypes
+    import sys
+
+    from sbpmpi.comm.gpu import device as D
+
+    calls: list = []
+    a = np.arange(8, dtype=np.float32)
+    b = np.full(8, 10, dtype=np.float32)
+    base = a.ctypes.data
+    drv = _FakeDriver({base: (32, 77, 1), b.ctypes.data: (32, -1, 1), 1 << 44: (64, 5, 0)})
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(calls))
+    monkeypatch.setattr(D.ctypes, "CDLL", lambda name: drv if name == "libcuda.so.1" else
+                        ctypes.CDLL(name))
+    dev = D.CupyDevice()
+    assert dev.allocation(base + 8) == Allocation(base, 32, 77)
+    assert dev.allocation(b.ctypes.data).id == -1  # no buffer id: the protocol keys by handle
+    assert dev.allocation(1 << 44) is None  # not IPC capable (stream-ordered memory)
+    assert dev.allocation(12) is None
+    h = dev.export(base)
+    assert h == bytes(range(64)) and ("get", base) in calls
+    assert dev.open(h) == 0xABC000 and ("open", h, 1) in calls  # lazy peer access
+    dev.close(0xABC000)
+    assert ("close", 0xABC000) in calls
+    dev.copy(b.ctypes.data, base + 4, 8)
+    np.testing.assert_array_equal(b[:2], [1, 2])
+    assert ("memcpyAsync", 8, 4, 1234) in calls  # cudaMemcpyDefault on the current stream
+    dev.reduce(a.ctypes.data, b.ctypes.data, 32, np.dtype(np.float32), ReduceOp.MAX)
+    want = np.maximum(np.arange(8, dtype=np.float32), [1, 2] + [10] * 6)
+    np.testing.assert_array_equal(a, want)
+    dev.divide(a.ctypes.data, 32, np.dtype(np.float32), 2)
+    np.testing.assert_array_equal(a, want / 2)
+    assert ("UnownedMemory", 32, 0) in calls
+    ptr, keep = dev.scratch(16)
+    assert ptr == keep.ctypes.data and keep.nbytes >= 16
+    dev.synchronize()
+    assert calls[-1] == ("sync",)
