@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+
+# Tests never write the user's cost-table cache (~/.cache/sbpmpi); the tests of the cache
+# point SBPMPI_COST_CACHE at a temporary file themselves.
+os.environ.setdefault("SBPMPI_COST_CACHE", "off")
 
 from sbpmpi import backend
 

@@ -90,8 +90,10 @@ def test_bench_table_has_the_device_copy_proxy():
     assert _received_share("S(0)->B", 2) == 0.5 and _received_share("P->B", 4) == 1.5
     assert _received_share("S(0)->S(1)", 4) == 3 / 16 and _received_share("B->S(0)", 4) == 0
     assert _received_share("2x2 (P,P)->(B,B)", 4) == 1.5 and _received_share("P->S(0)", 1) == 0
-    rows = [Result("S(0)->B", 64, (2, 8), "all_gather", 60.0, 0.5, 0.5 / 60, 2, 0.1),
-            Result("B->S(0)", 64, (2, 8), "local_slice", 0.01, 0.01, 1.0, 2, 0.0)]
+    rows = [Result("S(0)->B", 64, (2, 8), "all_gather", 60.0, 0.5, 0.5 / 60, 2,
+                   proxy_ms=0.1),
+            Result("B->S(0)", 64, (2, 8), "local_slice", 0.01, 0.01, 1.0, 2,
+                   proxy_ms=0.0)]
     text = format_tables(rows, [])
     assert "copy ms" in text and "x copy" in text and "5.0" in text
     cpu = format_tables([Result("S(0)->B", 64, (2, 8), "all_gather", 1.0, 1.0, 1.0, 2)], [])
