@@ -141,6 +141,9 @@ def main() -> None:
     ap.add_argument("--data", default="auto", choices=["auto", "digits", "synthetic"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    # a note when run without mpiexec; the 2-D mesh needs 4 ranks
+    sm.launch.expect_world(4 if args.layout == "2d" else 2,
+                           minimum=4 if args.layout == "2d" else 1, what="train_mlp")
     rank = sm.env.get_rank()
     dtype = np.dtype(args.dtype)
     lr = args.lr if args.lr is not None else (0.1 if args.optim == "sgd" else 0.01)
