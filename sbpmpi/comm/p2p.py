@@ -12,9 +12,9 @@ from mpi4py import MPI
 
 from ..watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
+from .call import Call
 from .dtypes import dtype_info
-from .group import Group, resolve, root_rank
-from .tracing import ACTIVE, note
+from .group import Group, root_rank
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 
@@ -106,80 +106,71 @@ class Work:
         return f"<Work {kind} {'done' if self._done else 'pending'}>"
 
 
+def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
+             receive: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
+    """(call, buffer metadata, MPI datatype, peer's group rank) of one point-to-point call."""
+    c = Call(op, group)
+    m = describe_out(arr, "arr", op) if receive else describe(arr, "arr", op)
+    t = dtype_info(m[0]).mpi
+    blocking = op in ("send", "recv")
+    if receive and rank is None:  # receive from any rank
+        peer = MPI.ANY_SOURCE
+    else:
+        peer = _peer(c.g, c.comm, rank, "src" if receive else "dst", op, blocking)
+    _tag(tag, op)
+    return c, m, t, peer
+
+
 def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     """Send ``arr`` to world rank ``dst`` (blocking)."""
-    g, comm = resolve(group, "send")
-    m = describe(arr, "arr", "send")
-    t = dtype_info(m[0]).mpi
-    peer = _peer(g, comm, dst, "dst", "send", True)
-    _tag(tag, "send")
-    st = stager(m[3])
-    try:
+    c, m, t, peer = _prepare("send", arr, dst, tag, group, False)
+    with stager(m[3]) as st:
         buf = st.inp(arr, m)
-        if ACTIVE:
-            note("send", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        with watch("send", g.ranks):
-            comm.Send([buf, m[1], t], dest=peer, tag=tag)
-    finally:
-        st.release()
+        with c.mpi(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+            c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
 
 
 def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> int:
     """Receive into ``arr`` from world rank ``src`` (any rank if None); returns the sender."""
-    g, comm = resolve(group, "recv")
-    m = describe_out(arr, "arr", "recv")
-    t = dtype_info(m[0]).mpi
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, comm, src, "src", "recv", True)
-    _tag(tag, "recv")
+    c, m, t, peer = _prepare("recv", arr, src, tag, group, True)
+    with stager(m[3]) as st:
+        buf = st.out(arr, m)
+        status = MPI.Status()
+        with c.mpi(0, m[0], src, m[3], st.staged):
+            c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
+        sender = c.g.ranks[status.Get_source()]
+        _check_count(status, m, t, sender, "recv")
+    return sender
+
+
+def _start(op: str, arr: Any, rank: int | None, tag: int, group: Group | None,
+           receive: bool) -> Work:
+    """Post one non-blocking send or receive; the Work holds its buffers until completion.
+
+    Not watched: posting returns at once; :meth:`Work.wait` is watched.
+    """
+    c, m, t, peer = _prepare(op, arr, rank, tag, group, receive)
     st = stager(m[3])
     try:
-        buf = st.out(arr, m)
-        if ACTIVE:
-            note("recv", 0, g, m[0], src, m[3], st.staged)
-        status = MPI.Status()
-        with watch("recv", g.ranks):
-            comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
-        sender = g.ranks[status.Get_source()]
-        _check_count(status, m, t, sender, "recv")
-        st.finish()
-    finally:
+        if receive:
+            buf = st.out(arr, m)
+            c.note(0, m[0], rank, m[3], st.staged)
+            req = c.comm.Irecv([buf, m[1], t], source=peer, tag=tag)
+        else:
+            buf = st.inp(arr, m)
+            c.note(m[1] * m[0].itemsize, m[0], rank, m[3], st.staged)
+            req = c.comm.Isend([buf, m[1], t], dest=peer, tag=tag)
+    except BaseException:
         st.release()
-    return sender
+        raise
+    return Work(req, st, buf, (m, t) if receive else None, c.g)
 
 
 def isend(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``arr`` to world rank ``dst``; do not modify ``arr`` before ``wait()``."""
-    g, comm = resolve(group, "isend")
-    m = describe(arr, "arr", "isend")
-    t = dtype_info(m[0]).mpi
-    peer = _peer(g, comm, dst, "dst", "isend", False)
-    _tag(tag, "isend")
-    st = stager(m[3])
-    try:
-        buf = st.inp(arr, m)
-        if ACTIVE:
-            note("isend", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        req = comm.Isend([buf, m[1], t], dest=peer, tag=tag)
-    except BaseException:
-        st.release()
-        raise
-    return Work(req, st, buf, None, g)
+    return _start("isend", arr, dst, tag, group, False)
 
 
 def irecv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving into ``arr`` from world rank ``src`` (any if None); read it after ``wait()``."""
-    g, comm = resolve(group, "irecv")
-    m = describe_out(arr, "arr", "irecv")
-    t = dtype_info(m[0]).mpi
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, comm, src, "src", "irecv", False)
-    _tag(tag, "irecv")
-    st = stager(m[3])
-    try:
-        buf = st.out(arr, m)
-        if ACTIVE:
-            note("irecv", 0, g, m[0], src, m[3], st.staged)
-        req = comm.Irecv([buf, m[1], t], source=peer, tag=tag)
-    except BaseException:
-        st.release()
-        raise
-    return Work(req, st, buf, (m, t), g)
+    return _start("irecv", arr, src, tag, group, True)
