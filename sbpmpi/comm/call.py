@@ -1,29 +1,33 @@
-"""The one skeleton of every sm.comm buffer call: group, checks, agreement, trace, watch.
+"""The one skeleton of every sm.comm call: group, checks, agreement, trace, watch, staging.
 
-A call is written as::
+A buffer call is written as::
 
-    c = Call("all_reduce", group)         # 1. resolve the group (WORLD for None)
-    with c:                               # 2. describe/validate the buffers; a TypeError or
-        m = describe_out(arr, "arr", c.name)  #    ValueError is agreed (checked mode) and
-                                          #    raised on every rank
+    c = call("all_reduce", group)         # 1. resolve the group (WORLD for None)
+    try:                                  # 2. describe and validate the buffers
+        m = describe_out(arr, "arr", c.name)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)                       #    (checked mode: raised on every rank)
     if checks._enabled:
         c.agree(sig)                      # 3. ranks agree on the signature (checked mode)
     if m[3] and c.gpu(_gpu.all_reduce, arr, m, op):
-        return                            #    (GPU transports: CUDA IPC)
-    red = c.nan_safe(red, op, m[0], arr)  #    (NaN-propagating max/min)
-    with stager(m[3]) as st:              # 4. stage; finish on success, always release
+        return                            #    GPU transports (CUDA IPC)
+    red = c.nan_safe(red, op, m[0], arr)  #    NaN-propagating MAX/MIN
+    with stager(m[3]) as st:              # 4. stage; copy back on success; 7. release
         buf = st.out(arr, m, copy_in=True)
-        with c.mpi(nbytes, m[0], None, m[3], st.staged):  # 5. trace note + 6. watch
+        if ACTIVE:                        # 5. trace note
+            c.note(nbytes, m[0], None, m[3], st.staged)
+        with watch(c.name, c.ranks):      # 6. watch
             c.comm.Allreduce(...)
-                                          # 7. release (the stager's exit)
 
-so tracing, agreement, the watchdog, staging and the GPU hooks are applied in one place.
+so tracing, agreement, the watchdog, staging, the GPU hooks and NaN-safe MAX/MIN are
+written once, here and in :mod:`.buffers`. ``call`` hands out one cached :class:`Call` per
+(name, group), so the skeleton costs no more than the copies it replaced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -34,21 +38,15 @@ from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
 from .reduce_op import MPIReduction, ReduceOp
-from .tracing import ACTIVE, note
+from .tracing import note
 
-__all__ = ["Call", "nan_safe", "host_only", "average"]
+__all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 
 
 class Call:
-    """One call of ``name`` on ``group``: its group ``g`` and communicator ``comm``.
+    """One kind of call (``name``) on one group: its group ``g`` and communicator ``comm``."""
 
-    Used as a context manager around the argument checks: a ``TypeError`` or
-    ``ValueError`` raised inside is, in checked mode, exchanged with the other ranks of the
-    group so that every rank raises it (see :func:`.checks.agree`); otherwise it propagates
-    unchanged.
-    """
-
-    __slots__ = ("name", "g", "comm")
+    __slots__ = ("name", "g", "comm", "ranks")
 
     def __init__(self, name: str, group: Group | None) -> None:
         self.name = name
@@ -56,13 +54,14 @@ class Call:
             self.g, self.comm = WORLD, _WORLD_COMM
         else:
             self.g, self.comm = resolve(group, name)
+        self.ranks = self.g.ranks
 
-    def __enter__(self) -> Call:
-        return self
-
-    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
-        if e is not None and checks._enabled and isinstance(e, (TypeError, ValueError)):
-            checks.agree(self.comm, self.name, e)  # raises on every rank
+    def refuse(self, e: TypeError | ValueError) -> NoReturn:
+        """Raise the argument error ``e``; in checked mode every rank of the group raises
+        it (see :func:`.checks.agree`)."""
+        if checks._enabled:
+            checks.agree(self.comm, self.name, e)
+        raise e
 
     def agree(self, sig: Sequence[tuple[str, Any]], extra: Any = None) -> list[tuple[Any, Any]]:
         """Checked mode: every rank of the group passed the same ``sig`` (callers test
@@ -76,20 +75,15 @@ class Call:
     def nan_safe(self, red: MPIReduction, op: ReduceOp, dtype: np.dtype,
                  inputs: Any) -> MPIReduction:
         """:func:`nan_safe` on this call's group."""
+        if op not in _MAX_MIN:
+            return red
         return nan_safe(red, op, dtype, inputs, self.comm, self.g.ranks)
 
     def note(self, nbytes: int, dtype: Any = "", peer: int | None = None, device: bool = False,
              staged: bool = False) -> None:
-        """Note the call in the active traces (for calls that are not watched: isend, irecv)."""
-        if ACTIVE:
-            note(self.name, nbytes, self.g, dtype, peer, device, staged)
-
-    def mpi(self, nbytes: int, dtype: Any = "", peer: int | None = None, device: bool = False,
-            staged: bool = False) -> Any:
-        """Note the call in the active traces; return the watch to hold around the MPI call."""
-        if ACTIVE:
-            note(self.name, nbytes, self.g, dtype, peer, device, staged)
-        return watch(self.name, self.g.ranks)
+        """Note the call in the active traces (callers test ``if ACTIVE:`` first, so the
+        arguments are computed only while tracing)."""
+        note(self.name, nbytes, self.g, dtype, peer, device, staged)
 
 
 def host_only(red: MPIReduction, a: Any, m: tuple[Any, ...]) -> bool:
@@ -102,7 +96,31 @@ def average(buf: Any, n: int) -> None:
     buf /= n
 
 
+class _WorldCalls(dict[str, Call]):
+    def __missing__(self, name: str) -> Call:
+        c = self[name] = Call(name, None)
+        return c
+
+
+_WORLD_CALLS = _WorldCalls()
+_CALLS: dict[tuple[str, Group | None], Call] = {}
+
+
+def call(name: str, group: Group | None) -> Call:
+    """The :class:`Call` of ``name`` on ``group`` (cached per member group)."""
+    if group is None:
+        return _WORLD_CALLS[name]
+    try:
+        return _CALLS[name, group]
+    except (KeyError, TypeError):  # TypeError: an unhashable group, refused by Call
+        c = Call(name, group)
+        _CALLS[name, group] = c
+        return c
+
+
 # -- NaN-safe MAX/MIN ---------------------------------------------------------------------------
+
+_MAX_MIN = (ReduceOp.MAX, ReduceOp.MIN)
 
 _NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
 
@@ -137,7 +155,7 @@ def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm
     microseconds); only when some rank holds a NaN does the reduction run as a
     user-defined op with NumPy's semantics. Collective over ``comm``.
     """
-    if op not in (ReduceOp.MAX, ReduceOp.MIN) or dtype.kind != "f" or red.host_only:
+    if op not in _MAX_MIN or dtype.kind != "f" or red.host_only:
         return red
     arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
     flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)

@@ -13,14 +13,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .call import Call, average, host_only
+from .call import average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
 from .listbufs import gather_list_in, list_metas, scatter_list_out
 from .reduce_op import ReduceOp, mpi_reduction
+from .tracing import ACTIVE
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
@@ -32,18 +34,22 @@ def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
 
 def barrier(group: Group | None = None) -> None:
     """Block until every rank of ``group`` has called barrier."""
-    c = Call("barrier", group)
-    with c.mpi(0):
+    c = call("barrier", group)
+    if ACTIVE:
+        c.note(0)
+    with watch(c.name, c.ranks):
         c.comm.Barrier()
 
 
 def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     """Copy ``arr`` of world rank ``src`` into ``arr`` on every rank of ``group``."""
-    c = Call("broadcast", group)
-    with c:
+    c = call("broadcast", group)
+    try:
         m = describe_out(arr, "arr", c.name)
         t = dtype_info(m[0]).mpi
         root = root_rank(c.g, src, "src", c.name)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], src=src))
     if m[3] and c.gpu(_gpu.broadcast, arr, m, root):
@@ -51,7 +57,9 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     me = c.comm.Get_rank()
     with stager(m[3]) as st:
         buf = st.out(arr, m, copy_in=me == root)
-        with c.mpi(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Bcast([buf, m[1], t], root=root)
 
 
@@ -60,12 +68,14 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
 
     ``arr`` on other ranks is left unchanged.
     """
-    c = Call("reduce", group)
-    with c:
+    c = call("reduce", group)
+    try:
         m = describe_out(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
         root = root_rank(c.g, dst, "dst", c.name)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], op=op.name, dst=dst))
     red = c.nan_safe(red, op, m[0], arr)
@@ -78,7 +88,9 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
         else:
             buf = st.inp(arr, m)
             sbuf, rbuf = [buf, m[1], info.mpi], None
-        with c.mpi(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Reduce(sbuf, rbuf, op=red.op, root=root)
         if me == root and red.average:
             average(buf, c.g.size)
@@ -86,11 +98,13 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
 
 def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None) -> None:
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result."""
-    c = Call("all_reduce", group)
-    with c:
+    c = call("all_reduce", group)
+    try:
         m = describe_out(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], op=op.name))
     if m[3] and c.gpu(_gpu.all_reduce, arr, m, op):
@@ -98,7 +112,9 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     red = c.nan_safe(red, op, m[0], arr)
     with stager(m[3], host_only(red, arr, m)) as st:
         buf = st.out(arr, m, copy_in=True)
-        with c.mpi(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
         if red.average:
             average(buf, c.g.size)
@@ -133,9 +149,9 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
     On ``dst``, ``gather_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    c = Call("gather", group)
+    c = call("gather", group)
     op = c.name
-    with c:
+    try:
         m = describe(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         root = root_rank(c.g, dst, "dst", op)
@@ -148,6 +164,8 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
                 metas = list_metas(gather_list, p, m, "gather_list", "arr", op, output=True)
             else:
                 mo = _whole_out(gather_list, p, m, "gather_list", "arr", op)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], dst=dst))
     with stager(m[3] or (mo is not None and mo[3])) as st:
@@ -157,7 +175,9 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
             rbuf = st.out(gather_list, mo)
         elif metas is not None:
             rbuf = np.empty(p * m[1], dtype=m[0])
-        with c.mpi(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Gather([sbuf, m[1], t], None if rbuf is None else [rbuf, m[1], t], root=root)
         if metas is not None:
             scatter_list_out(rbuf, gather_list, metas)
@@ -169,10 +189,10 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     ``out_list_or_array``: a list of group-size arrays shaped like ``arr``, or one array of
     group size x ``arr.size`` elements (e.g. shaped ``(group size, *arr.shape)``).
     """
-    c = Call("all_gather", group)
+    c = call("all_gather", group)
     op = c.name
     out = out_list_or_array
-    with c:
+    try:
         m = describe(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         p = c.g.size
@@ -181,6 +201,8 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
             metas = list_metas(out, p, m, "out_list", "arr", op, output=True)
         else:
             mo = _whole_out(out, p, m, "out", "arr", op)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1]))
     if m[3] and mo is not None and mo[3] and c.gpu(_gpu.all_gather, out, arr, m):
@@ -188,7 +210,9 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        with c.mpi(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
@@ -200,9 +224,9 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
     On ``src``, ``scatter_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    c = Call("scatter", group)
+    c = call("scatter", group)
     op = c.name
-    with c:
+    try:
         m = describe_out(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         root = root_rank(c.g, src, "src", op)
@@ -215,6 +239,8 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
                 metas = list_metas(scatter_list, p, m, "scatter_list", "arr", op, output=False)
             else:
                 mi = _whole_in(scatter_list, p, m, "scatter_list", "arr", op)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], src=src))
     with stager(m[3] or (mi is not None and mi[3])) as st:
@@ -226,7 +252,9 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
                 assert metas is not None
                 sbuf = gather_list_in(scatter_list, metas, m[0])
         rbuf = st.out(arr, m)
-        with c.mpi(p * m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged):
+        if ACTIVE:
+            c.note(p * m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t],
                            root=root)
 
@@ -238,10 +266,10 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
     ``in_list_or_array``: a list of group-size arrays shaped like ``out``, or one array of
     group size x ``out.size`` elements.
     """
-    c = Call("reduce_scatter", group)
+    c = call("reduce_scatter", group)
     name = c.name
     x = in_list_or_array
-    with c:
+    try:
         m = describe_out(out, "out", name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
@@ -251,6 +279,8 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
             metas = list_metas(x, p, m, "in_list", "out", name, output=False)
         else:
             mi = _whole_in(x, p, m, "input", "out", name)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], op=op.name))
     if m[3] and mi is not None and mi[3] and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
@@ -263,8 +293,9 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
             assert metas is not None
             sbuf = gather_list_in(x, metas, m[0])
         rbuf = st.out(out, m)
-        with c.mpi(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]),
-                   st.staged):
+        if ACTIVE:
+            c.note(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]), st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Reduce_scatter_block([sbuf, m[1], info.mpi], [rbuf, m[1], info.mpi],
                                         op=red.op)
         if red.average:
@@ -277,9 +308,9 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
     ``out`` and the input are arrays of group size x block elements each, or lists of
     group-size arrays of one shape.
     """
-    c = Call("all_to_all", group)
+    c = call("all_to_all", group)
     name = c.name
-    with c:
+    try:
         p = c.g.size
         out_metas = in_metas = mo = mi = None
         if _is_list(out):
@@ -299,6 +330,8 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         else:
             mi = _whole_in(in_, p, m, "in", "out block", name)
         t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree(_sig(m, block=m[1]))
     if (mo is not None and mi is not None and mo[3] and mi[3]
@@ -311,8 +344,10 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
             assert in_metas is not None
             sbuf = gather_list_in(in_, in_metas, m[0])
         rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        with c.mpi(p * m[1] * m[0].itemsize, m[0], None,
-                   bool((mo and mo[3]) or (mi and mi[3])), st.staged):
+        if ACTIVE:
+            c.note(p * m[1] * m[0].itemsize, m[0], None,
+                   bool((mo and mo[3]) or (mi and mi[3])), st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
         if out_metas is not None:
             scatter_list_out(rbuf, out, out_metas)

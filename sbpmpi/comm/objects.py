@@ -10,7 +10,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .call import Call
+from ..watchdog import watch
+from .call import call
 from .group import Group, root_rank
 from .tracing import ACTIVE
 
@@ -18,8 +19,6 @@ __all__ = ["all_gather_object", "broadcast_object", "all_agree"]
 
 
 def _pickled_size(obj: Any) -> int:
-    if not ACTIVE:  # only traces want it
-        return 0
     try:
         return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:
@@ -28,21 +27,27 @@ def _pickled_size(obj: Any) -> int:
 
 def all_gather_object(obj: Any, group: Group | None = None) -> list[Any]:
     """Return the list of ``obj`` from every rank of ``group``, in group order."""
-    c = Call("all_gather_object", group)
-    with c.mpi(_pickled_size(obj)):
+    c = call("all_gather_object", group)
+    if ACTIVE:
+        c.note(_pickled_size(obj))
+    with watch(c.name, c.ranks):
         return c.comm.allgather(obj)
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Group | None = None) -> Any:
     """Return ``obj`` of world rank ``src`` on every rank of ``group``."""
-    c = Call("broadcast_object", group)
+    c = call("broadcast_object", group)
     root = root_rank(c.g, src, "src", c.name)
-    with c.mpi(_pickled_size(obj) if c.comm.Get_rank() == root else 0, peer=src):
+    if ACTIVE:
+        c.note(_pickled_size(obj) if c.comm.Get_rank() == root else 0, peer=src)
+    with watch(c.name, c.ranks):
         return c.comm.bcast(obj, root=root)
 
 
 def all_agree(ok: bool, group: Group | None = None) -> bool:
     """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
-    c = Call("all_agree", group)
-    with c.mpi(1, "bool"):
+    c = call("all_agree", group)
+    if ACTIVE:
+        c.note(1, "bool")
+    with watch(c.name, c.ranks):
         return bool(c.comm.allreduce(bool(ok), op=MPI.LAND))

@@ -12,9 +12,10 @@ from mpi4py import MPI
 
 from ..watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
-from .call import Call
+from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
+from .tracing import ACTIVE
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 
@@ -107,12 +108,11 @@ class Work:
 
 
 def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
-             receive: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
+             receive: bool, blocking: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
     """(call, buffer metadata, MPI datatype, peer's group rank) of one point-to-point call."""
-    c = Call(op, group)
+    c = call(op, group)
     m = describe_out(arr, "arr", op) if receive else describe(arr, "arr", op)
     t = dtype_info(m[0]).mpi
-    blocking = op in ("send", "recv")
     if receive and rank is None:  # receive from any rank
         peer = MPI.ANY_SOURCE
     else:
@@ -123,54 +123,57 @@ def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
 
 def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     """Send ``arr`` to world rank ``dst`` (blocking)."""
-    c, m, t, peer = _prepare("send", arr, dst, tag, group, False)
+    c, m, t, peer = _prepare("send", arr, dst, tag, group, False, True)
     with stager(m[3]) as st:
         buf = st.inp(arr, m)
-        with c.mpi(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
 
 
 def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> int:
     """Receive into ``arr`` from world rank ``src`` (any rank if None); returns the sender."""
-    c, m, t, peer = _prepare("recv", arr, src, tag, group, True)
+    c, m, t, peer = _prepare("recv", arr, src, tag, group, True, True)
     with stager(m[3]) as st:
         buf = st.out(arr, m)
         status = MPI.Status()
-        with c.mpi(0, m[0], src, m[3], st.staged):
+        if ACTIVE:
+            c.note(0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
     return sender
 
 
-def _start(op: str, arr: Any, rank: int | None, tag: int, group: Group | None,
-           receive: bool) -> Work:
-    """Post one non-blocking send or receive; the Work holds its buffers until completion.
-
-    Not watched: posting returns at once; :meth:`Work.wait` is watched.
-    """
-    c, m, t, peer = _prepare(op, arr, rank, tag, group, receive)
-    st = stager(m[3])
-    try:
-        if receive:
-            buf = st.out(arr, m)
-            c.note(0, m[0], rank, m[3], st.staged)
-            req = c.comm.Irecv([buf, m[1], t], source=peer, tag=tag)
-        else:
-            buf = st.inp(arr, m)
-            c.note(m[1] * m[0].itemsize, m[0], rank, m[3], st.staged)
-            req = c.comm.Isend([buf, m[1], t], dest=peer, tag=tag)
-    except BaseException:
-        st.release()
-        raise
-    return Work(req, st, buf, (m, t) if receive else None, c.g)
+# isend/irecv are not watched (posting returns at once); Work.wait is. The Work holds the
+# staging buffers until completion, so they are released here only when posting fails.
 
 
 def isend(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``arr`` to world rank ``dst``; do not modify ``arr`` before ``wait()``."""
-    return _start("isend", arr, dst, tag, group, False)
+    c, m, t, peer = _prepare("isend", arr, dst, tag, group, False, False)
+    st = stager(m[3])
+    try:
+        buf = st.inp(arr, m)
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        return Work(c.comm.Isend([buf, m[1], t], dest=peer, tag=tag), st, buf, None, c.g)
+    except BaseException:
+        st.release()
+        raise
 
 
 def irecv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving into ``arr`` from world rank ``src`` (any if None); read it after ``wait()``."""
-    return _start("irecv", arr, src, tag, group, True)
+    c, m, t, peer = _prepare("irecv", arr, src, tag, group, True, False)
+    st = stager(m[3])
+    try:
+        buf = st.out(arr, m)
+        if ACTIVE:
+            c.note(0, m[0], src, m[3], st.staged)
+        return Work(c.comm.Irecv([buf, m[1], t], source=peer, tag=tag), st, buf, (m, t), c.g)
+    except BaseException:
+        st.release()
+        raise

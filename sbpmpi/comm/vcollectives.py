@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .call import Call, average, host_only
+from .call import average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
 from .reduce_op import ReduceOp, mpi_reduction
+from .tracing import ACTIVE
 
 __all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
 
@@ -65,9 +67,9 @@ def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, o
 def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
                  group: Group | None = None) -> None:
     """Every rank receives ``arr`` of group rank i at ``out[displs[i]:][:counts[i]]`` (flat)."""
-    c = Call("all_gather_v", group)
+    c = call("all_gather_v", group)
     op = c.name
-    with c:
+    try:
         me, p = c.comm.Get_rank(), c.g.size
         m = describe(arr, "arr", op)
         mo = describe_out(out, "out", op)
@@ -76,6 +78,8 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         _check_mine(m, cs, me, "arr", "counts", op)
         _check_extent(mo, need, "out", "counts and displs", op)
         t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d)])
     if m[3] and mo[3] and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
@@ -83,7 +87,9 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
     with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
-        with c.mpi(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Allgatherv([sbuf, m[1], t], [rbuf, (cs, d), t])
 
 
@@ -93,9 +99,9 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
-    c = Call("gather_v", group)
+    c = call("gather_v", group)
     op = c.name
-    with c:
+    try:
         me, p = c.comm.Get_rank(), c.g.size
         m = describe(arr, "arr", op)
         root = root_rank(c.g, dst, "dst", op)
@@ -109,13 +115,17 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
             check_same_dtype(mo, m, "out", "arr", op)
             _check_extent(mo, need, "out", "counts and displs", op)
         t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("dst", dst)])
     with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
         rbuf = None if mo is None else [
             st.out(out, mo, copy_in=need < mo[1] or displs is not None), (cs, d), t]
-        with c.mpi(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Gatherv([sbuf, m[1], t], rbuf, root=root)
 
 
@@ -125,9 +135,9 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
 
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
-    c = Call("scatter_v", group)
+    c = call("scatter_v", group)
     op = c.name
-    with c:
+    try:
         me, p = c.comm.Get_rank(), c.g.size
         m = describe_out(arr, "arr", op)
         root = root_rank(c.g, src, "src", op)
@@ -141,12 +151,16 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
             check_same_dtype(mi, m, "in", "arr", op)
             _check_extent(mi, need, "in", "counts and displs", op)
         t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("src", src)])
     with stager(m[3] or (mi is not None and mi[3])) as st:
         sbuf = None if mi is None else st.inp(in_, mi)
         rbuf = st.out(arr, m)
-        with c.mpi(0 if mi is None else mi[1] * m[0].itemsize, m[0], src, m[3], st.staged):
+        if ACTIVE:
+            c.note(0 if mi is None else mi[1] * m[0].itemsize, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Scatterv(None if sbuf is None else [sbuf, (cs, d), t], [rbuf, m[1], t],
                             root=root)
 
@@ -157,9 +171,9 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
 
     Block i is ``counts[i]`` elements, packed in group rank order.
     """
-    c = Call("reduce_scatter_v", group)
+    c = call("reduce_scatter_v", group)
     name = c.name
-    with c:
+    try:
         me, p = c.comm.Get_rank(), c.g.size
         m = describe_out(out, "out", name)
         mi = describe(arr, "arr", name)
@@ -170,6 +184,8 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
             raise ValueError(f"{name}: arr has {mi[1]} elements but sum(counts) = {sum(cs)}")
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("op", op.name)])
     if m[3] and mi[3] and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
@@ -178,7 +194,9 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
     with stager(m[3] or mi[3], host_only(red, out, m)) as st:
         sbuf = st.inp(arr, mi)
         rbuf = st.out(out, m)
-        with c.mpi(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged):
+        if ACTIVE:
+            c.note(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], cs,
                                   op=red.op)
         if red.average:
@@ -191,9 +209,9 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     """Rank i sends ``arr[in_displs[j]:][:in_counts[j]]`` to rank j, which stores it at
     ``out[out_displs[i]:][:out_counts[i]]`` (flat; ``out_counts[i]`` on rank j must equal
     ``in_counts[j]`` on rank i)."""
-    c = Call("all_to_all_v", group)
+    c = call("all_to_all_v", group)
     op = c.name
-    with c:
+    try:
         p = c.g.size
         m = describe(arr, "arr", op)
         mo = describe_out(out, "out", op)
@@ -203,6 +221,8 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
         _check_extent(mo, oneed, "out", "out_counts and out_displs", op)
         _check_extent(m, ineed, "arr", "in_counts and in_displs", op)
         t = dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
     if checks._enabled:
         sigs = c.agree([("dtype", m[0].str)], extra=(ic, oc))
         for i, (_, (ici, _)) in enumerate(sigs):
@@ -216,5 +236,7 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
-        with c.mpi(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
+        if ACTIVE:
+            c.note(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
+        with watch(c.name, c.ranks):
             c.comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
