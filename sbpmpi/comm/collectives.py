@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .call import average, call, host_only
+from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
@@ -120,27 +120,39 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
             average(buf, c.g.size)
 
 
-def _whole_out(out: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str) -> ArrayMeta:
+def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bool) -> ArrayMeta:
     """Checks for one array that holds ``p`` blocks of the size of ``m``."""
-    mo = describe_out(out, arg, op)
-    check_same_dtype(mo, m, arg, ref, op)
-    if mo[1] != p * m[1]:
-        raise ValueError(f"{op}: {arg} has {mo[1]} elements but must have {p} x {m[1]} = "
+    mx = describe_out(x, arg, op) if output else describe(x, arg, op)
+    check_same_dtype(mx, m, arg, ref, op)
+    if mx[1] != p * m[1]:
+        raise ValueError(f"{op}: {arg} has {mx[1]} elements but must have {p} x {m[1]} = "
                          f"{p * m[1]} (group size x {ref}.size)")
-    return mo
-
-
-def _whole_in(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str) -> ArrayMeta:
-    mi = describe(x, arg, op)
-    check_same_dtype(mi, m, arg, ref, op)
-    if mi[1] != p * m[1]:
-        raise ValueError(f"{op}: {arg} has {mi[1]} elements but must have {p} x {m[1]} = "
-                         f"{p * m[1]} (group size x {ref}.size)")
-    return mi
+    return mx
 
 
 def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
+
+
+def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
+            to_root: bool) -> tuple[ArrayMeta, Any, int, int, int, list[ArrayMeta] | None,
+                                    ArrayMeta | None]:
+    """Checks of gather (``to_root``: ``arr`` goes to the root, which receives ``x``) and
+    scatter (the root sends ``x``; ``arr`` receives): (meta of ``arr``, MPI type, root's
+    group rank, my group rank, group size, list metas of ``x``, whole-array meta of ``x``).
+    """
+    op = c.name
+    m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+    t = dtype_info(m[0]).mpi
+    root = root_rank(c.g, root_world, root_arg, op)
+    me, p = c.comm.Get_rank(), c.g.size
+    if me != root:
+        return m, t, root, me, p, None, None
+    if x is None:
+        raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
+    if _is_list(x):
+        return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
+    return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
 
 
 def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None = None) -> None:
@@ -150,22 +162,8 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
     c = call("gather", group)
-    op = c.name
-    try:
-        m = describe(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
-        root = root_rank(c.g, dst, "dst", op)
-        me, p = c.comm.Get_rank(), c.g.size
-        metas = mo = None
-        if me == root:
-            if gather_list is None:
-                raise ValueError(f"{op}: gather_list is required on dst rank {dst}")
-            if _is_list(gather_list):
-                metas = list_metas(gather_list, p, m, "gather_list", "arr", op, output=True)
-            else:
-                mo = _whole_out(gather_list, p, m, "gather_list", "arr", op)
-    except (TypeError, ValueError) as e:
-        c.refuse(e)
+    m, t, root, me, p, metas, mo = c.check(_rooted, arr, gather_list, "gather_list", "dst",
+                                           dst, True)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], dst=dst))
     with stager(m[3] or (mo is not None and mo[3])) as st:
@@ -200,7 +198,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
         if _is_list(out):
             metas = list_metas(out, p, m, "out_list", "arr", op, output=True)
         else:
-            mo = _whole_out(out, p, m, "out", "arr", op)
+            mo = _whole(out, p, m, "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -225,22 +223,8 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
     c = call("scatter", group)
-    op = c.name
-    try:
-        m = describe_out(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
-        root = root_rank(c.g, src, "src", op)
-        me, p = c.comm.Get_rank(), c.g.size
-        metas = mi = None
-        if me == root:
-            if scatter_list is None:
-                raise ValueError(f"{op}: scatter_list is required on src rank {src}")
-            if _is_list(scatter_list):
-                metas = list_metas(scatter_list, p, m, "scatter_list", "arr", op, output=False)
-            else:
-                mi = _whole_in(scatter_list, p, m, "scatter_list", "arr", op)
-    except (TypeError, ValueError) as e:
-        c.refuse(e)
+    m, t, root, me, p, metas, mi = c.check(_rooted, arr, scatter_list, "scatter_list", "src",
+                                           src, False)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], src=src))
     with stager(m[3] or (mi is not None and mi[3])) as st:
@@ -278,7 +262,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         if _is_list(x):
             metas = list_metas(x, p, m, "in_list", "out", name, output=False)
         else:
-            mi = _whole_in(x, p, m, "input", "out", name)
+            mi = _whole(x, p, m, "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -328,7 +312,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         if _is_list(in_):
             in_metas = list_metas(in_, p, m, "in", "out block", name, output=False)
         else:
-            mi = _whole_in(in_, p, m, "in", "out block", name)
+            mi = _whole(in_, p, m, "in", "out block", name, False)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)

@@ -14,7 +14,7 @@ from typing import Any
 from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .call import average, call, host_only
+from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
@@ -64,6 +64,30 @@ def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, o
                          f"(this rank is group rank {me})")
 
 
+def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str,
+              root_world: int, to_root: bool) -> tuple[ArrayMeta, int, list[int], list[int],
+                                                       int, ArrayMeta | None, Any]:
+    """Checks of gather_v (``to_root``: the root receives ``x``) and scatter_v (the root
+    sends ``x``): (meta of ``arr``, root's group rank, counts, displs, elements ``x`` needs,
+    meta of ``x`` on the root, MPI type)."""
+    op = c.name
+    me, p = c.comm.Get_rank(), c.g.size
+    m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+    root = root_rank(c.g, root_world, root_arg, op)
+    cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
+    _check_mine(m, cs, me, "arr", "counts", op)
+    mx = None
+    if me == root:
+        arg = "out" if to_root else "in"
+        if x is None:
+            what = "out" if to_root else "the input"
+            raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
+        mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
+        check_same_dtype(mx, m, arg, "arr", op)
+        _check_extent(mx, need, arg, "counts and displs", op)
+    return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
+
+
 def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
                  group: Group | None = None) -> None:
     """Every rank receives ``arr`` of group rank i at ``out[displs[i]:][:counts[i]]`` (flat)."""
@@ -100,23 +124,7 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
     c = call("gather_v", group)
-    op = c.name
-    try:
-        me, p = c.comm.Get_rank(), c.g.size
-        m = describe(arr, "arr", op)
-        root = root_rank(c.g, dst, "dst", op)
-        cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
-        _check_mine(m, cs, me, "arr", "counts", op)
-        mo = None
-        if me == root:
-            if out is None:
-                raise ValueError(f"{op}: out is required on dst rank {dst}")
-            mo = describe_out(out, "out", op)
-            check_same_dtype(mo, m, "out", "arr", op)
-            _check_extent(mo, need, "out", "counts and displs", op)
-        t = dtype_info(m[0]).mpi
-    except (TypeError, ValueError) as e:
-        c.refuse(e)
+    m, root, cs, d, need, mo, t = c.check(_rooted_v, arr, out, counts, displs, "dst", dst, True)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("dst", dst)])
     with stager(m[3] or (mo is not None and mo[3])) as st:
@@ -136,23 +144,8 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
     c = call("scatter_v", group)
-    op = c.name
-    try:
-        me, p = c.comm.Get_rank(), c.g.size
-        m = describe_out(arr, "arr", op)
-        root = root_rank(c.g, src, "src", op)
-        cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
-        _check_mine(m, cs, me, "arr", "counts", op)
-        mi = None
-        if me == root:
-            if in_ is None:
-                raise ValueError(f"{op}: the input is required on src rank {src}")
-            mi = describe(in_, "in", op)
-            check_same_dtype(mi, m, "in", "arr", op)
-            _check_extent(mi, need, "in", "counts and displs", op)
-        t = dtype_info(m[0]).mpi
-    except (TypeError, ValueError) as e:
-        c.refuse(e)
+    m, root, cs, d, need, mi, t = c.check(_rooted_v, arr, in_, counts, displs, "src", src,
+                                          False)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("src", src)])
     with stager(m[3] or (mi is not None and mi[3])) as st:
