@@ -63,13 +63,6 @@ class Call:
             checks.agree(self.comm, self.name, e)
         raise e
 
-    def check(self, validate: Callable[..., Any], *args: Any) -> Any:
-        """``validate(self, *args)``, whose TypeError or ValueError goes to :meth:`refuse`."""
-        try:
-            return validate(self, *args)
-        except (TypeError, ValueError) as e:
-            self.refuse(e)
-
     def agree(self, sig: Sequence[tuple[str, Any]], extra: Any = None) -> list[tuple[Any, Any]]:
         """Checked mode: every rank of the group passed the same ``sig`` (callers test
         ``checks._enabled`` first, so the signature is built only when checking)."""

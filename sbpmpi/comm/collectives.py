@@ -140,19 +140,23 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
     """Checks of gather (``to_root``: ``arr`` goes to the root, which receives ``x``) and
     scatter (the root sends ``x``; ``arr`` receives): (meta of ``arr``, MPI type, root's
     group rank, my group rank, group size, list metas of ``x``, whole-array meta of ``x``).
+    Errors go through :meth:`Call.refuse`.
     """
-    op = c.name
-    m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
-    t = dtype_info(m[0]).mpi
-    root = root_rank(c.g, root_world, root_arg, op)
-    me, p = c.comm.Get_rank(), c.g.size
-    if me != root:
-        return m, t, root, me, p, None, None
-    if x is None:
-        raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
-    if _is_list(x):
-        return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
-    return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
+    try:
+        op = c.name
+        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        t = dtype_info(m[0]).mpi
+        root = root_rank(c.g, root_world, root_arg, op)
+        me, p = c.comm.Get_rank(), c.g.size
+        if me != root:
+            return m, t, root, me, p, None, None
+        if x is None:
+            raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
+        if _is_list(x):
+            return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
+        return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
 
 
 def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None = None) -> None:
@@ -162,7 +166,7 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
     c = call("gather", group)
-    m, t, root, me, p, metas, mo = c.check(_rooted, arr, gather_list, "gather_list", "dst",
+    m, t, root, me, p, metas, mo = _rooted(c, arr, gather_list, "gather_list", "dst",
                                            dst, True)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], dst=dst))
@@ -223,7 +227,7 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
     c = call("scatter", group)
-    m, t, root, me, p, metas, mi = c.check(_rooted, arr, scatter_list, "scatter_list", "src",
+    m, t, root, me, p, metas, mi = _rooted(c, arr, scatter_list, "scatter_list", "src",
                                            src, False)
     if checks._enabled:
         c.agree(_sig(m, size=m[1], src=src))

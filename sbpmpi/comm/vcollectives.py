@@ -69,23 +69,26 @@ def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str
                                                        int, ArrayMeta | None, Any]:
     """Checks of gather_v (``to_root``: the root receives ``x``) and scatter_v (the root
     sends ``x``): (meta of ``arr``, root's group rank, counts, displs, elements ``x`` needs,
-    meta of ``x`` on the root, MPI type)."""
-    op = c.name
-    me, p = c.comm.Get_rank(), c.g.size
-    m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
-    root = root_rank(c.g, root_world, root_arg, op)
-    cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
-    _check_mine(m, cs, me, "arr", "counts", op)
-    mx = None
-    if me == root:
-        arg = "out" if to_root else "in"
-        if x is None:
-            what = "out" if to_root else "the input"
-            raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
-        mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
-        check_same_dtype(mx, m, arg, "arr", op)
-        _check_extent(mx, need, arg, "counts and displs", op)
-    return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
+    meta of ``x`` on the root, MPI type); errors go through :meth:`Call.refuse`."""
+    try:
+        op = c.name
+        me, p = c.comm.Get_rank(), c.g.size
+        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        root = root_rank(c.g, root_world, root_arg, op)
+        cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, cs, me, "arr", "counts", op)
+        mx = None
+        if me == root:
+            arg = "out" if to_root else "in"
+            if x is None:
+                what = "out" if to_root else "the input"
+                raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
+            mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
+            check_same_dtype(mx, m, arg, "arr", op)
+            _check_extent(mx, need, arg, "counts and displs", op)
+        return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
 
 
 def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -124,7 +127,7 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
     c = call("gather_v", group)
-    m, root, cs, d, need, mo, t = c.check(_rooted_v, arr, out, counts, displs, "dst", dst, True)
+    m, root, cs, d, need, mo, t = _rooted_v(c, arr, out, counts, displs, "dst", dst, True)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("dst", dst)])
     with stager(m[3] or (mo is not None and mo[3])) as st:
@@ -144,7 +147,7 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
     c = call("scatter_v", group)
-    m, root, cs, d, need, mi, t = c.check(_rooted_v, arr, in_, counts, displs, "src", src,
+    m, root, cs, d, need, mi, t = _rooted_v(c, arr, in_, counts, displs, "src", src,
                                           False)
     if checks._enabled:
         c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("src", src)])
