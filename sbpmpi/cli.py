@@ -340,9 +340,11 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(note, flush=True)
     print("\nbandwidth = global tensor bytes / time", flush=True)
     print(format_bandwidth(results, dtype.itemsize), flush=True)
+    from .comm.info import library_line
+
     doc = {"world_size": world, "device": a.device, "dtype": str(dtype),
            "itemsize": dtype.itemsize, "mpi_library": _mpi_library_name(),
-           "mpi": _mpi_library_line(), "host": socket.gethostname(),
+           "mpi": library_line(), "host": socket.gethostname(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "results": [_as_dict(boxing_bench, r) for r in results],
            "overhead": [_as_dict(boxing_bench, r) for r in small]}
@@ -422,23 +424,17 @@ def plot(argv: Sequence[str] = ()) -> int:
     return 0
 
 
-def _mpi_library_line() -> str:
-    """First line of ``MPI.Get_library_version()``."""
-    from mpi4py import MPI
-
-    lines = MPI.Get_library_version().strip().splitlines()
-    return lines[0].strip() if lines else "unknown MPI"
-
-
 def _mpi_library_name() -> str:
     """The MPI library as ``"MPICH 5.0.2"`` / ``"Open MPI 5.0.11"``."""
     from mpi4py import MPI
+
+    from .comm.info import library_line
 
     try:
         name, ver = MPI.get_vendor()
         return f"{name} {'.'.join(str(v) for v in ver)}"
     except Exception:
-        return _mpi_library_line()
+        return library_line()
 
 
 # -- entry point -----------------------------------------------------------------------------

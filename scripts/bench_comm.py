@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from sbpmpi import comm as C
 from sbpmpi.boxing.bench import NOISY_MIN_REPEATS, NOISY_SPREAD
+from sbpmpi.comm.info import library_line
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -72,7 +73,7 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     if rank == 0:
-        print(f"sbpmpi.comm vs raw mpi4py, {size} ranks, {MPI.Get_library_version().splitlines()[0]}"
+        print(f"sbpmpi.comm vs raw mpi4py, {size} ranks, {library_line()}"
               f" (noisy: < {NOISY_MIN_REPEATS} blocks or max/min > {NOISY_SPREAD:g})")
         print(f"{'op':<15}{'bytes':>10}{'raw us':>10}{'sbpmpi us':>11}{'ratio':>8}{'+us':>8}",
               flush=True)

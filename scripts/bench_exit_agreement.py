@@ -32,6 +32,7 @@ from mpi4py import MPI  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
 from sbpmpi import consistency, watchdog  # noqa: E402
+from sbpmpi.comm.info import library_line  # noqa: E402
 
 
 def _median_us(fn, reps: int) -> float:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if comm.Get_rank() == 0:
         base = res["raw Allreduce 16 B"]
         print(f"exit-time agreement cost, {comm.Get_size()} ranks, median of {args.reps} "
-              f"({MPI.Get_library_version().splitlines()[0]})")
+              f"({library_line()})")
         print(f"{'step':42s} {'us':>8s} {'x raw':>7s}")
         for k, v in res.items():
             print(f"{k:42s} {v:8.2f} {v / base:7.2f}")

@@ -406,8 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if note:
             print(note, flush=True)
         if a.json:
+            from ..comm.info import library_line
+
             doc = {"world_size": MPI.COMM_WORLD.Get_size(), "device": a.device,
-                   "mpi": MPI.Get_library_version().splitlines()[0],
+                   "mpi": library_line(),
                    "results": [as_dict(r) for r in results],
                    "overhead": [as_dict(r) | {"overhead_us": (r.sbpmpi_ms - r.raw_ms) * 1e3}
                                 for r in small]}

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend, comm
+from ..comm.info import max_count
 from ..identity import identity_value
 from ..layout import Layout, balanced_range, empty_shape
 from ..sbp import Partial, Split
@@ -28,15 +29,8 @@ __all__ = ["Program", "compile_plan", "TAG"]
 TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 
 
-def _max_count() -> int | None:
-    """Elements one message may hold: None where MPI-4 large counts are available."""
-    from mpi4py import MPI
-
-    return None if MPI.Get_version() >= (4, 0) else (1 << 31) - 1
-
-
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
-MAX_COUNT: int | None = _max_count()
+MAX_COUNT: int | None = max_count()
 
 _REDUCE = {"sum": comm.ReduceOp.SUM, "max": comm.ReduceOp.MAX, "min": comm.ReduceOp.MIN}
 

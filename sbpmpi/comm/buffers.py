@@ -121,6 +121,12 @@ class HostStager:
     def release(self) -> None:
         """Return staging buffers to the pool (nothing here)."""
 
+    def __enter__(self) -> HostStager:
+        return self
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
+        """Nothing to copy back or release on the host."""
+
 
 HOST = HostStager()
 
@@ -129,7 +135,8 @@ class Stager(HostStager):
     """Turns the arrays of one call with GPU arrays into buffers for MPI.
 
     Use ``inp``/``out`` before the MPI call, ``finish()`` after it succeeded and
-    ``release()`` in a ``finally``. GPU arrays go directly when the MPI is CUDA-aware and
+    ``release()`` in a ``finally``; as a context manager (``with stager(...) as st:``) it
+    calls ``finish()`` when the block succeeds and ``release()`` always. GPU arrays go directly when the MPI is CUDA-aware and
     the reduction is not ``host_only``, else through pooled pinned host buffers.
     """
 
@@ -192,6 +199,13 @@ class Stager(HostStager):
         for buf in self._held:
             POOL.release(buf)
         self._held.clear()
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
+        try:
+            if et is None:
+                self.finish()
+        finally:
+            self.release()
 
 
 def stager(on_device: bool, host_only: bool = False) -> HostStager:

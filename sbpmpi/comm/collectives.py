@@ -13,66 +13,19 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
 from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
-from .group import Group, resolve, root_rank
+from .group import Group, root_rank
 from .listbufs import gather_list_in, list_metas, scatter_list_out
-from .reduce_op import MPIReduction, ReduceOp, mpi_reduction
-from .tracing import ACTIVE, note
+from .reduce_op import ReduceOp, mpi_reduction
+from .tracing import ACTIVE
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
-
-
-def _host_only(red: MPIReduction, a: Any, m: ArrayMeta) -> bool:
-    """User-defined ops, and averaging a GPU array that is not CuPy, need host memory."""
-    return red.host_only or (red.average and m[3] and not backend.is_cupy_array(a))
-
-
-_NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
-
-
-def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
-    """A user-defined MAX/MIN that propagates NaN as ``np.maximum``/``np.minimum`` do."""
-    key = (op, dtype.str)
-    red = _NAN_OPS.get(key)
-    if red is None:
-        ufunc = np.maximum if op is ReduceOp.MAX else np.minimum
-
-        def apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
-            a = np.frombuffer(inbuf, dtype=dtype)
-            b = np.frombuffer(inoutbuf, dtype=dtype)
-            ufunc(a, b, out=b)
-
-        red = _NAN_OPS[key] = MPIReduction(MPI.Op.Create(apply, commute=True), host_only=True)
-    return red
-
-
-def _has_nan(a: Any) -> bool:
-    ne = a != a  # NaN is the only value unequal to itself (NumPy and CuPy alike)
-    return bool(ne.any()) if hasattr(ne, "any") else bool(ne)
-
-
-def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm: Any,
-             ranks: Any) -> MPIReduction:
-    """``red``, or a NaN-propagating op when a MAX/MIN of floats meets a NaN on any rank.
-
-    MPI's MAX and MIN do not propagate NaN (the result depends on the order in which
-    ranks are combined, so ranks can even disagree). One flag is all-reduced first (a few
-    microseconds); only when some rank holds a NaN does the reduction run as a
-    user-defined op with NumPy's semantics. Collective over ``comm``.
-    """
-    if op not in (ReduceOp.MAX, ReduceOp.MIN) or dtype.kind != "f" or red.host_only:
-        return red
-    arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)
-    with watch("NaN flag of a max/min reduction", ranks):
-        comm.Allreduce(MPI.IN_PLACE, [flag, 1, MPI.UNSIGNED_CHAR], op=MPI.MAX)
-    return _nan_op(op, dtype) if flag[0] else red
 
 
 def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
@@ -81,43 +34,33 @@ def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
 
 def barrier(group: Group | None = None) -> None:
     """Block until every rank of ``group`` has called barrier."""
-    g, comm = resolve(group, "barrier")
+    c = call("barrier", group)
     if ACTIVE:
-        note("barrier", 0, g)
-    with watch("barrier", g.ranks):
-        comm.Barrier()
+        c.note(0)
+    with watch(c.name, c.ranks):
+        c.comm.Barrier()
 
 
 def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     """Copy ``arr`` of world rank ``src`` into ``arr`` on every rank of ``group``."""
-    g, comm = resolve(group, "broadcast")
+    c = call("broadcast", group)
     try:
-        m = describe_out(arr, "arr", "broadcast")
+        m = describe_out(arr, "arr", c.name)
         t = dtype_info(m[0]).mpi
-        root = root_rank(g, src, "src", "broadcast")
+        root = root_rank(c.g, src, "src", c.name)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, "broadcast", e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, "broadcast", None, _sig(m, size=m[1], src=src))
-    if m[3] and _gpu.ENABLED and _gpu.broadcast(arr, m, root, g, comm):
+        c.agree(_sig(m, size=m[1], src=src))
+    if m[3] and c.gpu(_gpu.broadcast, arr, m, root):
         return
-    me = comm.Get_rank()
-    st = stager(m[3])
-    try:
+    me = c.comm.Get_rank()
+    with stager(m[3]) as st:
         buf = st.out(arr, m, copy_in=me == root)
         if ACTIVE:
-            note("broadcast", m[1] * m[0].itemsize if me == root else 0, g, m[0], src,
-                 m[3], st.staged)
-        with watch("broadcast", g.ranks):
-            comm.Bcast([buf, m[1], t], root=root)
-        st.finish()
-    finally:
-        st.release()
-
-
-def _average(buf: Any, n: int) -> None:
-    buf /= n
+            c.note(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Bcast([buf, m[1], t], root=root)
 
 
 def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None = None) -> None:
@@ -125,90 +68,95 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
 
     ``arr`` on other ranks is left unchanged.
     """
-    g, comm = resolve(group, "reduce")
+    c = call("reduce", group)
     try:
-        m = describe_out(arr, "arr", "reduce")
+        m = describe_out(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
-        root = root_rank(g, dst, "dst", "reduce")
+        root = root_rank(c.g, dst, "dst", c.name)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, "reduce", e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, "reduce", None, _sig(m, size=m[1], op=op.name, dst=dst))
-    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
-    me = comm.Get_rank()
-    st = stager(m[3], _host_only(red, arr, m))
-    try:
+        c.agree(_sig(m, size=m[1], op=op.name, dst=dst))
+    red = c.nan_safe(red, op, m[0], arr)
+    me = c.comm.Get_rank()
+    with stager(m[3], host_only(red, arr, m)) as st:
+        sbuf: Any
         if me == root:
             buf = st.out(arr, m, copy_in=True)
-            if ACTIVE:
-                note("reduce", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-            with watch("reduce", g.ranks):
-                comm.Reduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op, root=root)
-            if red.average:
-                _average(buf, g.size)
-            st.finish()
+            sbuf, rbuf = MPI.IN_PLACE, [buf, m[1], info.mpi]
         else:
             buf = st.inp(arr, m)
-            if ACTIVE:
-                note("reduce", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-            with watch("reduce", g.ranks):
-                comm.Reduce([buf, m[1], info.mpi], None, op=red.op, root=root)
-    finally:
-        st.release()
+            sbuf, rbuf = [buf, m[1], info.mpi], None
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Reduce(sbuf, rbuf, op=red.op, root=root)
+        if me == root and red.average:
+            average(buf, c.g.size)
 
 
 def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None) -> None:
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result."""
-    g, comm = resolve(group, "all_reduce")
+    c = call("all_reduce", group)
     try:
-        m = describe_out(arr, "arr", "all_reduce")
+        m = describe_out(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, "all_reduce", e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, "all_reduce", None, _sig(m, size=m[1], op=op.name))
-    if m[3] and _gpu.ENABLED and _gpu.all_reduce(arr, m, op, g, comm):
+        c.agree(_sig(m, size=m[1], op=op.name))
+    if m[3] and c.gpu(_gpu.all_reduce, arr, m, op):
         return
-    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
-    st = stager(m[3], _host_only(red, arr, m))
-    try:
+    red = c.nan_safe(red, op, m[0], arr)
+    with stager(m[3], host_only(red, arr, m)) as st:
         buf = st.out(arr, m, copy_in=True)
         if ACTIVE:
-            note("all_reduce", m[1] * m[0].itemsize, g, m[0], None, m[3], st.staged)
-        with watch("all_reduce", g.ranks):
-            comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
         if red.average:
-            _average(buf, g.size)
-        st.finish()
-    finally:
-        st.release()
+            average(buf, c.g.size)
 
 
-def _whole_out(out: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str) -> ArrayMeta:
+def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bool) -> ArrayMeta:
     """Checks for one array that holds ``p`` blocks of the size of ``m``."""
-    mo = describe_out(out, arg, op)
-    check_same_dtype(mo, m, arg, ref, op)
-    if mo[1] != p * m[1]:
-        raise ValueError(f"{op}: {arg} has {mo[1]} elements but must have {p} x {m[1]} = "
+    mx = describe_out(x, arg, op) if output else describe(x, arg, op)
+    check_same_dtype(mx, m, arg, ref, op)
+    if mx[1] != p * m[1]:
+        raise ValueError(f"{op}: {arg} has {mx[1]} elements but must have {p} x {m[1]} = "
                          f"{p * m[1]} (group size x {ref}.size)")
-    return mo
-
-
-def _whole_in(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str) -> ArrayMeta:
-    mi = describe(x, arg, op)
-    check_same_dtype(mi, m, arg, ref, op)
-    if mi[1] != p * m[1]:
-        raise ValueError(f"{op}: {arg} has {mi[1]} elements but must have {p} x {m[1]} = "
-                         f"{p * m[1]} (group size x {ref}.size)")
-    return mi
+    return mx
 
 
 def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
+
+
+def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
+            to_root: bool) -> tuple[ArrayMeta, Any, int, int, int, list[ArrayMeta] | None,
+                                    ArrayMeta | None]:
+    """Checks of gather (``to_root``: ``arr`` goes to the root, which receives ``x``) and
+    scatter (the root sends ``x``; ``arr`` receives): (meta of ``arr``, MPI type, root's
+    group rank, my group rank, group size, list metas of ``x``, whole-array meta of ``x``).
+    Errors go through :meth:`Call.refuse`.
+    """
+    try:
+        op = c.name
+        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        t = dtype_info(m[0]).mpi
+        root = root_rank(c.g, root_world, root_arg, op)
+        me, p = c.comm.Get_rank(), c.g.size
+        if me != root:
+            return m, t, root, me, p, None, None
+        if x is None:
+            raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
+        if _is_list(x):
+            return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
+        return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
 
 
 def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None = None) -> None:
@@ -217,48 +165,24 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
     On ``dst``, ``gather_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    op = "gather"
-    g, comm = resolve(group, op)
-    try:
-        m = describe(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
-        root = root_rank(g, dst, "dst", op)
-        me, p = comm.Get_rank(), g.size
-        metas = mo = None
-        if me == root:
-            if gather_list is None:
-                raise ValueError(f"{op}: gather_list is required on dst rank {dst}")
-            if _is_list(gather_list):
-                metas = list_metas(gather_list, p, m, "gather_list", "arr", op, output=True)
-            else:
-                mo = _whole_out(gather_list, p, m, "gather_list", "arr", op)
-    except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+    c = call("gather", group)
+    m, t, root, me, p, metas, mo = _rooted(c, arr, gather_list, "gather_list", "dst",
+                                           dst, True)
     if checks._enabled:
-        checks.agree(comm, op, None, _sig(m, size=m[1], dst=dst))
-    st = stager(m[3] or (mo is not None and mo[3]))
-    try:
+        c.agree(_sig(m, size=m[1], dst=dst))
+    with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
-        if ACTIVE:
-            note(op, m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        if me != root:
-            with watch("gather", g.ranks):
-                comm.Gather([sbuf, m[1], t], None, root=root)
-            return
+        rbuf: Any = None
         if mo is not None:
             rbuf = st.out(gather_list, mo)
-            with watch("gather", g.ranks):
-                comm.Gather([sbuf, m[1], t], [rbuf, m[1], t], root=root)
-            st.finish()
-        else:
-            assert metas is not None
-            tmp = np.empty(p * m[1], dtype=m[0])
-            with watch("gather", g.ranks):
-                comm.Gather([sbuf, m[1], t], [tmp, m[1], t], root=root)
-            scatter_list_out(tmp, gather_list, metas)
-    finally:
-        st.release()
+        elif metas is not None:
+            rbuf = np.empty(p * m[1], dtype=m[0])
+        if ACTIVE:
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Gather([sbuf, m[1], t], None if rbuf is None else [rbuf, m[1], t], root=root)
+        if metas is not None:
+            scatter_list_out(rbuf, gather_list, metas)
 
 
 def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> None:
@@ -267,42 +191,33 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     ``out_list_or_array``: a list of group-size arrays shaped like ``arr``, or one array of
     group size x ``arr.size`` elements (e.g. shaped ``(group size, *arr.shape)``).
     """
-    op = "all_gather"
-    g, comm = resolve(group, op)
+    c = call("all_gather", group)
+    op = c.name
     out = out_list_or_array
     try:
         m = describe(arr, "arr", op)
         t = dtype_info(m[0]).mpi
-        p = g.size
+        p = c.g.size
         metas = mo = None
         if _is_list(out):
             metas = list_metas(out, p, m, "out_list", "arr", op, output=True)
         else:
-            mo = _whole_out(out, p, m, "out", "arr", op)
+            mo = _whole(out, p, m, "out", "arr", op, True)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, op, None, _sig(m, size=m[1]))
-    if (m[3] and mo is not None and mo[3] and _gpu.ENABLED
-            and _gpu.all_gather(out, arr, m, g, comm)):
+        c.agree(_sig(m, size=m[1]))
+    if m[3] and mo is not None and mo[3] and c.gpu(_gpu.all_gather, out, arr, m):
         return
-    st = stager(m[3] or (mo is not None and mo[3]))
-    try:
+    with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
-        if mo is not None:
-            rbuf = st.out(out, mo)
-        else:
-            rbuf = np.empty(p * m[1], dtype=m[0])
+        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
         if ACTIVE:
-            note(op, m[1] * m[0].itemsize, g, m[0], None, m[3], st.staged)
-        with watch("all_gather", g.ranks):
-            comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
-        st.finish()
-    finally:
-        st.release()
 
 
 def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | None = None) -> None:
@@ -311,28 +226,12 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
     On ``src``, ``scatter_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    op = "scatter"
-    g, comm = resolve(group, op)
-    try:
-        m = describe_out(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
-        root = root_rank(g, src, "src", op)
-        me, p = comm.Get_rank(), g.size
-        metas = mi = None
-        if me == root:
-            if scatter_list is None:
-                raise ValueError(f"{op}: scatter_list is required on src rank {src}")
-            if _is_list(scatter_list):
-                metas = list_metas(scatter_list, p, m, "scatter_list", "arr", op, output=False)
-            else:
-                mi = _whole_in(scatter_list, p, m, "scatter_list", "arr", op)
-    except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+    c = call("scatter", group)
+    m, t, root, me, p, metas, mi = _rooted(c, arr, scatter_list, "scatter_list", "src",
+                                           src, False)
     if checks._enabled:
-        checks.agree(comm, op, None, _sig(m, size=m[1], src=src))
-    st = stager(m[3] or (mi is not None and mi[3]))
-    try:
+        c.agree(_sig(m, size=m[1], src=src))
+    with stager(m[3] or (mi is not None and mi[3])) as st:
         sbuf = None
         if me == root:
             if mi is not None:
@@ -342,13 +241,10 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
                 sbuf = gather_list_in(scatter_list, metas, m[0])
         rbuf = st.out(arr, m)
         if ACTIVE:
-            note(op, p * m[1] * m[0].itemsize if me == root else 0, g, m[0], src, m[3],
-                 st.staged)
-        with watch("scatter", g.ranks):
-            comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t], root=root)
-        st.finish()
-    finally:
-        st.release()
+            c.note(p * m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t],
+                           root=root)
 
 
 def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
@@ -358,31 +254,27 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
     ``in_list_or_array``: a list of group-size arrays shaped like ``out``, or one array of
     group size x ``out.size`` elements.
     """
-    name = "reduce_scatter"
-    g, comm = resolve(group, name)
+    c = call("reduce_scatter", group)
+    name = c.name
     x = in_list_or_array
     try:
         m = describe_out(out, "out", name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
-        p = g.size
+        p = c.g.size
         metas = mi = None
         if _is_list(x):
             metas = list_metas(x, p, m, "in_list", "out", name, output=False)
         else:
-            mi = _whole_in(x, p, m, "input", "out", name)
+            mi = _whole(x, p, m, "input", "out", name, False)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, name, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, name, None, _sig(m, size=m[1], op=op.name))
-    if (m[3] and mi is not None and mi[3] and _gpu.ENABLED
-            and _gpu.reduce_scatter(out, x, m, mi, op, g, comm)):
+        c.agree(_sig(m, size=m[1], op=op.name))
+    if m[3] and mi is not None and mi[3] and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
         return
-    red = nan_safe(red, op, m[0], x, comm, g.ranks)
-    host_only = _host_only(red, out, m)
-    st = stager(m[3] or (mi is not None and mi[3]), host_only)
-    try:
+    red = c.nan_safe(red, op, m[0], x)
+    with stager(m[3] or (mi is not None and mi[3]), host_only(red, out, m)) as st:
         if mi is not None:
             sbuf = st.inp(x, mi)
         else:
@@ -390,14 +282,12 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
             sbuf = gather_list_in(x, metas, m[0])
         rbuf = st.out(out, m)
         if ACTIVE:
-            note(name, p * m[1] * m[0].itemsize, g, m[0], None, m[3] or bool(mi and mi[3]),
-                 st.staged)
-        comm.Reduce_scatter_block([sbuf, m[1], info.mpi], [rbuf, m[1], info.mpi], op=red.op)
+            c.note(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]), st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Reduce_scatter_block([sbuf, m[1], info.mpi], [rbuf, m[1], info.mpi],
+                                        op=red.op)
         if red.average:
-            _average(rbuf, p)
-        st.finish()
-    finally:
-        st.release()
+            average(rbuf, p)
 
 
 def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
@@ -406,10 +296,10 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
     ``out`` and the input are arrays of group size x block elements each, or lists of
     group-size arrays of one shape.
     """
-    name = "all_to_all"
-    g, comm = resolve(group, name)
+    c = call("all_to_all", group)
+    name = c.name
     try:
-        p = g.size
+        p = c.g.size
         out_metas = in_metas = mo = mi = None
         if _is_list(out):
             if len(out) != p or not out:
@@ -426,35 +316,26 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         if _is_list(in_):
             in_metas = list_metas(in_, p, m, "in", "out block", name, output=False)
         else:
-            mi = _whole_in(in_, p, m, "in", "out block", name)
+            mi = _whole(in_, p, m, "in", "out block", name, False)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
-        checks.agree(comm, name, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, name, None, _sig(m, block=m[1]))
-    if (mo is not None and mi is not None and mo[3] and mi[3] and _gpu.ENABLED
-            and _gpu.all_to_all(out, in_, m, mi, g, comm)):
+        c.agree(_sig(m, block=m[1]))
+    if (mo is not None and mi is not None and mo[3] and mi[3]
+            and c.gpu(_gpu.all_to_all, out, in_, m, mi)):
         return
-    st = stager(m[3] or (mo is not None and mo[3]) or (mi is not None and mi[3]))
-    try:
+    with stager(m[3] or (mo is not None and mo[3]) or (mi is not None and mi[3])) as st:
         if mi is not None:
             sbuf = st.inp(in_, mi)
         else:
             assert in_metas is not None
             sbuf = gather_list_in(in_, in_metas, m[0])
-        if mo is not None:
-            rbuf = st.out(out, mo)
-        else:
-            rbuf = np.empty(p * m[1], dtype=m[0])
+        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
         if ACTIVE:
-            note(name, p * m[1] * m[0].itemsize, g, m[0], None,
-                 bool((mo and mo[3]) or (mi and mi[3])), st.staged)
-        with watch("all_to_all", g.ranks):
-            comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
+            c.note(p * m[1] * m[0].itemsize, m[0], None,
+                   bool((mo and mo[3]) or (mi and mi[3])), st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
         if out_metas is not None:
             scatter_list_out(rbuf, out, out_metas)
-        st.finish()
-    finally:
-        st.release()
-

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
+from .info import library_name
+
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
            "detect_library", "library_name"]
 
@@ -36,12 +38,6 @@ class CudaAwareness:
 
     aware: bool
     reason: str
-
-
-def library_name() -> str:
-    """First line of ``MPI.Get_library_version()``, e.g. ``"MPICH Version: 4.2.0"``."""
-    lines = MPI.Get_library_version().strip().splitlines()
-    return " ".join(lines[0].split()) if lines else "unknown MPI"
 
 
 def _mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]

@@ -10,8 +10,10 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .group import Group, resolve, root_rank
-from .tracing import ACTIVE, note
+from ..watchdog import watch
+from .call import call
+from .group import Group, root_rank
+from .tracing import ACTIVE
 
 __all__ = ["all_gather_object", "broadcast_object", "all_agree"]
 
@@ -25,25 +27,27 @@ def _pickled_size(obj: Any) -> int:
 
 def all_gather_object(obj: Any, group: Group | None = None) -> list[Any]:
     """Return the list of ``obj`` from every rank of ``group``, in group order."""
-    g, comm = resolve(group, "all_gather_object")
+    c = call("all_gather_object", group)
     if ACTIVE:
-        note("all_gather_object", _pickled_size(obj), g)
-    return comm.allgather(obj)
+        c.note(_pickled_size(obj))
+    with watch(c.name, c.ranks):
+        return c.comm.allgather(obj)
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Group | None = None) -> Any:
     """Return ``obj`` of world rank ``src`` on every rank of ``group``."""
-    g, comm = resolve(group, "broadcast_object")
-    root = root_rank(g, src, "src", "broadcast_object")
+    c = call("broadcast_object", group)
+    root = root_rank(c.g, src, "src", c.name)
     if ACTIVE:
-        note("broadcast_object", _pickled_size(obj) if comm.Get_rank() == root else 0, g,
-             peer=src)
-    return comm.bcast(obj, root=root)
+        c.note(_pickled_size(obj) if c.comm.Get_rank() == root else 0, peer=src)
+    with watch(c.name, c.ranks):
+        return c.comm.bcast(obj, root=root)
 
 
 def all_agree(ok: bool, group: Group | None = None) -> bool:
     """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
-    g, comm = resolve(group, "all_agree")
+    c = call("all_agree", group)
     if ACTIVE:
-        note("all_agree", 1, g, "bool")
-    return bool(comm.allreduce(bool(ok), op=MPI.LAND))
+        c.note(1, "bool")
+    with watch(c.name, c.ranks):
+        return bool(c.comm.allreduce(bool(ok), op=MPI.LAND))

@@ -12,9 +12,10 @@ from mpi4py import MPI
 
 from ..watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
+from .call import Call, call
 from .dtypes import dtype_info
-from .group import Group, resolve, root_rank
-from .tracing import ACTIVE, note
+from .group import Group, root_rank
+from .tracing import ACTIVE
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 
@@ -106,80 +107,73 @@ class Work:
         return f"<Work {kind} {'done' if self._done else 'pending'}>"
 
 
+def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
+             receive: bool, blocking: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
+    """(call, buffer metadata, MPI datatype, peer's group rank) of one point-to-point call."""
+    c = call(op, group)
+    m = describe_out(arr, "arr", op) if receive else describe(arr, "arr", op)
+    t = dtype_info(m[0]).mpi
+    if receive and rank is None:  # receive from any rank
+        peer = MPI.ANY_SOURCE
+    else:
+        peer = _peer(c.g, c.comm, rank, "src" if receive else "dst", op, blocking)
+    _tag(tag, op)
+    return c, m, t, peer
+
+
 def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     """Send ``arr`` to world rank ``dst`` (blocking)."""
-    g, comm = resolve(group, "send")
-    m = describe(arr, "arr", "send")
-    t = dtype_info(m[0]).mpi
-    peer = _peer(g, comm, dst, "dst", "send", True)
-    _tag(tag, "send")
-    st = stager(m[3])
-    try:
+    c, m, t, peer = _prepare("send", arr, dst, tag, group, False, True)
+    with stager(m[3]) as st:
         buf = st.inp(arr, m)
         if ACTIVE:
-            note("send", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        with watch("send", g.ranks):
-            comm.Send([buf, m[1], t], dest=peer, tag=tag)
-    finally:
-        st.release()
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
 
 
 def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> int:
     """Receive into ``arr`` from world rank ``src`` (any rank if None); returns the sender."""
-    g, comm = resolve(group, "recv")
-    m = describe_out(arr, "arr", "recv")
-    t = dtype_info(m[0]).mpi
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, comm, src, "src", "recv", True)
-    _tag(tag, "recv")
-    st = stager(m[3])
-    try:
+    c, m, t, peer = _prepare("recv", arr, src, tag, group, True, True)
+    with stager(m[3]) as st:
         buf = st.out(arr, m)
-        if ACTIVE:
-            note("recv", 0, g, m[0], src, m[3], st.staged)
         status = MPI.Status()
-        with watch("recv", g.ranks):
-            comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
-        sender = g.ranks[status.Get_source()]
+        if ACTIVE:
+            c.note(0, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
+        sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
-        st.finish()
-    finally:
-        st.release()
     return sender
+
+
+# isend/irecv are not watched (posting returns at once); Work.wait is. The Work holds the
+# staging buffers until completion, so they are released here only when posting fails.
 
 
 def isend(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``arr`` to world rank ``dst``; do not modify ``arr`` before ``wait()``."""
-    g, comm = resolve(group, "isend")
-    m = describe(arr, "arr", "isend")
-    t = dtype_info(m[0]).mpi
-    peer = _peer(g, comm, dst, "dst", "isend", False)
-    _tag(tag, "isend")
+    c, m, t, peer = _prepare("isend", arr, dst, tag, group, False, False)
     st = stager(m[3])
     try:
         buf = st.inp(arr, m)
         if ACTIVE:
-            note("isend", m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        req = comm.Isend([buf, m[1], t], dest=peer, tag=tag)
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        return Work(c.comm.Isend([buf, m[1], t], dest=peer, tag=tag), st, buf, None, c.g)
     except BaseException:
         st.release()
         raise
-    return Work(req, st, buf, None, g)
 
 
 def irecv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving into ``arr`` from world rank ``src`` (any if None); read it after ``wait()``."""
-    g, comm = resolve(group, "irecv")
-    m = describe_out(arr, "arr", "irecv")
-    t = dtype_info(m[0]).mpi
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, comm, src, "src", "irecv", False)
-    _tag(tag, "irecv")
+    c, m, t, peer = _prepare("irecv", arr, src, tag, group, True, False)
     st = stager(m[3])
     try:
         buf = st.out(arr, m)
         if ACTIVE:
-            note("irecv", 0, g, m[0], src, m[3], st.staged)
-        req = comm.Irecv([buf, m[1], t], source=peer, tag=tag)
+            c.note(0, m[0], src, m[3], st.staged)
+        return Work(c.comm.Irecv([buf, m[1], t], source=peer, tag=tag), st, buf, (m, t), c.g)
     except BaseException:
         st.release()
         raise
-    return Work(req, st, buf, (m, t), g)

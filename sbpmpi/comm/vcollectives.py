@@ -14,12 +14,12 @@ from typing import Any
 from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
-from .collectives import _average, _host_only, nan_safe
+from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
-from .group import Group, resolve, root_rank
+from .group import Group, root_rank
 from .reduce_op import ReduceOp, mpi_reduction
-from .tracing import ACTIVE, note
+from .tracing import ACTIVE
 
 __all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
 
@@ -64,38 +64,60 @@ def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, o
                          f"(this rank is group rank {me})")
 
 
+def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str,
+              root_world: int, to_root: bool) -> tuple[ArrayMeta, int, list[int], list[int],
+                                                       int, ArrayMeta | None, Any]:
+    """Checks of gather_v (``to_root``: the root receives ``x``) and scatter_v (the root
+    sends ``x``): (meta of ``arr``, root's group rank, counts, displs, elements ``x`` needs,
+    meta of ``x`` on the root, MPI type); errors go through :meth:`Call.refuse`."""
+    try:
+        op = c.name
+        me, p = c.comm.Get_rank(), c.g.size
+        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        root = root_rank(c.g, root_world, root_arg, op)
+        cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, cs, me, "arr", "counts", op)
+        mx = None
+        if me == root:
+            arg = "out" if to_root else "in"
+            if x is None:
+                what = "out" if to_root else "the input"
+                raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
+            mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
+            check_same_dtype(mx, m, arg, "arr", op)
+            _check_extent(mx, need, arg, "counts and displs", op)
+        return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
+    except (TypeError, ValueError) as e:
+        c.refuse(e)
+
+
 def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
                  group: Group | None = None) -> None:
     """Every rank receives ``arr`` of group rank i at ``out[displs[i]:][:counts[i]]`` (flat)."""
-    op = "all_gather_v"
-    g, comm = resolve(group, op)
+    c = call("all_gather_v", group)
+    op = c.name
     try:
-        me, p = comm.Get_rank(), g.size
+        me, p = c.comm.Get_rank(), c.g.size
         m = describe(arr, "arr", op)
         mo = describe_out(out, "out", op)
         check_same_dtype(mo, m, "out", "arr", op)
-        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
-        _check_mine(m, c, me, "arr", "counts", op)
+        cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
+        _check_mine(m, cs, me, "arr", "counts", op)
         _check_extent(mo, need, "out", "counts and displs", op)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d)])
-    if m[3] and mo[3] and _gpu.ENABLED and _gpu.all_gather_v(out, arr, m, c, d, need, g, comm):
+        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d)])
+    if m[3] and mo[3] and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
         return
-    st = stager(m[3] or mo[3])
-    try:
+    with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
         if ACTIVE:
-            note(op, m[1] * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
-        with watch("all_gather_v", g.ranks):
-            comm.Allgatherv([sbuf, m[1], t], [rbuf, (c, d), t])
-        st.finish()
-    finally:
-        st.release()
+            c.note(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Allgatherv([sbuf, m[1], t], [rbuf, (cs, d), t])
 
 
 def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -104,43 +126,18 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
-    op = "gather_v"
-    g, comm = resolve(group, op)
-    try:
-        me, p = comm.Get_rank(), g.size
-        m = describe(arr, "arr", op)
-        root = root_rank(g, dst, "dst", op)
-        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
-        _check_mine(m, c, me, "arr", "counts", op)
-        mo = None
-        if me == root:
-            if out is None:
-                raise ValueError(f"{op}: out is required on dst rank {dst}")
-            mo = describe_out(out, "out", op)
-            check_same_dtype(mo, m, "out", "arr", op)
-            _check_extent(mo, need, "out", "counts and displs", op)
-        t = dtype_info(m[0]).mpi
-    except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+    c = call("gather_v", group)
+    m, root, cs, d, need, mo, t = _rooted_v(c, arr, out, counts, displs, "dst", dst, True)
     if checks._enabled:
-        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d),
-                                      ("dst", dst)])
-    st = stager(m[3] or (mo is not None and mo[3]))
-    try:
+        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("dst", dst)])
+    with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
+        rbuf = None if mo is None else [
+            st.out(out, mo, copy_in=need < mo[1] or displs is not None), (cs, d), t]
         if ACTIVE:
-            note(op, m[1] * m[0].itemsize, g, m[0], dst, m[3], st.staged)
-        if mo is None:
-            with watch("gather_v", g.ranks):
-                comm.Gatherv([sbuf, m[1], t], None, root=root)
-        else:
-            rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)
-            with watch("gather_v", g.ranks):
-                comm.Gatherv([sbuf, m[1], t], [rbuf, (c, d), t], root=root)
-            st.finish()
-    finally:
-        st.release()
+            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Gatherv([sbuf, m[1], t], rbuf, root=root)
 
 
 def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -149,39 +146,19 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
 
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
-    op = "scatter_v"
-    g, comm = resolve(group, op)
-    try:
-        me, p = comm.Get_rank(), g.size
-        m = describe_out(arr, "arr", op)
-        root = root_rank(g, src, "src", op)
-        c, d, need = _layout(counts, displs, p, "counts", "displs", op)
-        _check_mine(m, c, me, "arr", "counts", op)
-        mi = None
-        if me == root:
-            if in_ is None:
-                raise ValueError(f"{op}: the input is required on src rank {src}")
-            mi = describe(in_, "in", op)
-            check_same_dtype(mi, m, "in", "arr", op)
-            _check_extent(mi, need, "in", "counts and displs", op)
-        t = dtype_info(m[0]).mpi
-    except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+    c = call("scatter_v", group)
+    m, root, cs, d, need, mi, t = _rooted_v(c, arr, in_, counts, displs, "src", src,
+                                          False)
     if checks._enabled:
-        checks.agree(comm, op, None, [("dtype", m[0].str), ("counts", c), ("displs", d),
-                                      ("src", src)])
-    st = stager(m[3] or (mi is not None and mi[3]))
-    try:
+        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("src", src)])
+    with stager(m[3] or (mi is not None and mi[3])) as st:
         sbuf = None if mi is None else st.inp(in_, mi)
         rbuf = st.out(arr, m)
         if ACTIVE:
-            note(op, 0 if mi is None else mi[1] * m[0].itemsize, g, m[0], src, m[3], st.staged)
-        with watch("scatter_v", g.ranks):
-            comm.Scatterv(None if sbuf is None else [sbuf, (c, d), t], [rbuf, m[1], t], root=root)
-        st.finish()
-    finally:
-        st.release()
+            c.note(0 if mi is None else mi[1] * m[0].itemsize, m[0], src, m[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Scatterv(None if sbuf is None else [sbuf, (cs, d), t], [rbuf, m[1], t],
+                            root=root)
 
 
 def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = ReduceOp.SUM,
@@ -190,41 +167,36 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
 
     Block i is ``counts[i]`` elements, packed in group rank order.
     """
-    name = "reduce_scatter_v"
-    g, comm = resolve(group, name)
+    c = call("reduce_scatter_v", group)
+    name = c.name
     try:
-        me, p = comm.Get_rank(), g.size
+        me, p = c.comm.Get_rank(), c.g.size
         m = describe_out(out, "out", name)
         mi = describe(arr, "arr", name)
         check_same_dtype(mi, m, "arr", "out", name)
-        c = _counts(counts, p, "counts", name)
-        _check_mine(m, c, me, "out", "counts", name)
-        if mi[1] != sum(c):
-            raise ValueError(f"{name}: arr has {mi[1]} elements but sum(counts) = {sum(c)}")
+        cs = _counts(counts, p, "counts", name)
+        _check_mine(m, cs, me, "out", "counts", name)
+        if mi[1] != sum(cs):
+            raise ValueError(f"{name}: arr has {mi[1]} elements but sum(counts) = {sum(cs)}")
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
-        checks.agree(comm, name, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        checks.agree(comm, name, None, [("dtype", m[0].str), ("counts", c), ("op", op.name)])
-    if (m[3] and mi[3] and _gpu.ENABLED
-            and _gpu.reduce_scatter_v(out, arr, m, mi, c, op, g, comm)):
+        c.agree([("dtype", m[0].str), ("counts", cs), ("op", op.name)])
+    if m[3] and mi[3] and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
         return
-    red = nan_safe(red, op, m[0], arr, comm, g.ranks)
-    st = stager(m[3] or mi[3], _host_only(red, out, m))
-    try:
+    red = c.nan_safe(red, op, m[0], arr)
+    with stager(m[3] or mi[3], host_only(red, out, m)) as st:
         sbuf = st.inp(arr, mi)
         rbuf = st.out(out, m)
         if ACTIVE:
-            note(name, mi[1] * m[0].itemsize, g, m[0], None, m[3] or mi[3], st.staged)
-        with watch("reduce_scatter_v", g.ranks):
-            comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], c, op=red.op)
+            c.note(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], cs,
+                                  op=red.op)
         if red.average:
-            _average(rbuf, p)
-        st.finish()
-    finally:
-        st.release()
+            average(rbuf, p)
 
 
 def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Sequence[int],
@@ -233,10 +205,10 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     """Rank i sends ``arr[in_displs[j]:][:in_counts[j]]`` to rank j, which stores it at
     ``out[out_displs[i]:][:out_counts[i]]`` (flat; ``out_counts[i]`` on rank j must equal
     ``in_counts[j]`` on rank i)."""
-    op = "all_to_all_v"
-    g, comm = resolve(group, op)
+    c = call("all_to_all_v", group)
+    op = c.name
     try:
-        p = g.size
+        p = c.g.size
         m = describe(arr, "arr", op)
         mo = describe_out(out, "out", op)
         check_same_dtype(mo, m, "out", "arr", op)
@@ -246,28 +218,21 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
         _check_extent(m, ineed, "arr", "in_counts and in_displs", op)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
-        checks.agree(comm, op, e)
-        raise
+        c.refuse(e)
     if checks._enabled:
-        sigs = checks.agree(comm, op, None, [("dtype", m[0].str)], extra=(ic, oc))
+        sigs = c.agree([("dtype", m[0].str)], extra=(ic, oc))
         for i, (_, (ici, _)) in enumerate(sigs):
             for j, (_, (_, ocj)) in enumerate(sigs):
                 if ici[j] != ocj[i]:
                     raise ValueError(
                         f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
                         f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
-    if (m[3] and mo[3] and _gpu.ENABLED
-            and _gpu.all_to_all_v(out, oc, od, oneed, arr, ic, idd, m, g, comm)):
+    if m[3] and mo[3] and c.gpu(_gpu.all_to_all_v, out, oc, od, oneed, arr, ic, idd, m):
         return
-    st = stager(m[3] or mo[3])
-    try:
+    with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
         if ACTIVE:
-            note(op, sum(ic) * m[0].itemsize, g, m[0], None, m[3] or mo[3], st.staged)
-        with watch("all_to_all_v", g.ranks):
-            comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
-        st.finish()
-    finally:
-        st.release()
-
+            c.note(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
+        with watch(c.name, c.ranks):
+            c.comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])
