@@ -62,17 +62,22 @@ def _arg_key(v: Any) -> Any:
 def key(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """The fast-path key of ``op(*args, **kwargs)``, or None when it has none."""
     parts: list[Any] = [op]
-    for a in args:
+    tensors: list[Any] = []
+    for a in (*args, *(kwargs[n] for n in sorted(kwargs))) if kwargs else args:
         k = _arg_key(a)
         if k is None:
             return None
+        if type(a) is GlobalTensor:
+            # the same tensor twice (x * x) keys apart from two tensors (x * y): remember
+            # maps operands to arguments by identity
+            for j, t in enumerate(tensors):
+                if t is a:
+                    k = ("same as", j)
+                    break
+            tensors.append(a)
         parts.append(k)
     if kwargs:
-        for name in sorted(kwargs):
-            k = _arg_key(kwargs[name])
-            if k is None:
-                return None
-            parts.append((name, k))
+        parts.append(tuple(sorted(kwargs)))
     return tuple(parts)
 
 
