@@ -9,6 +9,7 @@ monotone (``P(max)``/``P(min)`` rows) in that operand.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -21,88 +22,86 @@ from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
 __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
-    "NEG", "MONOTONE", "UNARY",
+    "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES",
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
     "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "broadcast_matches",
 ]
 
-# ---- signature tables (one mesh axis) ------------------------------------------------------
-ADD = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, P), P),                       # (a1 + a2) + (b1 + b2)
-    Signature((PMAX, B), PMAX, when="float"),   # max(a_i) + b = max(a_i + b)
-    Signature((B, PMAX), PMAX, when="float"),
-    Signature((PMIN, B), PMIN, when="float"),
-    Signature((B, PMIN), PMIN, when="float"),
-)
-SUB = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, P), P),
-    Signature((PMAX, B), PMAX, when="float"),
-    Signature((B, PMAX), PMIN, when="float"),   # b - max(a_i) = min(b - a_i)
-    Signature((PMIN, B), PMIN, when="float"),
-    Signature((B, PMIN), PMAX, when="float"),
-)
-MUL = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, B), P),                       # (a1 + a2) * b
-    Signature((B, P), P),
-)
-DIV = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, B), P),                       # (a1 + a2) / b
-)
-POW = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-)
-MAXIMUM = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((PMAX, PMAX), PMAX),
-    Signature((PMAX, B), PMAX),
-    Signature((B, PMAX), PMAX),
-)
-MINIMUM = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((PMIN, PMIN), PMIN),
-    Signature((PMIN, B), PMIN),
-    Signature((B, PMIN), PMIN),
-)
-COMPARE = (  # eq ne lt le gt ge
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-)
-WHERE = (  # where(cond, x, y)
-    Signature((S_D, S_D, S_D), S_D),
-    Signature((B, B, B), B),
-    Signature((B, P, P), P),                    # selecting is linear in x and y together
-    Signature((B, PMAX, PMAX), PMAX),
-    Signature((B, PMIN, PMIN), PMIN),
-)
-NEG = (
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),
-    Signature((PMAX,), PMIN, when="float"),     # -max(a_i) = min(-a_i)
-    Signature((PMIN,), PMAX, when="float"),
-)
-MONOTONE = (  # exp tanh sigmoid relu: f(max(a_i)) = max(f(a_i))
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((PMAX,), PMAX),
-    Signature((PMIN,), PMIN),
-)
-UNARY = (  # abs sqrt log
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-)
+# ---- signature tables (one mesh axis), generated from one rule per op ----------------------
+#: Partial kinds and their SBP patterns.
+_PARTIAL = {"sum": P, "max": PMAX, "min": PMIN}
+#: ``alone`` entries: partial kind of the one partial argument -> partial kind of the output.
+LINEAR = (("sum", "sum"),)                    # f(a1 + a2, b) = f(a1, b) + f(a2, b)
+UP = (("max", "max"), ("min", "min"))         # increasing: f(max(a_i)) = max(f(a_i))
+DOWN = (("max", "min"), ("min", "max"))       # decreasing: f(max(a_i)) = min(f(a_i))
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """What a pointwise op allows of partial inputs on one mesh axis.
+
+    ``joint``/``joint_kinds``: the op commutes with a reduction of these kinds applied to
+    the ``joint`` arguments together (all partial of that kind, the others broadcast),
+    e.g. ``(a1 + a2) + (b1 + b2)``. ``alone[i]``: the kinds a partial argument ``i`` may
+    have while the others are broadcast, and the output's kind (linearity or
+    monotonicity in that argument). ``float_order``: those max/min rows are exact only
+    with floating dtypes (the reduction identities are infinities, e.g.
+    ``max(a_i) + b = max(a_i + b)`` needs ``-inf + b = -inf``).
+    """
+
+    arity: int
+    joint: tuple[int, ...] = ()
+    joint_kinds: tuple[str, ...] = ()
+    alone: tuple[tuple[tuple[str, str], ...], ...] = ()
+    float_order: bool = False
+
+    def table(self) -> tuple[Signature, ...]:
+        """The signature table: split and broadcast rows, joint rows (by ``joint_kinds``),
+        then single-partial rows by kind (sum, max, min), each by argument."""
+        n = self.arity
+        rows = [Signature((S_D,) * n, S_D), Signature((B,) * n, B)]
+        for kind in self.joint_kinds:
+            p = _PARTIAL[kind]
+            rows.append(Signature(tuple(p if i in self.joint else B for i in range(n)), p))
+        for kind in _PARTIAL:
+            when = "float" if self.float_order and kind != "sum" else ""
+            for i, allowed in enumerate(self.alone):
+                out = dict(allowed).get(kind)
+                if out is not None:
+                    ins = tuple(_PARTIAL[kind] if j == i else B for j in range(n))
+                    rows.append(Signature(ins, _PARTIAL[out], when=when))
+        return tuple(rows)
+
+
+#: One rule per family of pointwise ops.
+RULES: dict[str, Pointwise] = {
+    "add": Pointwise(2, (0, 1), ("sum",), (UP, UP), float_order=True),
+    "sub": Pointwise(2, (0, 1), ("sum",), (UP, DOWN), float_order=True),  # b - max = min
+    "mul": Pointwise(2, alone=(LINEAR, LINEAR)),
+    "div": Pointwise(2, alone=(LINEAR, ())),
+    "pow": Pointwise(2),
+    "maximum": Pointwise(2, (0, 1), ("max",), ((("max", "max"),),) * 2),
+    "minimum": Pointwise(2, (0, 1), ("min",), ((("min", "min"),),) * 2),
+    "compare": Pointwise(2),  # eq ne lt le gt ge
+    "where": Pointwise(3, (1, 2), ("sum", "max", "min")),  # where(cond, x, y): selecting
+    "neg": Pointwise(1, alone=(LINEAR + DOWN,), float_order=True),
+    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu
+    "unary": Pointwise(1),  # abs sqrt log
+}
+
+ADD = RULES["add"].table()
+SUB = RULES["sub"].table()
+MUL = RULES["mul"].table()
+DIV = RULES["div"].table()
+POW = RULES["pow"].table()
+MAXIMUM = RULES["maximum"].table()
+MINIMUM = RULES["minimum"].table()
+COMPARE = RULES["compare"].table()
+WHERE = RULES["where"].table()
+NEG = RULES["neg"].table()
+MONOTONE = RULES["monotone"].table()
+UNARY = RULES["unary"].table()
 
 
 def broadcast_matches(shapes: Sequence[tuple[int, ...]],
