@@ -4,6 +4,11 @@ Wildcard ``S(d)``: a split of output dim ``d`` is a split of the matching dim of
 input that has it at full size, and broadcast for an input broadcast along it (size 1,
 missing, or a scalar). Partial rows hold because the op is linear (``P`` rows) or
 monotone (``P(max)``/``P(min)`` rows) in that operand.
+
+Every op comes from one table, :data:`POINTWISE` (its array function and its rule), and
+its signature table from that rule in :data:`RULES` (linearity or monotonicity in each
+argument, jointly or alone: what a partial input allows), like PyTorch's pointwise
+strategy with its linearity table.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
 __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
-    "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES",
+    "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES", "TABLES", "POINTWISE",
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
     "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "broadcast_matches",
@@ -90,18 +95,11 @@ RULES: dict[str, Pointwise] = {
     "unary": Pointwise(1),  # abs sqrt log
 }
 
-ADD = RULES["add"].table()
-SUB = RULES["sub"].table()
-MUL = RULES["mul"].table()
-DIV = RULES["div"].table()
-POW = RULES["pow"].table()
-MAXIMUM = RULES["maximum"].table()
-MINIMUM = RULES["minimum"].table()
-COMPARE = RULES["compare"].table()
-WHERE = RULES["where"].table()
-NEG = RULES["neg"].table()
-MONOTONE = RULES["monotone"].table()
-UNARY = RULES["unary"].table()
+TABLES = {name: rule.table() for name, rule in RULES.items()}
+ADD, SUB, MUL, DIV = TABLES["add"], TABLES["sub"], TABLES["mul"], TABLES["div"]
+POW, MAXIMUM, MINIMUM = TABLES["pow"], TABLES["maximum"], TABLES["minimum"]
+COMPARE, WHERE, NEG = TABLES["compare"], TABLES["where"], TABLES["neg"]
+MONOTONE, UNARY = TABLES["monotone"], TABLES["unary"]
 
 
 def broadcast_matches(shapes: Sequence[tuple[int, ...]],
@@ -152,10 +150,6 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
                     f"and scalars, with NumPy broadcasting (signatures: ``{name}.table``).")
 
 
-def _binary(name: str, table: tuple[Signature, ...], f: Callable[..., Any]) -> GlobalOp:
-    return _nary(name, table, f, ("a", "b"))
-
-
 def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any], Any],
            float_args: bool = False) -> GlobalOp:
     """``float_args``: integer/bool inputs are cast to the result dtype before ``f``."""
@@ -185,26 +179,57 @@ def _sigmoid(xp: ModuleType, x: Any) -> Any:
     return xp.exp(-xp.logaddexp(0, -x))  # 1 / (1 + exp(-x)) without overflow
 
 
-add = _binary("add", ADD, lambda xp, a, b: xp.add(a, b))
-sub = _binary("sub", SUB, lambda xp, a, b: xp.subtract(a, b))
-mul = _binary("mul", MUL, lambda xp, a, b: xp.multiply(a, b))
-div = _binary("div", DIV, lambda xp, a, b: xp.true_divide(a, b))
-pow = _binary("pow", POW, lambda xp, a, b: xp.power(a, b))  # noqa: A001
-maximum = _binary("maximum", MAXIMUM, lambda xp, a, b: xp.maximum(a, b))
-minimum = _binary("minimum", MINIMUM, lambda xp, a, b: xp.minimum(a, b))
-eq = _binary("eq", COMPARE, lambda xp, a, b: xp.equal(a, b))
-ne = _binary("ne", COMPARE, lambda xp, a, b: xp.not_equal(a, b))
-lt = _binary("lt", COMPARE, lambda xp, a, b: xp.less(a, b))
-le = _binary("le", COMPARE, lambda xp, a, b: xp.less_equal(a, b))
-gt = _binary("gt", COMPARE, lambda xp, a, b: xp.greater(a, b))
-ge = _binary("ge", COMPARE, lambda xp, a, b: xp.greater_equal(a, b))
-where = _nary("where", WHERE, lambda xp, c, x, y: xp.where(c, x, y), ("cond", "x", "y"))
+def _relu(xp: ModuleType, x: Any) -> Any:
+    return xp.maximum(x, 0)
 
-neg = _unary("neg", NEG, lambda xp, x: xp.negative(x))
-abs = _unary("abs", UNARY, lambda xp, x: xp.abs(x))  # noqa: A001
-exp = _unary("exp", MONOTONE, lambda xp, x: xp.exp(x))
-log = _unary("log", UNARY, lambda xp, x: xp.log(x))
-sqrt = _unary("sqrt", UNARY, lambda xp, x: xp.sqrt(x))
-tanh = _unary("tanh", MONOTONE, lambda xp, x: xp.tanh(x))
-relu = _unary("relu", MONOTONE, lambda xp, x: xp.maximum(x, 0))
-sigmoid = _unary("sigmoid", MONOTONE, _sigmoid, float_args=True)
+
+#: Every pointwise op: name -> (array-module function name, or a kernel ``f(xp, *args)``;
+#: the rule of :data:`RULES` that gives its signature table).
+POINTWISE: dict[str, tuple[str | Callable[..., Any], str]] = {
+    "add": ("add", "add"),
+    "sub": ("subtract", "sub"),
+    "mul": ("multiply", "mul"),
+    "div": ("true_divide", "div"),
+    "pow": ("power", "pow"),
+    "maximum": ("maximum", "maximum"),
+    "minimum": ("minimum", "minimum"),
+    "eq": ("equal", "compare"),
+    "ne": ("not_equal", "compare"),
+    "lt": ("less", "compare"),
+    "le": ("less_equal", "compare"),
+    "gt": ("greater", "compare"),
+    "ge": ("greater_equal", "compare"),
+    "where": ("where", "where"),
+    "neg": ("negative", "neg"),
+    "abs": ("abs", "unary"),
+    "exp": ("exp", "monotone"),
+    "log": ("log", "unary"),
+    "sqrt": ("sqrt", "unary"),
+    "tanh": ("tanh", "monotone"),
+    "relu": (_relu, "monotone"),
+    "sigmoid": (_sigmoid, "monotone"),
+}
+_FLOAT_ARGS = ("sigmoid",)  # integer/bool inputs are cast to the result dtype first
+_LABELS = {2: ("a", "b"), 3: ("cond", "x", "y")}
+
+
+def _pointwise(name: str) -> GlobalOp:
+    fn, rule = POINTWISE[name]
+    if isinstance(fn, str):
+        fname = fn
+
+        def f(xp: ModuleType, *args: Any) -> Any:
+            return getattr(xp, fname)(*args)
+    else:
+        f = fn
+    arity = RULES[rule].arity
+    if arity == 1:
+        return _unary(name, TABLES[rule], f, float_args=name in _FLOAT_ARGS)
+    return _nary(name, TABLES[rule], f, _LABELS[arity])
+
+
+add, sub, mul, div, pow, maximum, minimum = map(  # noqa: A001
+    _pointwise, ("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
+eq, ne, lt, le, gt, ge, where = map(_pointwise, ("eq", "ne", "lt", "le", "gt", "ge", "where"))
+neg, abs, exp, log, sqrt, tanh, relu, sigmoid = map(  # noqa: A001
+    _pointwise, ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid"))
