@@ -172,3 +172,15 @@ def test_diverging_cached_steps_are_reported():
     _ = (x + y) if rank == 0 else (x * y)
     with pytest.raises(CollectiveMismatchError, match="local step"):
         x.numpy()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_autograd_records_cached_calls():
+    a, b, x, y = _pair(6, dtype=np.float64)
+    _ = x * y  # cached without grad
+    for _ in range(2):  # the same key with a tensor that requires grad: recorded
+        w = sm.tensor(b, placement=x.placement, sbp=S0).requires_grad_()
+        assert dispatch.key(sm.ops.mul, (x, w), {}) in dispatch._FAST
+        (x * w).sum().backward()
+        assert w.grad is not None
+        np.testing.assert_allclose(w.grad.numpy(), a)

@@ -123,7 +123,10 @@ class Fast:
                                    f"{tuple(res.shape)}, layout {self.output} expects "
                                    f"{self.shape}")
             out = GlobalTensor(res, self.output, self.dtype)
-        return record_op(self.name, ops, args, kwargs, out)
+        for o in ops:  # the autograd hook acts only when an operand requires grad
+            if type(o) is GlobalTensor and o._requires_grad:
+                return record_op(self.name, ops, args, kwargs, out)
+        return out
 
 
 def lookup(k: tuple[Any, ...]) -> Fast | None:
