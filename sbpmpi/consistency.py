@@ -57,6 +57,8 @@ __all__ = [
     "fingerprint",
     "check_collective",
     "note_step",
+    "note_step_digest",
+    "step_digest",
     "check_broadcast_shards",
     "all_ok",
     "raise_if_any",
@@ -74,8 +76,17 @@ T = TypeVar("T")
 _stats = {"checks": 0, "exchanges": 0, "shard_checks": 0}
 
 
+_KEYS = {name: os.environ.encodekey(name) for name in (CHECK_ENV, DEBUG_ENV)}
+
+
 def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
+    # read at every call (a run may change it) straight from os.environ's own store:
+    # os.environ.get costs microseconds when the variable is unset (a caught KeyError),
+    # and every op reads these flags
+    raw = os.environ._data.get(_KEYS[name])  # type: ignore[attr-defined]
+    if raw is None:
+        return default
+    value = os.environ.decodevalue(raw).strip().lower()
     if value in _ON:
         return True
     if value in _OFF:
@@ -214,14 +225,27 @@ def note_step(what: str, meta: Any = ()) -> None:
     the recent local steps of each rank. Costs a few microseconds, no communication;
     with ``SBPMPI_DEBUG=1`` it is a full :func:`check_collective` (collective).
     """
-    global _pending, _pending_n
     if not check_enabled():
         return
     if debug_enabled():  # strict: every step is checked at once
         check_collective(what, meta)
         return
     text = _step_text(what, meta)
-    _pending = hashlib.blake2b(_pending + text.encode(), digest_size=8).digest()
+    note_step_digest(step_digest(text), text)
+
+
+def step_digest(text: str) -> bytes:
+    """The 8-byte fingerprint of a step's text, as :func:`note_step` folds it."""
+    return hashlib.blake2b(text.encode(), digest_size=8).digest()
+
+
+def note_step_digest(digest: bytes, text: str) -> None:
+    """Fold a local step whose text (``what(description of meta)``) and
+    :func:`step_digest` the caller made once and cached (the ops' dispatch fast path);
+    the caller checks that checking is on and debug mode off. Same effect as
+    :func:`note_step` with that text."""
+    global _pending, _pending_n
+    _pending = hashlib.blake2b(_pending + digest, digest_size=8).digest()
     _recent.append(text)
     _pending_n += 1
 

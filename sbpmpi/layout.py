@@ -84,6 +84,17 @@ class Layout:
         shape = tuple(int(n) for n in shape)
         return cls(shape, placement, normalize_nd_sbp(sbp, placement.ndim, len(shape)))
 
+    def __hash__(self) -> int:
+        # immutable, so hashed once: layouts key every cache of the op and boxing paths
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.shape, self.placement, self.sbp))
+        return h  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, object]:
+        # the cached hash is per process (str hashing is salted): never pickle it
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

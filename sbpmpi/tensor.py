@@ -14,6 +14,8 @@ from .sbp import SBP, NdSbp
 
 __all__ = ["GlobalTensor"]
 
+_OPS: dict[str, Any] = {}  # operator name -> sbpmpi.ops op, filled on first use
+
 
 class GlobalTensor:
     """A tensor whose value is spread over the ranks of a placement as described by its SBP.
@@ -29,7 +31,7 @@ class GlobalTensor:
     def __init__(self, local: Any, layout: Layout, dtype: np.dtype) -> None:
         self._local = local
         self._layout = layout
-        self._dtype = np.dtype(dtype)
+        self._dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self._requires_grad = False  # autograd state: see the block "autograd" below
         self._grad: GlobalTensor | None = None
         self._node: Any = None
@@ -216,9 +218,12 @@ class GlobalTensor:
 
     # -- operators: computed by sbpmpi.ops -----------------------------------------
     def _op(self, name: str, *args: Any, **kw: Any) -> Any:
-        from . import ops
+        op = _OPS.get(name)
+        if op is None:  # first use: sbpmpi.ops imports this module, so look it up late
+            from . import ops
 
-        return getattr(ops, name)(*args, **kw)
+            op = _OPS[name] = getattr(ops, name)
+        return op(*args, **kw)
 
     def __add__(self, o: Any) -> Any: return self._op("add", self, o)
     def __radd__(self, o: Any) -> Any: return self._op("add", o, self)

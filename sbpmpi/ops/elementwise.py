@@ -4,11 +4,17 @@ Wildcard ``S(d)``: a split of output dim ``d`` is a split of the matching dim of
 input that has it at full size, and broadcast for an input broadcast along it (size 1,
 missing, or a scalar). Partial rows hold because the op is linear (``P`` rows) or
 monotone (``P(max)``/``P(min)`` rows) in that operand.
+
+Every op comes from one table, :data:`POINTWISE` (its array function and its rule), and
+its signature table from that rule in :data:`RULES` (linearity or monotonicity in each
+argument, jointly or alone: what a partial input allows), like PyTorch's pointwise
+strategy with its linearity table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -21,88 +27,79 @@ from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
 __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
-    "NEG", "MONOTONE", "UNARY",
+    "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES", "TABLES", "POINTWISE",
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
     "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "broadcast_matches",
 ]
 
-# ---- signature tables (one mesh axis) ------------------------------------------------------
-ADD = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, P), P),                       # (a1 + a2) + (b1 + b2)
-    Signature((PMAX, B), PMAX, when="float"),   # max(a_i) + b = max(a_i + b)
-    Signature((B, PMAX), PMAX, when="float"),
-    Signature((PMIN, B), PMIN, when="float"),
-    Signature((B, PMIN), PMIN, when="float"),
-)
-SUB = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, P), P),
-    Signature((PMAX, B), PMAX, when="float"),
-    Signature((B, PMAX), PMIN, when="float"),   # b - max(a_i) = min(b - a_i)
-    Signature((PMIN, B), PMIN, when="float"),
-    Signature((B, PMIN), PMAX, when="float"),
-)
-MUL = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, B), P),                       # (a1 + a2) * b
-    Signature((B, P), P),
-)
-DIV = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((P, B), P),                       # (a1 + a2) / b
-)
-POW = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-)
-MAXIMUM = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((PMAX, PMAX), PMAX),
-    Signature((PMAX, B), PMAX),
-    Signature((B, PMAX), PMAX),
-)
-MINIMUM = (
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-    Signature((PMIN, PMIN), PMIN),
-    Signature((PMIN, B), PMIN),
-    Signature((B, PMIN), PMIN),
-)
-COMPARE = (  # eq ne lt le gt ge
-    Signature((S_D, S_D), S_D),
-    Signature((B, B), B),
-)
-WHERE = (  # where(cond, x, y)
-    Signature((S_D, S_D, S_D), S_D),
-    Signature((B, B, B), B),
-    Signature((B, P, P), P),                    # selecting is linear in x and y together
-    Signature((B, PMAX, PMAX), PMAX),
-    Signature((B, PMIN, PMIN), PMIN),
-)
-NEG = (
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),
-    Signature((PMAX,), PMIN, when="float"),     # -max(a_i) = min(-a_i)
-    Signature((PMIN,), PMAX, when="float"),
-)
-MONOTONE = (  # exp tanh sigmoid relu: f(max(a_i)) = max(f(a_i))
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((PMAX,), PMAX),
-    Signature((PMIN,), PMIN),
-)
-UNARY = (  # abs sqrt log
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-)
+# ---- signature tables (one mesh axis), generated from one rule per op ----------------------
+#: Partial kinds and their SBP patterns.
+_PARTIAL = {"sum": P, "max": PMAX, "min": PMIN}
+#: ``alone`` entries: partial kind of the one partial argument -> partial kind of the output.
+LINEAR = (("sum", "sum"),)                    # f(a1 + a2, b) = f(a1, b) + f(a2, b)
+UP = (("max", "max"), ("min", "min"))         # increasing: f(max(a_i)) = max(f(a_i))
+DOWN = (("max", "min"), ("min", "max"))       # decreasing: f(max(a_i)) = min(f(a_i))
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """What a pointwise op allows of partial inputs on one mesh axis.
+
+    ``joint``/``joint_kinds``: the op commutes with a reduction of these kinds applied to
+    the ``joint`` arguments together (all partial of that kind, the others broadcast),
+    e.g. ``(a1 + a2) + (b1 + b2)``. ``alone[i]``: the kinds a partial argument ``i`` may
+    have while the others are broadcast, and the output's kind (linearity or
+    monotonicity in that argument). ``float_order``: those max/min rows are exact only
+    with floating dtypes (the reduction identities are infinities, e.g.
+    ``max(a_i) + b = max(a_i + b)`` needs ``-inf + b = -inf``).
+    """
+
+    arity: int
+    joint: tuple[int, ...] = ()
+    joint_kinds: tuple[str, ...] = ()
+    alone: tuple[tuple[tuple[str, str], ...], ...] = ()
+    float_order: bool = False
+
+    def table(self) -> tuple[Signature, ...]:
+        """The signature table: split and broadcast rows, joint rows (by ``joint_kinds``),
+        then single-partial rows by kind (sum, max, min), each by argument."""
+        n = self.arity
+        rows = [Signature((S_D,) * n, S_D), Signature((B,) * n, B)]
+        for kind in self.joint_kinds:
+            p = _PARTIAL[kind]
+            rows.append(Signature(tuple(p if i in self.joint else B for i in range(n)), p))
+        for kind in _PARTIAL:
+            when = "float" if self.float_order and kind != "sum" else ""
+            for i, allowed in enumerate(self.alone):
+                out = dict(allowed).get(kind)
+                if out is not None:
+                    ins = tuple(_PARTIAL[kind] if j == i else B for j in range(n))
+                    rows.append(Signature(ins, _PARTIAL[out], when=when))
+        return tuple(rows)
+
+
+#: One rule per family of pointwise ops.
+RULES: dict[str, Pointwise] = {
+    "add": Pointwise(2, (0, 1), ("sum",), (UP, UP), float_order=True),
+    "sub": Pointwise(2, (0, 1), ("sum",), (UP, DOWN), float_order=True),  # b - max = min
+    "mul": Pointwise(2, alone=(LINEAR, LINEAR)),
+    "div": Pointwise(2, alone=(LINEAR, ())),
+    "pow": Pointwise(2),
+    "maximum": Pointwise(2, (0, 1), ("max",), ((("max", "max"),),) * 2),
+    "minimum": Pointwise(2, (0, 1), ("min",), ((("min", "min"),),) * 2),
+    "compare": Pointwise(2),  # eq ne lt le gt ge
+    "where": Pointwise(3, (1, 2), ("sum", "max", "min")),  # where(cond, x, y): selecting
+    "neg": Pointwise(1, alone=(LINEAR + DOWN,), float_order=True),
+    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu
+    "unary": Pointwise(1),  # abs sqrt log
+}
+
+TABLES = {name: rule.table() for name, rule in RULES.items()}
+ADD, SUB, MUL, DIV = TABLES["add"], TABLES["sub"], TABLES["mul"], TABLES["div"]
+POW, MAXIMUM, MINIMUM = TABLES["pow"], TABLES["maximum"], TABLES["minimum"]
+COMPARE, WHERE, NEG = TABLES["compare"], TABLES["where"], TABLES["neg"]
+MONOTONE, UNARY = TABLES["monotone"], TABLES["unary"]
 
 
 def broadcast_matches(shapes: Sequence[tuple[int, ...]],
@@ -153,10 +150,6 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
                     f"and scalars, with NumPy broadcasting (signatures: ``{name}.table``).")
 
 
-def _binary(name: str, table: tuple[Signature, ...], f: Callable[..., Any]) -> GlobalOp:
-    return _nary(name, table, f, ("a", "b"))
-
-
 def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any], Any],
            float_args: bool = False) -> GlobalOp:
     """``float_args``: integer/bool inputs are cast to the result dtype before ``f``."""
@@ -186,26 +179,57 @@ def _sigmoid(xp: ModuleType, x: Any) -> Any:
     return xp.exp(-xp.logaddexp(0, -x))  # 1 / (1 + exp(-x)) without overflow
 
 
-add = _binary("add", ADD, lambda xp, a, b: xp.add(a, b))
-sub = _binary("sub", SUB, lambda xp, a, b: xp.subtract(a, b))
-mul = _binary("mul", MUL, lambda xp, a, b: xp.multiply(a, b))
-div = _binary("div", DIV, lambda xp, a, b: xp.true_divide(a, b))
-pow = _binary("pow", POW, lambda xp, a, b: xp.power(a, b))  # noqa: A001
-maximum = _binary("maximum", MAXIMUM, lambda xp, a, b: xp.maximum(a, b))
-minimum = _binary("minimum", MINIMUM, lambda xp, a, b: xp.minimum(a, b))
-eq = _binary("eq", COMPARE, lambda xp, a, b: xp.equal(a, b))
-ne = _binary("ne", COMPARE, lambda xp, a, b: xp.not_equal(a, b))
-lt = _binary("lt", COMPARE, lambda xp, a, b: xp.less(a, b))
-le = _binary("le", COMPARE, lambda xp, a, b: xp.less_equal(a, b))
-gt = _binary("gt", COMPARE, lambda xp, a, b: xp.greater(a, b))
-ge = _binary("ge", COMPARE, lambda xp, a, b: xp.greater_equal(a, b))
-where = _nary("where", WHERE, lambda xp, c, x, y: xp.where(c, x, y), ("cond", "x", "y"))
+def _relu(xp: ModuleType, x: Any) -> Any:
+    return xp.maximum(x, 0)
 
-neg = _unary("neg", NEG, lambda xp, x: xp.negative(x))
-abs = _unary("abs", UNARY, lambda xp, x: xp.abs(x))  # noqa: A001
-exp = _unary("exp", MONOTONE, lambda xp, x: xp.exp(x))
-log = _unary("log", UNARY, lambda xp, x: xp.log(x))
-sqrt = _unary("sqrt", UNARY, lambda xp, x: xp.sqrt(x))
-tanh = _unary("tanh", MONOTONE, lambda xp, x: xp.tanh(x))
-relu = _unary("relu", MONOTONE, lambda xp, x: xp.maximum(x, 0))
-sigmoid = _unary("sigmoid", MONOTONE, _sigmoid, float_args=True)
+
+#: Every pointwise op: name -> (array-module function name, or a kernel ``f(xp, *args)``;
+#: the rule of :data:`RULES` that gives its signature table).
+POINTWISE: dict[str, tuple[str | Callable[..., Any], str]] = {
+    "add": ("add", "add"),
+    "sub": ("subtract", "sub"),
+    "mul": ("multiply", "mul"),
+    "div": ("true_divide", "div"),
+    "pow": ("power", "pow"),
+    "maximum": ("maximum", "maximum"),
+    "minimum": ("minimum", "minimum"),
+    "eq": ("equal", "compare"),
+    "ne": ("not_equal", "compare"),
+    "lt": ("less", "compare"),
+    "le": ("less_equal", "compare"),
+    "gt": ("greater", "compare"),
+    "ge": ("greater_equal", "compare"),
+    "where": ("where", "where"),
+    "neg": ("negative", "neg"),
+    "abs": ("abs", "unary"),
+    "exp": ("exp", "monotone"),
+    "log": ("log", "unary"),
+    "sqrt": ("sqrt", "unary"),
+    "tanh": ("tanh", "monotone"),
+    "relu": (_relu, "monotone"),
+    "sigmoid": (_sigmoid, "monotone"),
+}
+_FLOAT_ARGS = ("sigmoid",)  # integer/bool inputs are cast to the result dtype first
+_LABELS = {2: ("a", "b"), 3: ("cond", "x", "y")}
+
+
+def _pointwise(name: str) -> GlobalOp:
+    fn, rule = POINTWISE[name]
+    if isinstance(fn, str):
+        fname = fn
+
+        def f(xp: ModuleType, *args: Any) -> Any:
+            return getattr(xp, fname)(*args)
+    else:
+        f = fn
+    arity = RULES[rule].arity
+    if arity == 1:
+        return _unary(name, TABLES[rule], f, float_args=name in _FLOAT_ARGS)
+    return _nary(name, TABLES[rule], f, _LABELS[arity])
+
+
+add, sub, mul, div, pow, maximum, minimum = map(  # noqa: A001
+    _pointwise, ("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
+eq, ne, lt, le, gt, ge, where = map(_pointwise, ("eq", "ne", "lt", "le", "gt", "ge", "where"))
+neg, abs, exp, log, sqrt, tanh, relu, sigmoid = map(  # noqa: A001
+    _pointwise, ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid"))

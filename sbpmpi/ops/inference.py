@@ -36,6 +36,7 @@ from ..layout import Layout
 from ..placement import Placement
 from ..sbp import SBP, Broadcast, NdSbp, Partial
 from ..tensor import GlobalTensor
+from . import dispatch
 from .call import OpCall
 from .exactness import exact, partners_finite, risky_partners, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
@@ -74,17 +75,22 @@ _table: list[Any] = [None]  # the cost table the caches were filled under
 
 
 def clear_cache() -> None:
-    """Forget cached inferences and conversion costs."""
+    """Forget cached inferences, conversion costs and fast-path entries."""
     _CACHE.clear()
     _COSTS.clear()
+    dispatch.clear()
+
+
+_get_table: list[Callable[[], Any]] = []  # boxing.get_cost_table, bound on first use
 
 
 def _check_table() -> None:
     """Clear the caches when the boxing cost table in use is another object than before."""
-    from .. import boxing
+    if not _get_table:
+        from ..boxing import get_cost_table
 
-    get = getattr(boxing, "get_cost_table", None)
-    table = None if get is None else get()
+        _get_table.append(get_cost_table)
+    table = _get_table[0]()
     if table is not _table[0]:
         clear_cache()
         _table[0] = table  # held, so its id cannot be reused by a new table
@@ -403,10 +409,21 @@ def choose(cands: Sequence[Candidate]) -> int:
     return min(tied, key=lambda k: (cands[k].n_boxed, cands[k].order))
 
 
-def execute(call: OpCall) -> GlobalTensor:
-    """Run ``call``: infer, box the operands, compute local shards, label the output."""
+def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
+    """Run ``call``: infer, box the operands, compute local shards, label the output.
+
+    ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
+    runs on local shards only, it is remembered for the dispatch fast path.
+    """
     from ..boxing import box
-    from ..consistency import all_ok, check_broadcast_shards, check_collective, note_step
+    from ..consistency import (
+        _step_text,
+        all_ok,
+        check_broadcast_shards,
+        check_collective,
+        debug_enabled,
+        note_step,
+    )
 
     inf = infer(call)
     best = inf.best
@@ -419,6 +436,13 @@ def execute(call: OpCall) -> GlobalTensor:
         check_collective(call.name, meta)  # data moves: all ranks must agree now
     else:
         note_step(call.name, meta)  # local only: verified at the next check
+        if fast is not None and not debug_enabled():
+            out = best.output
+            me = get_rank()
+            xp = backend.get_xp(out.placement.type) if me in out.placement else None
+            dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
+                              call.out_dtype, out.local_shape(me), _step_text(call.name, meta),
+                              call.name)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
         best = infer(call, exact_only=True).best
     for o in call.operands:
@@ -457,17 +481,27 @@ class GlobalOp:
     """
 
     def __init__(self, name: str, build: Callable[..., OpCall], table: Any,
-                 doc: str | None = None) -> None:
+                 doc: str | None = None, fast: bool = True) -> None:
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = doc or build.__doc__
         self.name = name
         self.build = build
         self.table = table
+        #: whether repeated local-only calls take the dispatch fast path (the builder's
+        #: kernel and operands then depend on the keyed arguments only: see .dispatch)
+        self.fast = fast
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        k = dispatch.key(self, args, kwargs) if self.fast else None
+        if k is not None:
+            _check_table()  # a new cost table empties the caches
+            hit = dispatch.lookup(k)
+            if hit is not None:  # seen before: lookup, local compute, wrap
+                return hit.run(args, kwargs)
         call = self.build(*args, **kwargs)
-        return record_op(self.name, call.operands, args, kwargs, execute(call))  # autograd
+        out = execute(call, None if k is None else (k, args, kwargs))
+        return record_op(self.name, call.operands, args, kwargs, out)  # autograd
 
     def __repr__(self) -> str:
         return f"<sbpmpi op {self.name}>"

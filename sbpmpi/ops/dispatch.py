@@ -1,0 +1,171 @@
+"""Dispatch fast path: an op call seen before runs as cache lookup, local compute, wrap.
+
+The first call of an op with given arguments goes the whole way (build the
+:class:`~sbpmpi.ops.call.OpCall`, infer, box, compute). When that call needed no boxing
+and no data-dependent check (a row exact for finite values only, with a tensor partner),
+:func:`remember` stores what the next such call needs, keyed by :func:`key`: the op, each
+GlobalTensor argument's layout and dtype, and each other argument's type and value
+(scalars, dims, shapes, dtypes: everything the builder reads). A later call with an equal
+key skips building and inference: :meth:`Fast.run` folds the cached step text into the
+consistency check's running hash (``SBPMPI_CHECK``, read at every call), computes the
+local shard with the cached kernel and wraps it in the cached output layout.
+
+Invalidation: :func:`clear` (called by ``inference.clear_cache``, so also when the boxing
+cost table in use changes: :func:`lookup` asks ``inference._check_table`` first). With
+``SBPMPI_DEBUG=1`` every call takes the full path (strict checks run each step).
+Arguments that are not plain hashable values (lists, arrays, slices) are never cached.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..autograd.tape import record_op
+from ..consistency import check_enabled, debug_enabled, note_step_digest, step_digest
+from ..layout import Layout
+from ..tensor import GlobalTensor
+
+__all__ = ["Fast", "key", "lookup", "remember", "clear", "SIZE"]
+
+#: Most entries kept; the cache is emptied when full (a loop has few distinct calls).
+SIZE = 4096
+_FAST: dict[tuple[Any, ...], Fast] = {}
+_PLAIN = (bool, int, str, type(None), np.dtype, np.integer, np.bool_)
+
+
+def _arg_key(v: Any) -> Any:
+    """A hashable stand-in for argument ``v`` equal only for calls that build alike;
+    None when ``v`` cannot be keyed (the call then takes the full path)."""
+    t = type(v)
+    if t is GlobalTensor:
+        return (v._layout, v._dtype)
+    if t is float or isinstance(v, np.floating):
+        return (t, v, math.copysign(1.0, v))  # -0.0 == 0.0, but their texts differ
+    if isinstance(v, _PLAIN):
+        return (t, v)
+    if t is tuple:
+        sub = tuple(_arg_key(e) for e in v)
+        return None if None in sub else (t, sub)
+    if isinstance(v, (complex, np.complexfloating)):
+        return (t, repr(v))
+    if isinstance(v, type):
+        return (type, v)
+    return None
+
+
+def key(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The fast-path key of ``op(*args, **kwargs)``, or None when it has none."""
+    parts: list[Any] = [op]
+    tensors: list[Any] = []
+    for a in (*args, *(kwargs[n] for n in sorted(kwargs))) if kwargs else args:
+        k = _arg_key(a)
+        if k is None:
+            return None
+        if type(a) is GlobalTensor:
+            # the same tensor twice (x * x) keys apart from two tensors (x * y): remember
+            # maps operands to arguments by identity
+            for j, t in enumerate(tensors):
+                if t is a:
+                    k = ("same as", j)
+                    break
+            tensors.append(a)
+        parts.append(k)
+    if kwargs:
+        parts.append(tuple(sorted(kwargs)))
+    return tuple(parts)
+
+
+@dataclass(frozen=True, eq=False)
+class Fast:
+    """What a repeated local-only call needs: where its operands come from, the kernel,
+    the output layout and dtype, this rank's output shard shape, and the step text."""
+
+    name: str
+    sources: tuple[tuple[int, Any], ...]  # per operand: (0, arg index) (1, kwarg) (2, value)
+    identity: bool  # operands are exactly the positional args
+    kernel: Callable[[ModuleType, Any, tuple[int, ...]], Any]
+    xp: ModuleType | None  # None: this rank is outside the output placement
+    output: Layout
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    text: str  # consistency.note_step's text for this call (a function of the key)
+    digest: bytes  # consistency.step_digest(text), made once
+
+    def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if self.identity:
+            return args
+        return tuple(args[v] if k == 0 else kwargs[v] if k == 1 else v
+                     for k, v in self.sources)
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GlobalTensor:
+        """Run the call: fold the step into the check, compute, wrap, record for autograd."""
+        ops = self.operands(args, kwargs)
+        if check_enabled():
+            note_step_digest(self.digest, self.text)
+        xp = self.xp
+        if xp is None:
+            out = GlobalTensor(np.empty(self.shape, dtype=self.dtype), self.output, self.dtype)
+        else:
+            local = [o._local if type(o) is GlobalTensor else o for o in ops]
+            res = xp.asarray(self.kernel(xp, local, self.shape))
+            if res.dtype != self.dtype:
+                res = res.astype(self.dtype)
+            if not res.flags.c_contiguous:
+                res = res.copy()
+            if res.shape != self.shape:
+                raise RuntimeError(f"{self.name}: internal error: local result has shape "
+                                   f"{tuple(res.shape)}, layout {self.output} expects "
+                                   f"{self.shape}")
+            out = GlobalTensor(res, self.output, self.dtype)
+        for o in ops:  # the autograd hook acts only when an operand requires grad
+            if type(o) is GlobalTensor and o._requires_grad:
+                return record_op(self.name, ops, args, kwargs, out)
+        return out
+
+
+def lookup(k: tuple[Any, ...]) -> Fast | None:
+    """The entry for key ``k``, if any and if the fast path may be taken now (the caller
+    has checked the cost table: ``inference._check_table``)."""
+    hit = _FAST.get(k)
+    if hit is None or debug_enabled():
+        return None
+    return hit
+
+
+def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+             operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, output: Layout,
+             dtype: np.dtype, shape: tuple[int, ...], text: str, name: str) -> None:
+    """Store the entry of a call that ran on local shards only (see the module doc)."""
+    sources: list[tuple[int, Any]] = []
+    for o in operands:
+        src: tuple[int, Any] | None = None
+        for i, a in enumerate(args):
+            if a is o:
+                src = (0, i)
+                break
+        if src is None:
+            for n, a in kwargs.items():
+                if a is o:
+                    src = (1, n)
+                    break
+        if src is None:
+            if isinstance(o, GlobalTensor):
+                return  # an operand the builder made: not a function of the key
+            src = (2, o)  # a scalar the builder derived from keyed arguments
+        sources.append(src)
+    identity = len(operands) == len(args) and all(s == (0, i) for i, s in enumerate(sources))
+    if len(_FAST) >= SIZE:
+        _FAST.clear()
+    _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),
+                    tuple(shape), text, step_digest(text))
+
+
+def clear() -> None:
+    """Forget every entry."""
+    _FAST.clear()
