@@ -12,7 +12,8 @@ size) three things are timed in the same run, interleaved repeat by repeat after
   layout must (what ``python -m sbpmpi bench`` compares with);
 - ``sbpmpi``: ``y = x.to_global(sbp=...)`` in a loop.
 
-Every variant keeps its previous result alive until the next one replaces it (as
+The order of the three rotates from repeat to repeat. Every variant keeps its previous
+result alive until the next one replaces it (as
 ``y = f(x)`` in a loop does), so a reused buffer is never the one still in use. A
 repeat's time is the slowest rank's; the table gives medians and the ratios
 sbpmpi / prealloc and sbpmpi / alloc. ``SBPMPI_HOST_POOL_BYTES=0`` turns sbpmpi's host
@@ -96,13 +97,14 @@ def measure(variants: Variants, repeats: int, warmup: int) -> dict[str, list[flo
         for k, fn in variants.items():
             held[k] = fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(repeats):
-        for k, fn in variants.items():
+    names = list(variants)
+    for i in range(repeats):
+        for k in names[i % len(names):] + names[:i % len(names)]:  # rotate: no fixed order
+            fn = variants[k]
             world.Barrier()
             t0 = time.perf_counter()
             held[k] = fn()
             times[k].append(time.perf_counter() - t0)
-    names = list(variants)
     worst = np.array([times[k] for k in names])
     world.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
     return {k: [float(t) for t in worst[i]] for i, k in enumerate(names)}
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['ratio_alloc']:>9.3f}{spread:>8.2f}", flush=True)
     if rank == 0:
         doc = {"world_size": size, "host_pool_limit": pool,
+               "host_pool_stats": backend.host_pool_stats() if pool is not None else None,
                "mpi": MPI.Get_library_version().splitlines()[0], "results": rows}
         text = json.dumps(doc, indent=1)
         if a.json:
