@@ -10,9 +10,12 @@ size) three things are timed in the same run, interleaved repeat by repeat after
   before the loop: the floor a hand-written loop can reach;
 - ``alloc``: the raw call allocating its output on every call, as user code converting a
   layout must (what ``python -m sbpmpi bench`` compares with);
-- ``sbpmpi``: ``y = x.to_global(sbp=...)`` in a loop.
+- ``sbpmpi``: ``y = x.to_global(sbp=...)`` in a loop;
+- ``box``: ``sm.boxing.box``, the engine behind ``x.to_global`` without the cross-rank
+  consistency check (``SBPMPI_CHECK``), which adds one small all-reduce per call: on an
+  oversubscribed machine each extra synchronisation can cost a scheduling slice.
 
-The order of the three rotates from repeat to repeat. Every variant keeps its previous
+The order of the variants rotates from repeat to repeat. Every variant keeps its previous
 result alive until the next one replaces it (as
 ``y = f(x)`` in a loop does), so a reused buffer is never the one still in use. A
 repeat's time is the slowest rank's; the table gives medians and the ratios
@@ -76,16 +79,19 @@ def cases(nbytes: int) -> list[tuple[str, tuple[int, ...], Variants]]:
         ("S(0)->B", (rows, cols), {
             "prealloc": lambda: ag(ag_out),
             "alloc": lambda: ag(np.empty((rows, cols), np.float32)),
-            "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.broadcast)}),
+            "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.broadcast),
+            "box": lambda: sm.boxing.box(xs, None, sm.sbp.broadcast)}),
         ("P->S(0)", (rows, cols), {
             "prealloc": lambda: rs(rs_out),
             "alloc": lambda: rs(np.empty((r, cols), np.float32)),
-            "sbpmpi": lambda: xq.to_global(sbp=sm.sbp.split(0))}),
+            "sbpmpi": lambda: xq.to_global(sbp=sm.sbp.split(0)),
+            "box": lambda: sm.boxing.box(xq, None, sm.sbp.split(0))}),
         ("S(0)->S(1)", (rows, cols), {
             "prealloc": lambda: a2a(a2a_send, a2a_out),
             "alloc": lambda: a2a(np.empty((p, r, c), np.float32),
                                  np.empty((rows, c), np.float32)),
-            "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.split(1))}),
+            "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.split(1)),
+            "box": lambda: sm.boxing.box(xs, None, sm.sbp.split(1))}),
     ]
 
 
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
               f"slowest rank over {a.repeats} interleaved repeats; host pool limit: "
               f"{pool if pool is not None else 'none'} bytes)")
         print(f"{'conversion':<12}{'MiB':>5}{'prealloc ms':>13}{'alloc ms':>10}"
-              f"{'sbpmpi ms':>11}{'x prealloc':>12}{'x alloc':>9}{'spread':>8}", flush=True)
+              f"{'sbpmpi ms':>11}{'x prealloc':>12}{'x alloc':>9}{'box ms':>9}{'box x pre':>11}"
+              f"{'spread':>8}", flush=True)
     for mib in (float(s) for s in a.sizes_mib.split(",") if s):
         for name, shape, variants in cases(int(mib * (1 << 20))):
             t = measure(variants, a.repeats, a.warmup)
@@ -134,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             row = {"conversion": name, "mib": mib, "shape": list(shape),
                    **{f"{k}_ms": med[k] * 1e3 for k in med},
                    "ratio_prealloc": med["sbpmpi"] / med["prealloc"],
-                   "ratio_alloc": med["sbpmpi"] / med["alloc"], "spread": spread,
+                   "ratio_alloc": med["sbpmpi"] / med["alloc"],
+                   "box_ratio_prealloc": med["box"] / med["prealloc"], "spread": spread,
                    "repeats": a.repeats}
             rows.append(row)
             if rank == 0:
                 print(f"{name:<12}{mib:>5g}{row['prealloc_ms']:>13.3f}{row['alloc_ms']:>10.3f}"
                       f"{row['sbpmpi_ms']:>11.3f}{row['ratio_prealloc']:>12.3f}"
-                      f"{row['ratio_alloc']:>9.3f}{spread:>8.2f}", flush=True)
+                      f"{row['ratio_alloc']:>9.3f}{row['box_ms']:>9.3f}"
+                      f"{row['box_ratio_prealloc']:>11.3f}{spread:>8.2f}", flush=True)
     if rank == 0:
         doc = {"world_size": size, "host_pool_limit": pool,
                "host_pool_stats": backend.host_pool_stats() if pool is not None else None,
