@@ -8,6 +8,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import os
+import threading
+from collections import OrderedDict
 from types import ModuleType
 from typing import Any
 
@@ -36,6 +39,12 @@ __all__ = [
     "empty_pinned",
     "cupy_allocator_name",
     "current_device",
+    "empty",
+    "POOL_ENV",
+    "host_pool_limit",
+    "set_host_pool_limit",
+    "host_pool_stats",
+    "clear_host_pool",
 ]
 
 
@@ -294,3 +303,198 @@ def cupy_allocator_name() -> str | None:
     alloc = cp.cuda.get_allocator()
     owner = getattr(alloc, "__self__", None)
     return type(owner).__name__ if owner is not None else getattr(alloc, "__name__", str(alloc))
+
+
+# ---------------------------------------------------------------------------
+# Host buffer pool: reused output memory for large conversions (NumPy only)
+# ---------------------------------------------------------------------------
+#
+# A fresh large NumPy array is fresh pages from the kernel (glibc maps allocations over its
+# mmap threshold, at most 32 MiB, anew each time): every call pays page faults and zeroing,
+# which costs as much as the copy itself at 64 MiB. :func:`empty` hands out large host
+# arrays over blocks kept in a pool instead. Every array over a block (and every view of
+# one) has one ``_Lease`` object as its NumPy base; only when the last of them is gone
+# does the lease die and its block go back to the pool. So a block is never handed to a
+# second array while any array over it is alive. The pool keeps at most
+# ``host_pool_limit()`` idle bytes (least recently returned size classes go first);
+# CuPy keeps its own device pool.
+
+POOL_ENV = "SBPMPI_HOST_POOL_BYTES"
+_POOL_MIN = 1 << 20  # smaller arrays come from np.empty: malloc reuses its heap for them
+_UNSET: Any = object()
+
+
+def _parse_bytes(value: str) -> int:
+    """``value`` of :data:`POOL_ENV` in bytes: an integer, optionally with K, M or G (2**10..)."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if text and text[-1] in "KMG":
+        scale = 1 << (10 * ("KMG".index(text[-1]) + 1))
+        text = text[:-1]
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{POOL_ENV}={value!r} is not a size in bytes: set e.g. {POOL_ENV}=512M, "
+                         f"{POOL_ENV}=1073741824, or {POOL_ENV}=0 to turn the host pool off")
+    return n * scale
+
+
+def _default_limit() -> int:
+    """An eighth of the machine's memory shared by its ranks, at least 64 MiB."""
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        phys = 8 << 30
+    try:
+        from .env import get_local_world_size
+
+        local = max(1, get_local_world_size())
+    except Exception:
+        local = 1
+    return max(64 << 20, phys // 8 // local)
+
+
+def _size_class(nbytes: int) -> int:
+    """Bytes of the block that serves ``nbytes``: rounded up to 1/16 of its power of two
+    (at most 6.25% more), so sizes that differ a little share blocks."""
+    step = max(4096, 1 << max(0, nbytes.bit_length() - 5))
+    return -(-nbytes // step) * step
+
+
+class _HostPool:
+    """Idle host blocks by size class; see the comment above."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
+        self.free: OrderedDict[int, list[tuple[np.ndarray, int]]] = OrderedDict()
+        self.idle = 0
+        self.limit: int | None = None  # read from the environment on first use
+        self.hits = self.misses = self.dropped = 0
+
+    def get_limit(self) -> int:
+        if self.limit is None:
+            value = os.environ.get(POOL_ENV)
+            self.limit = _default_limit() if value is None or not value.strip() else \
+                _parse_bytes(value)
+        return self.limit
+
+    def take(self, size: int) -> tuple[np.ndarray, int]:
+        """An idle block of ``size`` bytes (a new one if none) and its address."""
+        with self.lock:
+            blocks = self.free.get(size)
+            if blocks:
+                self.idle -= size
+                self.hits += 1
+                return blocks.pop()
+            self.misses += 1
+        try:
+            block = np.empty(size, dtype=np.uint8)
+        except MemoryError:  # idle blocks are the first thing to give up
+            self.clear()
+            block = np.empty(size, dtype=np.uint8)
+        return block, block.__array_interface__["data"][0]
+
+    def give(self, entry: tuple[np.ndarray, int]) -> None:
+        """Take back a block no array uses any more (dropped if over the limit)."""
+        size = entry[0].nbytes
+        with self.lock:
+            limit = self.get_limit()
+            if size > limit:
+                self.dropped += 1
+                return
+            blocks = self.free.setdefault(size, [])
+            blocks.append(entry)
+            self.free.move_to_end(size)
+            self.idle += size
+            while self.idle > limit:
+                old, olds = next(iter(self.free.items()))
+                olds.pop(0)
+                self.idle -= old
+                self.dropped += 1
+                if not olds:
+                    del self.free[old]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.free.clear()
+            self.idle = 0
+
+
+_POOL = _HostPool()
+
+
+class _Lease:
+    """The NumPy base of every array over one pooled block; returns the block when it dies."""
+
+    __slots__ = ("entry", "__array_interface__")
+
+    def __init__(self, entry: tuple[np.ndarray, int], shape: tuple[int, ...],
+                 typestr: str) -> None:
+        self.entry = entry
+        self.__array_interface__ = {"data": (entry[1], False), "shape": shape,
+                                    "typestr": typestr, "version": 3}
+
+    def __del__(self) -> None:
+        try:
+            _POOL.give(self.entry)
+        except Exception:  # interpreter shutdown: module state may already be gone
+            pass
+
+
+def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
+    """``xp.empty(shape, dtype)`` (C order); large NumPy arrays over reused pooled memory.
+
+    The memory is handed out again only after every array over it (views included) is
+    garbage: it is never shared by two live arrays. :data:`POOL_ENV` (bytes, ``0``: off)
+    caps the idle memory the pool keeps.
+    """
+    if xp is not np:
+        return xp.empty(shape, dtype=dtype)
+    if isinstance(shape, int):
+        shape = (shape,)
+    dt = np.dtype(dtype)
+    n = dt.itemsize
+    for s in shape:
+        n *= s
+    if n < _POOL_MIN or dt.hasobject or not _POOL.get_limit():
+        return np.empty(shape, dtype=dt)
+    entry = _POOL.take(_size_class(n))
+    if dt.fields is None and dt.subdtype is None:  # a plain number type: one step
+        return np.asarray(_Lease(entry, tuple(shape), dt.str))
+    return np.asarray(_Lease(entry, (n,), "|u1")).view(dt).reshape(shape)
+
+
+def host_pool_limit() -> int:
+    """Most idle bytes the host pool keeps (0: the pool is off)."""
+    return _POOL.get_limit()
+
+
+def set_host_pool_limit(nbytes: int | None | Any = _UNSET) -> int:
+    """Set the host pool's idle-byte limit (0 turns it off); with no argument re-read
+    :data:`POOL_ENV`. Idle blocks over the new limit are freed. Returns the limit."""
+    with _POOL.lock:
+        if nbytes is _UNSET or nbytes is None:
+            _POOL.limit = None
+        elif isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"host pool limit must be a number of bytes >= 0, got {nbytes!r}")
+        else:
+            _POOL.limit = nbytes
+        limit = _POOL.get_limit()
+        if _POOL.idle > limit:
+            _POOL.clear()
+        return limit
+
+
+def host_pool_stats() -> dict[str, int]:
+    """The host pool's counters: idle bytes and blocks, limit, hits, misses, dropped blocks."""
+    with _POOL.lock:
+        return {"idle_bytes": _POOL.idle, "idle_blocks": sum(len(b) for b in _POOL.free.values()),
+                "limit": _POOL.get_limit(), "hits": _POOL.hits, "misses": _POOL.misses,
+                "dropped": _POOL.dropped}
+
+
+def clear_host_pool() -> None:
+    """Free every idle block of the host pool (arrays in use keep theirs)."""
+    _POOL.clear()

@@ -2,7 +2,8 @@
 
 Each step of a plan is compiled once per rank into a closure with its counts, shapes,
 slices and communicator worked out; running a plan then calls the closures in turn.
-Outputs are allocated once and filled in place; a block goes to MPI as it is whenever
+Outputs are allocated once and filled in place (large host outputs and scratch buffers
+reuse pooled memory, see ``backend.empty``); a block goes to MPI as it is whenever
 it is contiguous, and a split along a non-leading dim is packed (or unpacked) with one
 strided copy. Every step leaves its input untouched. The code is the same for NumPy
 and CuPy (``backend.get_xp``).
@@ -77,7 +78,16 @@ def _contiguous(xp: Any, a: Any) -> Any:
     """``a`` itself when C-contiguous, else a C-contiguous copy of the same shape."""
     if a.flags.c_contiguous:
         return a
-    return xp.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes 0-d 1-d
+    out = backend.empty(xp, a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def _full(xp: Any, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
+    """A new array of ``shape`` filled with ``value`` (from ``backend.empty``)."""
+    out = backend.empty(xp, shape, dtype)
+    out.fill(value)
+    return out
 
 
 def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any) -> None:
@@ -161,11 +171,11 @@ def _all_gather(st: Step, me: int) -> Fn | None:
 
     def run(a: Any) -> Any:
         src = _contiguous(xp, a)
-        out = xp.empty(out_shape, dtype=src.dtype)
+        out = backend.empty(xp, out_shape, src.dtype)
         if direct:
             gather(out.reshape(-1), src)
         else:
-            tmp = xp.empty(sum(counts), dtype=src.dtype)
+            tmp = backend.empty(xp, sum(counts), src.dtype)
             gather(tmp, src)
             _unpack(tmp, d, sizes, out)
         return out
@@ -182,7 +192,8 @@ def _all_reduce(st: Step, me: int) -> Fn | None:
     op = _REDUCE[st.frm.op]
 
     def run(a: Any) -> Any:
-        out = xp.array(a, order="C", copy=True)  # comm reduces in place; the input stays
+        out = backend.empty(xp, a.shape, a.dtype)  # comm reduces in place; the input stays
+        out[...] = a
         comm.all_reduce(out, op, group)
         return out
 
@@ -207,10 +218,10 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     def run(a: Any) -> Any:
         src = _contiguous(xp, a)
         if not direct:
-            tmp = xp.empty(sum(counts), dtype=src.dtype)
+            tmp = backend.empty(xp, sum(counts), src.dtype)
             _pack(src, d, sizes, tmp)
             src = tmp
-        out = xp.empty(out_shape, dtype=src.dtype)
+        out = backend.empty(xp, out_shape, src.dtype)
         if even:
             comm.reduce_scatter(out.reshape(-1), src.reshape(-1), op, group)
         else:
@@ -243,11 +254,11 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
         src = _contiguous(xp, a)
         dt = src.dtype
         if pack:
-            tmp = xp.empty(sum(in_counts), dtype=dt)
+            tmp = backend.empty(xp, sum(in_counts), dt)
             _pack(src, j, sj, tmp)
             src = tmp
-        out = xp.empty(out_shape, dtype=dt)
-        rbuf = xp.empty(sum(out_counts), dtype=dt) if unpack else out.reshape(-1)
+        out = backend.empty(xp, out_shape, dt)
+        rbuf = backend.empty(xp, sum(out_counts), dt) if unpack else out.reshape(-1)
         if even:
             comm.all_to_all(rbuf, src.reshape(-1), group)
         else:
@@ -287,7 +298,7 @@ def _local_fill(st: Step, me: int) -> Fn | None:
     shape = st.dst.local_shape(me)
 
     def run(a: Any) -> Any:
-        return xp.full(shape, identity_value(op, a.dtype), dtype=a.dtype)
+        return _full(xp, shape, identity_value(op, a.dtype), a.dtype)
 
     return run
 
@@ -320,7 +331,7 @@ def _local_pad(st: Step, me: int) -> Fn | None:
     idx = (slice(None),) * d + (slice(lo, hi),)
 
     def run(a: Any) -> Any:
-        out = xp.full(shape, identity_value(op, a.dtype), dtype=a.dtype)
+        out = _full(xp, shape, identity_value(op, a.dtype), a.dtype)
         out[idx] = a
         return out
 
@@ -397,10 +408,10 @@ def _send_recv(st: Step, me: int) -> Fn | None:
         out = None
         if in2:
             if fill is not None:
-                out = xp2.full(out_shape, identity_value(fill, dt), dtype=dt)
+                out = _full(xp2, out_shape, identity_value(fill, dt), dt)
             else:
-                out = xp2.empty(out_shape, dtype=dt)
-            bufs = [out] + [xp2.empty(out_shape, dtype=dt) for _ in range(nslots - 1)]
+                out = backend.empty(xp2, out_shape, dt)
+            bufs = [out] + [backend.empty(xp2, out_shape, dt) for _ in range(nslots - 1)]
         works: list[comm.Work] = []
         later = []
         limit = MAX_COUNT
@@ -408,7 +419,7 @@ def _send_recv(st: Step, me: int) -> Fn | None:
             if contiguous:
                 target = bufs[slot][idx] if idx else bufs[slot]
             else:
-                target = xp2.empty(shape, dtype=dt)
+                target = backend.empty(xp2, shape, dt)
                 later.append((slot, idx, target))
             for piece in _pieces(target, limit):
                 works.append(comm.irecv(piece, r, TAG))
@@ -453,7 +464,7 @@ def _broadcast(st: Step, me: int) -> Fn | None:
             comm.broadcast(buf, root, group)
             return _convert(buf, same_type, t2) if in2 else np.empty(empty_shape(ndim), a.dtype)
         if group is not None:
-            out = xp2.empty(shape, dtype=a.dtype)
+            out = backend.empty(xp2, shape, a.dtype)
             comm.broadcast(out, root, group)
             return out
         return _convert(a, same_type, t2)  # already holds the value

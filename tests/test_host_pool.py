@@ -1,0 +1,282 @@
+"""The host buffer pool (``backend.empty``): reused memory, never shared by live arrays.
+
+Serial tests drive the pool directly; the MPI tests run loops of conversions through
+``x.to_global`` that keep many results alive, and check against NumPy that every value
+stays right and that no two live shards share memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi import backend
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool(monkeypatch):
+    """Each test starts from an empty pool with the limit from the environment."""
+    monkeypatch.delenv(backend.POOL_ENV, raising=False)
+    backend.set_host_pool_limit()
+    backend.clear_host_pool()
+    yield
+    monkeypatch.undo()
+    backend.set_host_pool_limit()
+    backend.clear_host_pool()
+
+
+def stats() -> dict[str, int]:
+    return backend.host_pool_stats()
+
+
+def pooled(a: np.ndarray) -> bool:
+    return not a.flags.owndata and a.base is not None
+
+
+def test_large_host_arrays_reuse_memory_once_freed():
+    a = backend.empty(np, (MIB // 4,), np.float32)
+    assert pooled(a) and a.flags.c_contiguous and a.flags.writeable and a.flags.aligned
+    addr = a.ctypes.data
+    before = stats()
+    del a
+    assert stats()["idle_blocks"] == before["idle_blocks"] + 1
+    b = backend.empty(np, (512, 512), np.float32)
+    assert b.ctypes.data == addr and b.shape == (512, 512) and b.dtype == np.float32
+    assert stats()["hits"] == before["hits"] + 1
+
+
+def test_small_object_and_non_numpy_requests_are_not_pooled():
+    assert backend.empty(np, (10,), np.float64).flags.owndata
+    assert backend.empty(np, (), np.float64).shape == ()
+    assert backend.empty(np, 4 * MIB, object).flags.owndata  # objects need NumPy's own init
+
+    class FakeXp:
+        @staticmethod
+        def empty(shape, dtype):
+            return ("fake", shape, dtype)
+
+    assert backend.empty(FakeXp, (MIB,), np.float32) == ("fake", (MIB,), np.float32)
+
+
+def test_shapes_and_dtypes():
+    for shape, dt in [(MIB, np.uint8), ((3, 512, 1024), np.complex128), ((MIB // 2,), bool),
+                      ((MIB // 8, 0), np.float32), ((2, MIB // 4), np.dtype("f4,i8"))]:
+        a = backend.empty(np, shape, dt)
+        want = (shape,) if isinstance(shape, int) else shape
+        assert a.shape == want and a.dtype == np.dtype(dt) and a.flags.c_contiguous
+        a[...] = 1
+        assert (a == np.ones(1, dt)[0]).all()
+
+
+def test_live_arrays_never_share_memory_and_keep_their_values():
+    live = []
+    for i in range(24):  # sizes that fall into the same and into different size classes
+        a = backend.empty(np, (MIB // 8 + (i % 3) * 1000,), np.float64)
+        a[:] = i
+        live.append(a)
+        if i % 4 == 3:  # free some, so later requests take blocks from the pool
+            live.pop(len(live) // 2)
+    assert stats()["hits"] > 0
+    for i, a in enumerate(live):
+        for b in live[i + 1:]:
+            assert not np.shares_memory(a, b)
+    for a in live:
+        assert (a == a[0]).all()
+
+
+def test_a_view_keeps_the_block_out_of_the_pool():
+    a = backend.empty(np, (MIB,), np.uint8)
+    a[:] = 7
+    views = [(a[10:20], 7), (a.reshape(1024, 1024)[3], 7),
+             (np.frombuffer(memoryview(a), np.uint8), 7), (a.view(np.int32)[::5], 0x07070707)]
+    del a
+    assert stats()["idle_blocks"] == 0
+    for keep, want in views:
+        others = [backend.empty(np, (MIB,), np.uint8) for _ in range(3)]
+        for o in others:
+            o[:] = 1
+            assert not np.shares_memory(o, keep)
+        assert (keep == want).all()
+        del others
+    del keep, views
+    assert stats()["idle_blocks"] >= 1
+
+
+def test_a_block_in_a_reference_cycle_comes_back_after_collection():
+    gc.collect()
+    backend.clear_host_pool()
+    gc.disable()
+    try:
+        a = backend.empty(np, (MIB,), np.uint8)
+        cycle: list = [a]
+        cycle.append(cycle)
+        del a, cycle
+        assert stats()["idle_blocks"] == 0
+        gc.collect()
+        assert stats()["idle_blocks"] == 1
+    finally:
+        gc.enable()
+
+
+def test_idle_memory_stays_under_the_limit():
+    backend.set_host_pool_limit(3 * MIB)
+    arrays = [backend.empty(np, (MIB,), np.uint8) for _ in range(5)]
+    big = backend.empty(np, (4 * MIB,), np.uint8)  # over the limit: freed, not kept
+    del arrays
+    assert stats()["idle_bytes"] <= 3 * MIB and stats()["idle_blocks"] == 3
+    dropped = stats()["dropped"]
+    del big
+    assert stats()["idle_bytes"] <= 3 * MIB and stats()["dropped"] == dropped + 1
+    # a new size class pushes out the least recently returned blocks
+    c = backend.empty(np, (2 * MIB,), np.uint8)
+    del c
+    s = stats()
+    assert s["idle_bytes"] <= 3 * MIB and s["idle_blocks"] == 2
+    assert backend.set_host_pool_limit(0) == 0 and stats()["idle_bytes"] == 0
+
+
+def test_limit_zero_turns_the_pool_off(monkeypatch):
+    monkeypatch.setenv(backend.POOL_ENV, "0")
+    assert backend.set_host_pool_limit() == 0
+    a = backend.empty(np, (8 * MIB,), np.uint8)
+    assert a.flags.owndata
+    del a
+    assert stats()["idle_blocks"] == 0
+
+
+@pytest.mark.parametrize("text, want", [("1048576", MIB), ("512M", 512 * MIB), ("2g", 2 << 30),
+                                        ("64KiB", 64 << 10), (" 3 MB ", 3 * MIB), ("0", 0)])
+def test_environment_variable_sizes(monkeypatch, text, want):
+    monkeypatch.setenv(backend.POOL_ENV, text)
+    assert backend.set_host_pool_limit() == want == backend.host_pool_limit()
+
+
+@pytest.mark.parametrize("text", ["lots", "-5", "1.5G", "12T"])
+def test_bad_environment_variable_names_it(monkeypatch, text):
+    monkeypatch.setenv(backend.POOL_ENV, text)
+    with pytest.raises(ValueError, match=backend.POOL_ENV):
+        backend.set_host_pool_limit()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1M"])
+def test_bad_limit_argument(bad):
+    with pytest.raises(ValueError, match="host pool limit"):
+        backend.set_host_pool_limit(bad)
+
+
+def test_default_limit_is_sane():
+    limit = backend.host_pool_limit()
+    assert limit >= 64 * MIB
+
+
+def test_threads_never_get_the_same_live_block():
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        mine = []
+        for i in range(60):
+            a = backend.empty(np, (MIB // 8,), np.float64)
+            a[:] = k * 1000 + i
+            mine.append((a, k * 1000 + i))
+            if len(mine) > 3:
+                mine.pop(0)
+            for b, v in mine:
+                if not (b == v).all():
+                    errors.append(f"thread {k}: a live array changed under it")
+                    return
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
+
+# -- conversions under MPI ------------------------------------------------------------------
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+
+
+def expected_local(y, value: np.ndarray) -> np.ndarray:
+    """This rank's part of ``value`` in ``y``'s (non-partial) layout."""
+    box = y.layout.local_ranges(rank)
+    if box is None:
+        return np.empty(y.to_local().shape, value.dtype)
+    return value[tuple(slice(a, b) for a, b in box)]
+
+
+def all_ok(errors: list[str]) -> None:
+    every = world.allgather(errors[:4])
+    bad = [e for es in every for e in es]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("every_array", [True, False], ids=["all-pooled", "default"])
+def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array):
+    """Hold many results of S(0)->B, P->S(0), S(0)->S(1), S(1)->S(0), P->B, B->P and a
+    placement change alive; free some between rounds; every value stays right and no two
+    live shards share memory (except with an input, where a shard is a view by design)."""
+    if every_array:
+        monkeypatch.setattr(backend, "_POOL_MIN", 1)  # the whole executor goes through it
+        rows, cols = 6 * size + 1, 10  # uneven splits
+    else:  # outputs of about a MiB and more: the default threshold
+        rows, cols = 1024 * size, 160
+    pl = sm.placement("cpu", list(range(size)))
+    other = sm.placement("cpu", list(range(size))[::-1][: max(1, size - 1)])
+    rng = np.random.default_rng(7)
+    value = rng.standard_normal((rows, cols))
+    # integers: sums are exact in any order of reduction, so results compare exactly
+    parts = [rng.integers(-1000, 1000, (rows, cols)).astype(np.float64) for _ in range(size)]
+    xs = sm.tensor(value, placement=pl, sbp=sm.sbp.split(0))
+    x1 = sm.tensor(value, placement=pl, sbp=sm.sbp.split(1))
+    xb = sm.tensor(value, placement=pl, sbp=sm.sbp.broadcast)
+    xq = sm.to_global(parts[rank], placement=pl, sbp=sm.sbp.partial_sum)
+    total = np.sum(parts, axis=0)
+    inputs = [t.to_local() for t in (xs, x1, xb, xq)]
+    cases = [(xs, {"sbp": sm.sbp.broadcast}, value), (xs, {"sbp": sm.sbp.split(1)}, value),
+             (x1, {"sbp": sm.sbp.split(0)}, value), (xq, {"sbp": sm.sbp.split(0)}, total),
+             (xq, {"sbp": sm.sbp.broadcast}, total),
+             (xs, {"placement": other, "sbp": sm.sbp.split(1)}, value)]
+    errors: list[str] = []
+    held: list[tuple[object, np.ndarray, str]] = []
+    hits = backend.host_pool_stats()["hits"]
+    for rnd in range(4):
+        for x, kw, want in cases:
+            y = x.to_global(**kw)
+            held.append((y, want, f"round {rnd} {x.sbp} -> {kw}"))
+        bp = xb.to_global(sbp=sm.sbp.partial_sum)  # B -> P: a filled shard off rank 0
+        got = bp.to_local()
+        if not np.array_equal(got, value if rank == 0 else np.zeros_like(value)):
+            errors.append(f"rank {rank} round {rnd}: B -> P shard is wrong")
+        locs = [y.to_local() for y, _, _ in held]
+        for (y, want, ctx), a in zip(held, locs):
+            if not np.array_equal(a, expected_local(y, want)):
+                errors.append(f"rank {rank} {ctx}: shard changed or wrong")
+        for i, a in enumerate(locs):
+            if a.size == 0:
+                continue
+            for j in range(i + 1, len(locs)):
+                b = locs[j]
+                if b.size and np.shares_memory(a, b) and not any(
+                        np.shares_memory(a, z) and np.shares_memory(b, z) for z in inputs):
+                    errors.append(f"rank {rank}: live shards '{held[i][2]}' and "
+                                  f"'{held[j][2]}' share memory")
+        del locs, got, bp
+        held = held[::2]  # drop half: their memory goes back to the pool
+    for x, want in ((xs, value), (x1, value), (xb, value)):
+        if not np.array_equal(x.to_local(), expected_local(x, want)):
+            errors.append(f"rank {rank}: an input changed")
+    reused = backend.host_pool_stats()["hits"] > hits
+    if size > 1 and not reused:
+        errors.append(f"rank {rank}: the pool was never used")
+    all_ok(errors)
