@@ -25,6 +25,23 @@ def device_type(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def shared_dir():
+    """A fresh directory that every rank sees (rank 0 creates and removes it)."""
+    import shutil
+    import tempfile
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    d = tempfile.mkdtemp(prefix="sbpmpi-test-") if comm.Get_rank() == 0 else None
+    d = comm.bcast(d, root=0)
+    yield d
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def world():
     from mpi4py import MPI
 

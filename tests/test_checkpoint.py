@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -26,17 +24,6 @@ from sbpmpi.layout import Layout
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-
-
-@pytest.fixture
-def shared_dir():
-    """A fresh directory that every rank sees (rank 0 creates and removes it)."""
-    d = tempfile.mkdtemp(prefix="sbpmpi-ckpt-") if rank == 0 else None
-    d = comm.bcast(d, root=0)
-    yield d
-    comm.Barrier()
-    if rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def placements(device_type):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -263,18 +262,6 @@ def test_data_parallel_step_communicates_only_gradient_all_reduces():
         step()
     assert t.ops() == ["all_reduce"] * len(params), str(t)
     assert sorted(r.nbytes for r in t) == sorted(p.nbytes for p in params)
-
-
-@pytest.fixture
-def shared_dir():
-    d = tempfile.mkdtemp(prefix="sbpmpi-train-") if rank == 0 else None
-    d = comm.bcast(d, root=0)
-    yield d
-    comm.Barrier()
-    if rank == 0:
-        import shutil
-
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.mpi(min_size=1)
