@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 
 from mpi4py import MPI
 
@@ -17,6 +18,7 @@ __all__ = [
     "get_local_world_size",
     "world_comm",
     "set_launcher_env",
+    "lone_task_warning",
 ]
 
 
@@ -44,9 +46,32 @@ def init() -> None:
     """Build the per-node communicator now (collective over the world; done at import).
 
     Later calls of :func:`get_local_rank` from a subset of ranks (binding a GPU for a
-    placement that excludes some ranks, say) then need no communication.
+    placement that excludes some ranks, say) then need no communication. Also warns
+    when a launcher started several tasks that MPI sees as worlds of one.
     """
     _node_comm()
+    warning = lone_task_warning(os.environ, MPI.COMM_WORLD.Get_size())
+    if warning:
+        import sys
+
+        print(warning, file=sys.stderr, flush=True)
+
+
+def lone_task_warning(environ: Mapping[str, str], world_size: int) -> str | None:
+    """The warning for a task that ``srun`` started as one of several while MPI sees a
+    world of one process (the PMI plugin does not match the MPI library), else None.
+
+    Each task would otherwise run the whole program alone as rank 0, silently.
+    """
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if world_size != 1 or not tasks.isdigit() or int(tasks) <= 1:
+        return None
+    return (f"sbpmpi: warning: srun started {tasks} tasks, but MPI sees a world of 1 "
+            f"process in each (task {environ.get('SLURM_PROCID', '?')}): every task runs "
+            f"the program alone as rank 0. srun's PMI plugin does not match the MPI "
+            f"library: use srun --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix (Open MPI), "
+            f"or scripts/slurm/cpu.sbatch, which chooses it (`srun --mpi=list` shows what "
+            f"Slurm has).")
 
 
 def get_local_rank() -> int:

@@ -188,6 +188,25 @@ def test_srun_info_lists_four_ranks(slurm):
     assert sorted(rows) == [(str(r), str(r)) for r in range(4)], out
 
 
+def test_lone_task_warning_is_pure():
+    from sbpmpi.env import lone_task_warning
+
+    assert lone_task_warning({}, 1) is None
+    assert lone_task_warning({"SLURM_STEP_NUM_TASKS": "1"}, 1) is None
+    assert lone_task_warning({"SLURM_STEP_NUM_TASKS": "4"}, 4) is None  # a real 4-rank world
+    w = lone_task_warning({"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2"}, 1)
+    assert w is not None and "srun started 4 tasks" in w and "task 2" in w \
+        and "--mpi=pmi2" in w, w
+
+
+def test_srun_with_the_wrong_pmi_plugin_warns(slurm):
+    # --mpi=none: Slurm gives MPICH no PMI, so each task is a world of one process
+    r = run(slurm, "srun --mpi=none -n 2 python -c 'import sbpmpi'")
+    assert r.stderr.count("srun started 2 tasks, but MPI sees a world of 1") == 2, r.stderr
+    r = run(slurm, "srun -n 2 python -c 'import sbpmpi'")  # the cluster's pmi2 default
+    assert "MPI sees a world of 1" not in r.stderr, r.stderr
+
+
 def test_launch_inside_an_allocation_uses_srun(slurm):
     # each rank reports the Slurm job step it runs in: a batch script has none, processes
     # started by srun (here: MPICH's mpiexec starting its proxies with srun) have one
