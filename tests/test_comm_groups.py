@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import checker, data
+from comm_helpers import data
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -14,10 +14,6 @@ from sbpmpi.comm import ReduceOp
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 
-
-@pytest.fixture
-def chk():
-    yield from checker()
 
 
 def run_group_calls(chk, g, tag: str) -> None:
