@@ -103,3 +103,142 @@ def checker() -> Iterator[Checker]:
     c = Checker()
     yield c
     c.close()
+
+
+# ----------------------------------------------------------------------------- every backend
+# Every comm call on arrays made by ``mk`` (NumPy -> backend), read back by ``host``; ``aware``
+# is the forced CUDA-awareness (None for NumPy arrays). The conftest ``array_backend`` fixture
+# supplies (mk, host, aware) for NumPy, the fake CUDA array and CuPy.
+
+
+def run_collectives(chk, mk, host, aware: bool | None, n: int = 5, ipc: bool = False) -> None:
+    """The fixed-size collectives. ``ipc``: they go over CUDA IPC (never staged), not MPI."""
+    import sbpmpi as sm
+    from sbpmpi import comm as C
+
+    rank = world.Get_rank()
+    p = world.Get_size()
+    allx = [data(r, n, np.float32, 1) for r in range(p)]
+    with sm.trace() as t:
+        x = mk(allx[rank])
+        C.all_reduce(x)
+    chk.same(host(x), sum(allx), "all_reduce")
+    dev = "cpu" if aware is None else "cuda"
+    chk.true(t[0].device == dev and t[0].staged == (aware is False and not ipc), f"trace {t[0]}")
+    for op in ReduceOp:
+        x = mk(allx[rank])
+        C.all_reduce(x, op=op)
+        want = {ReduceOp.SUM: sum(allx), ReduceOp.PROD: np.prod(allx, axis=0),
+                ReduceOp.MAX: np.max(allx, axis=0), ReduceOp.MIN: np.min(allx, axis=0),
+                ReduceOp.AVG: np.add.reduce(np.stack(allx), axis=0) / np.float32(p)}[op]
+        chk.same(host(x), want, f"all_reduce {op}")
+    h16 = [data(r, n, np.float16, 2) for r in range(p)]
+    with sm.trace() as t:
+        x = mk(h16[rank])
+        C.all_reduce(x)  # a user-defined MPI op: staged even when aware
+    chk.same(host(x), np.add.reduce(np.stack(h16), axis=0, dtype=np.float16), "float16 sum")
+    chk.true(t[0].staged == (aware is not None and not ipc),
+             "float16 reductions: host memory on MPI, device on IPC")
+    x = mk(allx[rank])
+    C.broadcast(x, src=p - 1)
+    chk.same(host(x), allx[p - 1], "broadcast")
+    x = mk(allx[rank])
+    C.reduce(x, dst=0, op=ReduceOp.MAX)
+    chk.same(host(x), np.max(allx, axis=0) if rank == 0 else allx[rank], "reduce")
+    out = mk(np.zeros((p, n), np.float32))
+    C.all_gather(out, mk(allx[rank]))
+    chk.same(host(out), np.stack(allx), "all_gather")
+    outl = [mk(np.zeros(n, np.float32)) for _ in range(p)]
+    C.all_gather(outl, mk(allx[rank]))
+    chk.same(np.stack([host(o) for o in outl]), np.stack(allx), "all_gather list")
+    out = mk(np.zeros((p, n), np.float32)) if rank == 0 else None
+    C.gather(mk(allx[rank]), out, dst=0)
+    if rank == 0:
+        chk.same(host(out), np.stack(allx), "gather")
+    big = [data(r, p * n, np.float32, 3) for r in range(p)]
+    x = mk(np.zeros(n, np.float32))
+    C.scatter(x, mk(big[0]) if rank == 0 else None, src=0)
+    chk.same(host(x), big[0][rank * n:(rank + 1) * n], "scatter")
+    C.scatter(x, [mk(big[0][i * n:(i + 1) * n]) for i in range(p)] if rank == 0 else None)
+    chk.same(host(x), big[0][rank * n:(rank + 1) * n], "scatter list")
+    C.reduce_scatter(x, mk(big[rank]), op=ReduceOp.AVG)
+    chk.same(host(x), (np.add.reduce(np.stack(big), axis=0) / np.float32(p))[rank * n:(rank + 1) * n],
+             "reduce_scatter avg")
+    out = mk(np.zeros(p * n, np.float32))
+    C.all_to_all(out, mk(big[rank]))
+    chk.same(host(out), np.concatenate([b[rank * n:(rank + 1) * n] for b in big]), "all_to_all")
+
+
+def run_vcollectives(chk, mk, host) -> None:
+    """The v-collectives with uneven counts (some zero) and with gaps between blocks."""
+    from sbpmpi import comm as C
+
+    rank, p = world.Get_rank(), world.Get_size()
+    counts = [r % 3 for r in range(p)]
+    v = [data(r, counts[r], np.float64, 4) for r in range(p)]
+    out = mk(np.zeros(sum(counts)))
+    C.all_gather_v(out, mk(v[rank]), counts)
+    chk.same(host(out), np.concatenate(v), "all_gather_v")
+    # with gaps between the blocks: the gaps keep their values
+    gd = [sum(counts[:r]) + 2 * r + 1 for r in range(p)]
+    filler = np.full(sum(counts) + 2 * p + 1, -7.0)
+    out = mk(filler)
+    C.all_gather_v(out, mk(v[rank]), counts, gd)
+    want = filler.copy()
+    for r in range(p):
+        want[gd[r]:gd[r] + counts[r]] = v[r]
+    chk.same(host(out), want, "all_gather_v with gaps")
+    out = mk(filler) if rank == 0 else None
+    C.gather_v(mk(v[rank]), out, counts, gd, dst=0)
+    if rank == 0:
+        chk.same(host(out), want, "gather_v with gaps")
+    out = mk(np.zeros(sum(counts))) if rank == 0 else None
+    C.gather_v(mk(v[rank]), out, counts, dst=0)
+    if rank == 0:
+        chk.same(host(out), np.concatenate(v), "gather_v")
+    x = mk(np.zeros(counts[rank]))
+    C.scatter_v(x, mk(np.concatenate(v)) if rank == 0 else None, counts, src=0)
+    chk.same(host(x), v[rank], "scatter_v")
+    tot = [data(r, sum(counts), np.float64, 5) for r in range(p)]
+    x = mk(np.zeros(counts[rank]))
+    C.reduce_scatter_v(x, mk(tot[rank]), counts)
+    off = sum(counts[:rank])
+    chk.same(host(x), sum(tot)[off:off + counts[rank]], "reduce_scatter_v")
+    sc = [[(i + j) % 2 + 1 for j in range(p)] for i in range(p)]
+    ins = [data(i, sum(sc[i]), np.int16, 6) for i in range(p)]
+    oc = [sc[i][rank] for i in range(p)]
+    out = mk(np.zeros(sum(oc), np.int16))
+    C.all_to_all_v(out, oc, mk(ins[rank]), sc[rank])
+    chk.same(host(out), np.concatenate([ins[i][sum(sc[i][:rank]):sum(sc[i][:rank + 1])]
+                                        for i in range(p)]), "all_to_all_v")
+
+
+def run_p2p(chk, mk, host, n: int = 5) -> None:
+    """A ring of isend/irecv, and of blocking send/recv where there are two ranks or more."""
+    from sbpmpi import comm as C
+
+    rank, p = world.Get_rank(), world.Get_size()
+    allx = [data(r, n, np.float32, 1) for r in range(p)]
+    # point to point ring
+    nxt, prv = (rank + 1) % p, (rank - 1) % p
+    got = mk(np.zeros(n, np.float32))
+    w = C.irecv(got, src=prv, tag=4)
+    C.isend(mk(allx[rank]), dst=nxt, tag=4).wait()
+    w.wait()
+    chk.same(host(got), allx[prv], "isend/irecv")
+    if p > 1:
+        got = mk(np.zeros(n, np.float32))
+        if rank % 2 == 0:
+            C.send(mk(allx[rank]), dst=nxt)
+            C.recv(got, src=prv)
+        else:
+            C.recv(got, src=prv)
+            C.send(mk(allx[rank]), dst=nxt)
+        chk.same(host(got), allx[prv], "send/recv")
+
+
+def run_all(chk, mk, host, aware: bool | None, n: int = 5, ipc: bool = False) -> None:
+    """Every call: collectives, v-collectives, point-to-point."""
+    run_collectives(chk, mk, host, aware, n, ipc)
+    run_vcollectives(chk, mk, host)
+    run_p2p(chk, mk, host, n)

@@ -71,3 +71,73 @@ def errors_of(fn) -> tuple[str, str]:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# ----------------------------------------------------------------------------- comm tests
+# One array-backend fixture for every comm test that runs over backends: NumPy, the fake
+# CUDA array (host memory behind ``__cuda_array_interface__``; handed to MPI directly when
+# the MPI is taken as CUDA-aware, staged through pinned buffers when not), and CuPy where
+# CuPy sees a GPU (skipped with the reason otherwise).
+
+ARRAY_BACKENDS = ["numpy", "fake_cuda-aware", "fake_cuda-staged", "cupy-aware", "cupy-staged"]
+
+
+class ArrayBackend:
+    """How a test makes arrays of one backend (``mk``: NumPy -> backend) and reads them back
+    (``host``: backend -> NumPy). ``aware`` is the forced CUDA-awareness (None for NumPy)."""
+
+    def __init__(self, name: str, aware: bool | None, mk, host) -> None:
+        self.name, self.aware, self.mk, self.host = name, aware, mk, host
+
+    @property
+    def is_device(self) -> bool:
+        return self.aware is not None
+
+    def zeros(self, shape, dtype=np.float64):
+        return self.mk(np.zeros(shape, dtype))
+
+    def __repr__(self) -> str:
+        return f"ArrayBackend({self.name})"
+
+
+@pytest.fixture(params=ARRAY_BACKENDS)
+def array_backend(request: pytest.FixtureRequest):
+    """The comm tests' one array-backend fixture (see ARRAY_BACKENDS)."""
+    from sbpmpi import comm as C
+
+    kind, _, mode = request.param.partition("-")
+    if kind == "numpy":
+        yield ArrayBackend("numpy", None, lambda a: np.array(a, copy=True), np.asarray)
+        return
+    aware = mode == "aware"
+    if kind == "fake_cuda":
+        from fake_cuda import FakeCudaArray
+
+        be = ArrayBackend(request.param, aware, FakeCudaArray.from_numpy, lambda a: a.get())
+    else:
+        if not backend.cupy_available():
+            pytest.skip("no CuPy / no GPU")
+        if aware:
+            from sbpmpi.comm import cuda_aware
+
+            lib = cuda_aware.detect()  # what the library says, not the forced choice
+            if not lib.aware:
+                pytest.skip(f"the MPI library is not CUDA-aware ({lib.reason}): handing it "
+                            "device pointers would crash; the staged case covers this MPI")
+        import cupy as cp
+
+        backend.bind_device()
+        be = ArrayBackend(request.param, aware, cp.asarray, cp.asnumpy)
+    C.set_cuda_aware(aware)
+    try:
+        yield be
+    finally:
+        C.set_cuda_aware(None)
+
+
+@pytest.fixture
+def chk():
+    """A comm_helpers.Checker: comparisons collected, raised on every rank at teardown."""
+    from comm_helpers import checker
+
+    yield from checker()

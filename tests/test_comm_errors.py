@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import checker
 from mpi4py import MPI
 
 from sbpmpi import comm as C
@@ -19,10 +18,6 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture
-def chk():
-    yield from checker()
 
 
 def in_step() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import checker, data
+from comm_helpers import data
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -15,70 +15,72 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 
 
-@pytest.fixture
-def chk():
-    yield from checker()
 
+def run_group_calls(chk, g, tag: str, be=None) -> None:
+    """Every collective on group ``g``, checked against NumPy over the group's world ranks.
 
-def run_group_calls(chk, g, tag: str) -> None:
-    """Every collective on group ``g``, checked against NumPy over the group's world ranks."""
+    ``be``: the conftest ArrayBackend whose arrays the calls get (NumPy when None).
+    """
+    mk = be.mk if be is not None else (lambda a: np.array(a, copy=True))
+    host = be.host if be is not None else np.asarray
     ranks, p, me = list(g.ranks), g.size, g.rank
     assert me == ranks.index(rank)
     n = 3
     allx = {r: data(r, n, np.float64, 1) for r in ranks}
-    x = allx[rank].copy()
+    x = mk(allx[rank])
     C.all_reduce(x, group=g)
-    chk.same(x, sum(allx[r] for r in ranks), f"{tag} all_reduce")
-    x = allx[rank].copy()
+    chk.same(host(x), sum(allx[r] for r in ranks), f"{tag} all_reduce")
+    x = mk(allx[rank])
     C.all_reduce(x, op=ReduceOp.MAX, group=g)
-    chk.same(x, np.max([allx[r] for r in ranks], axis=0), f"{tag} all_reduce max")
-    x = allx[rank].copy()
+    chk.same(host(x), np.max([allx[r] for r in ranks], axis=0), f"{tag} all_reduce max")
+    x = mk(allx[rank])
     C.broadcast(x, src=ranks[-1], group=g)
-    chk.same(x, allx[ranks[-1]], f"{tag} broadcast")
-    x = allx[rank].copy()
+    chk.same(host(x), allx[ranks[-1]], f"{tag} broadcast")
+    x = mk(allx[rank])
     C.reduce(x, dst=ranks[-1], op=ReduceOp.PROD, group=g)
-    chk.same(x, np.prod([allx[r] for r in ranks], axis=0) if rank == ranks[-1] else allx[rank],
-             f"{tag} reduce")
-    out = np.empty((p, n))
-    C.all_gather(out, allx[rank], group=g)
-    chk.same(out, np.stack([allx[r] for r in ranks]), f"{tag} all_gather (group order)")
-    out = np.empty((p, n)) if rank == ranks[0] else None
-    C.gather(allx[rank], out, dst=ranks[0], group=g)
+    chk.same(host(x), np.prod([allx[r] for r in ranks], axis=0) if rank == ranks[-1]
+             else allx[rank], f"{tag} reduce")
+    out = mk(np.zeros((p, n)))
+    C.all_gather(out, mk(allx[rank]), group=g)
+    chk.same(host(out), np.stack([allx[r] for r in ranks]), f"{tag} all_gather (group order)")
+    out = mk(np.zeros((p, n))) if rank == ranks[0] else None
+    C.gather(mk(allx[rank]), out, dst=ranks[0], group=g)
     if rank == ranks[0]:
-        chk.same(out, np.stack([allx[r] for r in ranks]), f"{tag} gather")
+        chk.same(host(out), np.stack([allx[r] for r in ranks]), f"{tag} gather")
     big = {r: data(r, p * n, np.float64, 2) for r in ranks}
-    x = np.empty(n)
-    C.scatter(x, big[ranks[0]] if rank == ranks[0] else None, src=ranks[0], group=g)
-    chk.same(x, big[ranks[0]][me * n:(me + 1) * n], f"{tag} scatter")
-    C.reduce_scatter(x, big[rank], group=g)
-    chk.same(x, sum(big[r] for r in ranks)[me * n:(me + 1) * n], f"{tag} reduce_scatter")
-    out = np.empty(p * n)
-    C.all_to_all(out, big[rank], group=g)
-    chk.same(out, np.concatenate([big[r][me * n:(me + 1) * n] for r in ranks]),
+    x = mk(np.zeros(n))
+    C.scatter(x, mk(big[ranks[0]]) if rank == ranks[0] else None, src=ranks[0], group=g)
+    chk.same(host(x), big[ranks[0]][me * n:(me + 1) * n], f"{tag} scatter")
+    C.reduce_scatter(x, mk(big[rank]), group=g)
+    chk.same(host(x), sum(big[r] for r in ranks)[me * n:(me + 1) * n], f"{tag} reduce_scatter")
+    out = mk(np.zeros(p * n))
+    C.all_to_all(out, mk(big[rank]), group=g)
+    chk.same(host(out), np.concatenate([big[r][me * n:(me + 1) * n] for r in ranks]),
              f"{tag} all_to_all")
     counts = [i + 1 for i in range(p)]
     v = {r: data(r, counts[i], np.int32, 3) for i, r in enumerate(ranks)}
-    out = np.empty(sum(counts), np.int32)
-    C.all_gather_v(out, v[rank], counts, group=g)
-    chk.same(out, np.concatenate([v[r] for r in ranks]), f"{tag} all_gather_v")
-    out = np.empty(counts[me], np.int64)
+    out = mk(np.zeros(sum(counts), np.int32))
+    C.all_gather_v(out, mk(v[rank]), counts, group=g)
+    chk.same(host(out), np.concatenate([v[r] for r in ranks]), f"{tag} all_gather_v")
+    out = mk(np.zeros(counts[me], np.int64))
     tot = {r: data(r, sum(counts), np.int64, 4) for r in ranks}
-    C.reduce_scatter_v(out, tot[rank], counts, group=g)
+    C.reduce_scatter_v(out, mk(tot[rank]), counts, group=g)
     off = sum(counts[:me])
-    chk.same(out, sum(tot[r] for r in ranks)[off:off + counts[me]], f"{tag} reduce_scatter_v")
+    chk.same(host(out), sum(tot[r] for r in ranks)[off:off + counts[me]],
+             f"{tag} reduce_scatter_v")
     # ring inside the group; peers are world ranks
     nxt, prv = ranks[(me + 1) % p], ranks[(me - 1) % p]
-    got = np.empty(n)
+    got = mk(np.zeros(n))
     w = C.irecv(got, src=prv, tag=1, group=g)
-    C.isend(allx[rank], dst=nxt, tag=1, group=g).wait()
+    C.isend(mk(allx[rank]), dst=nxt, tag=1, group=g).wait()
     w.wait()
-    chk.same(got, allx[prv], f"{tag} isend/irecv ring")
+    chk.same(host(got), allx[prv], f"{tag} isend/irecv ring")
     chk.true(w.source == prv, f"{tag} irecv source {w.source} != {prv}")
     C.barrier(group=g)
 
 
 @pytest.mark.mpi(min_size=4)
-def test_mesh_2x2_sub_communicators(chk):
+def test_mesh_2x2_sub_communicators(chk, array_backend):
     for mesh in ([[0, 1], [2, 3]], [[3, 1], [2, 0]]):
         pl = sm.placement("cpu", mesh)
         gs = C.mesh_groups(pl)
@@ -93,7 +95,7 @@ def test_mesh_2x2_sub_communicators(chk):
         assert all(g.size == 2 and g.comm is not None for g in gs)
         comm_ids = [id(g.comm) for g in gs]
         for axis, g in enumerate(gs):
-            run_group_calls(chk, g, f"mesh {mesh} axis {axis}")
+            run_group_calls(chk, g, f"mesh {mesh} axis {axis}", array_backend)
         # built once: the same communicators on later calls
         assert [id(g.comm) for g in C.mesh_groups(pl)] == comm_ids
         # an all_reduce along axis 1, then axis 0, sums the whole mesh
@@ -107,12 +109,12 @@ def test_mesh_2x2_sub_communicators(chk):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_world_and_reordered_groups(chk):
-    run_group_calls(chk, C.WORLD, "WORLD")
+def test_world_and_reordered_groups(chk, array_backend):
+    run_group_calls(chk, C.WORLD, "WORLD", array_backend)
     g = C.new_group(list(range(size))[::-1])
     assert C.new_group(list(range(size))[::-1]) is g
     assert C.new_group() is C.WORLD and C.new_group(range(size)) is C.WORLD
-    run_group_calls(chk, g, "reversed")
+    run_group_calls(chk, g, "reversed", array_backend)
     pl = sm.placement("cpu", list(range(size)))
     assert C.placement_group(pl) is C.WORLD
     (g1,) = C.mesh_groups(pl)
@@ -120,11 +122,11 @@ def test_world_and_reordered_groups(chk):
 
 
 @pytest.mark.mpi(min_size=3)
-def test_subset_group(chk):
+def test_subset_group(chk, array_backend):
     ranks = [size - 1, 0]
     g = C.new_group(ranks)
     if rank in ranks:
-        run_group_calls(chk, g, "subset")
+        run_group_calls(chk, g, "subset", array_backend)
     else:
         assert g.comm is None and g.rank == -1 and not g.is_member()
     C.barrier()

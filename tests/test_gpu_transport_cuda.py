@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import checker, data
+from comm_helpers import checker, data, run_all
 from mpi4py import MPI
-from test_comm_cuda import run_all
 
 from sbpmpi import backend
 from sbpmpi import comm as C

@@ -1,4 +1,5 @@
-"""sbpmpi.comm buffer calls under MPI: scenario S12, every op x ReduceOp x dtype, sizes.
+"""sbpmpi.comm collectives (fixed-size blocks) under MPI: S12, every op x ReduceOp x dtype, sizes,
+non-contiguous buffers, staging, and every collective on every array backend.
 
 Every rank's input is a deterministic function of its rank, so each rank can build
 all inputs and compute the expected result with NumPy; a wrong order or a missing
@@ -11,43 +12,17 @@ import os
 
 import numpy as np
 import pytest
-from comm_helpers import NUMERIC, OPAQUE, checker, data, reduction_ok, reference
+from comm_helpers import NUMERIC, OPAQUE, data, reduction_ok, reference, run_collectives
+from fake_cuda import FakeCudaArray
 from mpi4py import MPI
 
-import sbpmpi as sm
+from sbpmpi import backend
 from sbpmpi import comm as C
 from sbpmpi.comm import ReduceOp
+from sbpmpi.comm.buffers import POOL
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-
-
-@pytest.fixture
-def chk():
-    yield from checker()
-
-# ----------------------------------------------------------------------------- S12
-
-
-@pytest.mark.mpi(min_size=2)
-def test_s12_send_recv(chk):
-    if rank == 0:
-        C.send(np.array([1.0]), dst=1)
-    elif rank == 1:
-        x = np.zeros(1)
-        chk.true(C.recv(x, src=0) == 0, "recv returns the sender")
-        chk.same(x, np.array([1.0]))
-    # non-blocking: the receive buffer holds the value after wait()
-    if rank == 0:
-        w = C.isend(np.array([1.0]), dst=1)
-        chk.true(w.wait() is True and w.test(), "isend wait/test")
-    elif rank == 1:
-        x = np.zeros(1)
-        w = C.irecv(x, src=0)
-        w.wait()
-        chk.true(w.source == 0 and w.is_completed(), "irecv source/is_completed")
-        chk.same(x, np.array([1.0]))
-    C.barrier()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -102,9 +77,6 @@ def test_s12_reduce_scatter(chk):
     chk.same(x, np.array([float(size * rank)]))
     if size == 2:
         chk.true(x[0] == (0.0 if rank == 0 else 2.0), "tutorial value")
-
-
-# ----------------------------------------------------------------------------- reductions
 
 
 @pytest.mark.mpi(min_size=1)
@@ -175,9 +147,6 @@ def test_bool_reductions_are_logical(chk):
         chk.same(y, want, str(op))
 
 
-# ----------------------------------------------------------------------------- data movement
-
-
 def _movement_cases(chk, dt, n, seed=0):
     """Run every data-movement call on dtype ``dt`` with ``n`` elements per rank."""
     dt = np.dtype(dt)
@@ -219,49 +188,10 @@ def _movement_cases(chk, dt, n, seed=0):
     chk.same(np.concatenate(outl), want, f"all_to_all list {dt}")
 
 
-def _v_cases(chk, dt, seed=0):
-    """The v-variants with uneven counts (rank r contributes r % 3 + k elements)."""
-    dt = np.dtype(dt)
-    counts = [(r % 3) + (1 if r == 0 else 0) for r in range(size)]  # includes zeros
-    allx = [data(r, counts[r], dt, seed) for r in range(size)]
-    flat = np.concatenate(allx)
-    # all_gather_v packed, and with gaps (displs)
-    out = np.empty(sum(counts), dtype=dt)
-    C.all_gather_v(out, allx[rank], counts)
-    chk.same(out, flat, f"all_gather_v {dt}")
-    displs = [sum(counts[:r]) + 2 * r for r in range(size)]
-    out = np.zeros(sum(counts) + 2 * size, dtype=dt)
-    C.all_gather_v(out, allx[rank], counts, displs)
-    for r in range(size):
-        chk.same(out[displs[r]:displs[r] + counts[r]], allx[r], f"all_gather_v displs {dt}")
-    # gather_v to the last rank
-    dst = size - 1
-    out = np.empty(sum(counts), dtype=dt) if rank == dst else None
-    C.gather_v(allx[rank], out, counts, dst=dst)
-    if rank == dst:
-        chk.same(out, flat, f"gather_v {dt}")
-    # scatter_v from rank 0: rank r gets its block
-    src_data = data(0, sum(counts), dt, seed + 5)
-    x = np.empty(counts[rank], dtype=dt)
-    C.scatter_v(x, src_data if rank == 0 else None, counts, src=0)
-    off = sum(counts[:rank])
-    chk.same(x, src_data[off:off + counts[rank]], f"scatter_v {dt}")
-    # all_to_all_v: rank i sends (i + j) % 3 elements to rank j
-    sc = [[(i + j) % 3 for j in range(size)] for i in range(size)]
-    ins = [data(i, sum(sc[i]), dt, seed + 9) for i in range(size)]
-    out_counts = [sc[i][rank] for i in range(size)]
-    out = np.empty(sum(out_counts), dtype=dt)
-    C.all_to_all_v(out, out_counts, ins[rank], sc[rank])
-    want = np.concatenate([ins[i][sum(sc[i][:rank]):sum(sc[i][:rank + 1])]
-                           for i in range(size)])
-    chk.same(out, want, f"all_to_all_v {dt}")
-
-
 @pytest.mark.mpi(min_size=1)
 def test_movement_every_dtype(chk):
     for dt in NUMERIC + OPAQUE:
         _movement_cases(chk, dt, 3)
-        _v_cases(chk, dt)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -325,65 +255,6 @@ def test_non_contiguous_inputs_are_copied(chk):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_point_to_point_ring_every_dtype(chk):
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    for i, dt in enumerate(NUMERIC + OPAQUE):
-        mine = data(rank, 5, dt)
-        got = np.empty(5, dtype=np.dtype(dt))
-        rq = C.irecv(got, src=prv, tag=i)
-        sq = C.isend(mine, dst=nxt, tag=i)
-        sq.wait()
-        while not rq.test():
-            pass
-        chk.same(got, data(prv, 5, dt), f"ring {np.dtype(dt)}")
-    # blocking: even ranks send first (no deadlock for any size)
-    x = np.arange(6.0)[::2] * (rank + 1)  # non-contiguous send buffer
-    y = np.empty(3)
-    if rank % 2 == 0:
-        if nxt != rank:
-            C.send(x, dst=nxt, tag=3)
-        if prv != rank:
-            C.recv(y, src=prv, tag=3)
-    else:
-        C.recv(y, src=prv, tag=3)
-        C.send(x, dst=nxt, tag=3)
-    chk.same(y, np.arange(6.0)[::2] * (prv + 1))
-    # receive from any source
-    if rank == 0:
-        z = np.empty(1)
-        senders = sorted(C.recv(z, tag=9) for _ in range(size - 1))
-        chk.true(senders == list(range(1, size)), f"senders {senders}")
-    else:
-        C.send(np.array([float(rank)]), dst=0, tag=9)
-
-
-@pytest.mark.mpi(min_size=1)
-def test_isend_irecv_to_self(chk):
-    x = np.zeros(4)
-    r = C.irecv(x, src=rank, tag=5)
-    s = C.isend(np.arange(4.0) + rank, dst=rank, tag=5)
-    s.wait()
-    r.wait()
-    chk.same(x, np.arange(4.0) + rank)
-
-
-@pytest.mark.mpi(min_size=1)
-def test_barrier_and_objects(chk):
-    C.barrier()
-    assert C.all_gather_object({"r": rank}) == [{"r": r} for r in range(size)]
-    assert C.broadcast_object(("x", rank), src=size - 1) == ("x", size - 1)
-    assert C.all_agree(True) is True
-    assert C.all_agree(rank != size - 1) is False
-
-
-@pytest.mark.mpi(min_size=1)
-def test_sm_comm_namespace(chk):
-    assert sm.comm is C
-    for name in C.__all__:
-        assert hasattr(C, name), name
-
-
-@pytest.mark.mpi(min_size=2)
 @pytest.mark.skipif(not os.environ.get("SBPMPI_TEST_LARGE"),
                     reason="needs ~5 GiB per rank; set SBPMPI_TEST_LARGE=1")
 def test_large_count_over_2_31_elements(chk):
@@ -404,3 +275,63 @@ def test_large_count_over_2_31_elements(chk):
     elif rank == 0:
         C.recv(x, src=1, tag=2)
         chk.true(x[-1] == 99 and x[-16] == 7, "send/recv of 2**31 + 16 elements")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(120)
+def test_every_collective_on_every_backend(chk, array_backend):
+    be = array_backend
+    if be.is_device:
+        assert C.is_cuda_aware() is be.aware
+    assert backend.is_device_array(be.mk(np.zeros(1))) is be.is_device
+    run_collectives(chk, be.mk, be.host, be.aware)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sizes_non_contiguous_and_mixed_on_every_backend(chk, array_backend):
+    dev, host = array_backend.mk, array_backend.host
+    for n in (0, 1, (2 << 20) // 8):
+        x = dev(np.full(n, rank + 1.0))
+        C.all_reduce(x)
+        chk.same(host(x), np.full(n, size * (size + 1) / 2), f"all_reduce n={n}")
+    # a non-contiguous device input is copied; a non-contiguous device output is refused
+    base = dev(np.arange(12.0).reshape(3, 4) + rank)
+    nc = base[:, ::2]
+    out = dev(np.zeros((size, 3, 2)))
+    C.all_gather(out, nc)
+    chk.same(host(out), np.stack([(np.arange(12.0).reshape(3, 4) + r)[:, ::2]
+                                  for r in range(size)]), "non-contiguous device input")
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        C.all_reduce(nc)
+    # host input, device output and the other way round
+    out = dev(np.zeros(size))
+    C.all_gather(out, np.array([float(rank)]))
+    chk.same(host(out), np.arange(float(size)), "host in, device out")
+    out = np.zeros(size)
+    C.all_gather(out, dev(np.array([float(rank)])))
+    chk.same(out, np.arange(float(size)), "device in, host out")
+    # a non-contiguous input made by slicing a backend array (CuPy, the fake CUDA array, NumPy)
+    out = dev(np.zeros(4 * size))
+    C.all_gather(out, dev(np.arange(8.0) + rank)[::2])
+    chk.same(host(out), np.concatenate([np.arange(8.0)[::2] + r for r in range(size)]),
+             "non-contiguous input sliced from a backend array")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(120)
+def test_staging_buffers_are_reused(chk):
+    C.set_cuda_aware(False)
+    try:
+        x = FakeCudaArray.from_numpy(np.ones(1000))
+        C.all_reduce(x)  # warm the pool for this size
+        allocs, reuses = POOL.allocations, POOL.reuses
+        for _ in range(5):
+            x = FakeCudaArray.from_numpy(np.ones(1000))
+            C.all_reduce(x)
+            chk.same(x.get(), np.full(1000, float(size)), "staged all_reduce")
+        chk.true(POOL.allocations == allocs, "no new pinned buffers for repeated calls")
+        chk.true(POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
+        info = C.info()
+        chk.true(info["cuda_aware"] is False and "pinned" in info["staging"], str(info))
+    finally:
+        C.set_cuda_aware(None)
