@@ -43,9 +43,9 @@ from . import backend, consistency
 from .comm import file_io
 from .env import get_rank
 from .errors import CheckpointError
-from .identity import identity_value
 from .layout import Layout
 from .placement import Placement
+from .reduction import identity_value
 from .sbp import SBP, Broadcast, NdSbp, Partial, Split
 from .tensor import GlobalTensor
 

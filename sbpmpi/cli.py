@@ -71,35 +71,22 @@ def _rank_info() -> dict[str, Any]:
 def _comm_info() -> dict[str, Any]:
     from . import comm
 
-    fn = getattr(comm, "info", None)
-    if fn is None:
-        return {"note": "sbpmpi.comm.info() is not available in this build"}
     try:
-        out = fn()
-        return dict(out) if isinstance(out, dict) else {"info": str(out)}
+        return dict(comm.info())
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _cost_table(calibrate: bool) -> str:
     """The boxing cost table as text (``calibrate`` measures it now: collective)."""
+    from . import boxing
+
+    if calibrate:
+        return str(boxing.calibrate())
     try:
-        bx = importlib.import_module("sbpmpi.boxing")
+        return str(boxing.get_cost_table())
     except Exception as e:
-        return f"(sbpmpi.boxing failed to import: {type(e).__name__}: {e})"
-    if calibrate and hasattr(bx, "calibrate"):
-        table = bx.calibrate()
-        return str(table)
-    for name in ("cost_table", "get_cost_table", "current_cost_table"):
-        obj = getattr(bx, name, None)
-        if obj is None:
-            continue
-        try:
-            table = obj() if callable(obj) else obj
-        except Exception as e:
-            return f"(boxing.{name}() failed: {type(e).__name__}: {e})"
-        return str(table)
-    return "(this build of sbpmpi.boxing has no cost table)"
+        return f"(boxing.get_cost_table() failed: {type(e).__name__}: {e})"
 
 
 def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
@@ -305,11 +292,8 @@ def bench(argv: Sequence[str] = ()) -> int:
         if v < (0 if name == "warmup" else 1):
             ap.error(f"--{name.replace('_', '-')} must be "
                      f"{'>= 0' if name == 'warmup' else 'positive'}, got {v}")
-    try:
-        from .boxing import bench as boxing_bench
-    except ImportError as e:
-        print(f"sbpmpi bench: the boxing benchmark is not available: {e}", file=sys.stderr)
-        return 1
+    from .boxing import bench as boxing_bench
+
     try:
         extra = _bench_run_kwargs(boxing_bench.run, a.device)
     except ValueError as e:
@@ -346,8 +330,8 @@ def bench(argv: Sequence[str] = ()) -> int:
            "itemsize": dtype.itemsize, "mpi_library": _mpi_library_name(),
            "mpi": library_line(), "host": socket.gethostname(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "results": [_as_dict(boxing_bench, r) for r in results],
-           "overhead": [_as_dict(boxing_bench, r) for r in small]}
+           "results": [boxing_bench.as_dict(r) for r in results],
+           "overhead": [boxing_bench.as_dict(r) for r in small]}
     if a.device == "cuda":
         doc["gpu"] = _gpu_name()
     plotting = benchplot.have_matplotlib()
@@ -374,13 +358,6 @@ def _progress_kwargs(boxing_bench: Any, rank: int) -> dict[str, Any]:
     if "on_result" in inspect.signature(boxing_bench.run).parameters:
         return {"on_result": boxing_bench.printer(rank)}
     return {}
-
-
-def _as_dict(boxing_bench: Any, r: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    fn = getattr(boxing_bench, "as_dict", None)
-    return dict(fn(r)) if fn is not None else asdict(r)
 
 
 def _gpu_name() -> str:

@@ -15,14 +15,13 @@ import numpy as np
 from . import backend, comm
 from . import random as _random
 from .env import get_rank, get_world_size
-from .identity import identity_value
 from .layout import Layout
 from .placement import Placement
+from .reduction import identity_value
 from .sbp import SBP, Broadcast, Partial, Split
 from .tensor import GlobalTensor
 
-__all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global",
-           "empty_like_layout"]
+__all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global"]
 
 _DEFAULT_FLOAT = np.float32
 
@@ -86,13 +85,6 @@ def check_device_available(placement: Placement) -> None:
         raise RuntimeError(
             f"placement type 'cuda' needs CuPy and a GPU on every rank ({placement!r}): install "
             "sbpmpi[cuda12] or sbpmpi[cuda13] and run on GPU nodes, or use placement type 'cpu'")
-
-
-def empty_like_layout(layout: Layout, dtype: Any) -> Any:
-    """An uninitialised shard for this rank under ``layout``."""
-    me = get_rank()
-    xp = backend.get_xp(layout.placement.type) if me in layout.placement else np
-    return xp.empty(layout.local_shape(me), dtype=dtype)
 
 
 def _build(layout: Layout, dtype: np.dtype,

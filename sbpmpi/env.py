@@ -16,15 +16,9 @@ __all__ = [
     "get_world_size",
     "get_local_rank",
     "get_local_world_size",
-    "world_comm",
     "set_launcher_env",
     "lone_task_warning",
 ]
-
-
-def world_comm() -> MPI.Intracomm:
-    """Return the world communicator (``MPI.COMM_WORLD``)."""
-    return MPI.COMM_WORLD
 
 
 def get_rank() -> int:

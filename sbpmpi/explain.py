@@ -7,37 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .layout import Layout
 from .placement import Placement
 from .sbp import SBP
 from .tensor import GlobalTensor
 
-__all__ = ["explain", "ConversionSummary"]
-
-
-@dataclass(frozen=True, repr=False)
-class ConversionSummary:
-    """Source and target layouts of a conversion and its modelled cost.
-
-    Shown when the boxing package offers no ``explain_conversion``.
-    """
-
-    src: Layout
-    dst: Layout
-    itemsize: int
-    cost: float
-
-    def __str__(self) -> str:
-        if self.src == self.dst:
-            return f"no conversion: {self.src} already has the requested layout"
-        return (f"convert {self.src}\n     to {self.dst}\n"
-                f"modelled cost {self.cost * 1e6:.3g}us (boxing.conversion_cost, "
-                f"{self.itemsize}-byte items)")
-
-    __repr__ = __str__
+__all__ = ["explain"]
 
 
 def explain(op: Any, *args: Any, placement: Placement | None = None,
@@ -81,18 +57,4 @@ def _conversion(x: GlobalTensor, placement: Placement | None,
                 sbp: SBP | Sequence[SBP] | None) -> Any:
     from . import boxing
 
-    fn = getattr(boxing, "explain_conversion", None)
-    if fn is not None:
-        return fn(x, placement=placement, sbp=sbp)
-    pl = x.placement if placement is None else placement
-    if not isinstance(pl, Placement):
-        raise TypeError(f"placement must be an sm.placement, got {type(pl).__name__}")
-    if sbp is None:
-        if pl.ndim != x.placement.ndim:
-            raise ValueError(f"sbp is required when the mesh changes from {x.placement.ndim}-d "
-                             f"to {pl.ndim}-d")
-        sbp = x.sbp
-    dst = Layout.make(x.shape, pl, sbp)
-    cost = 0.0 if dst == x.layout else float(
-        boxing.conversion_cost(x.layout, dst, x.dtype.itemsize, pl.type))
-    return ConversionSummary(x.layout, dst, x.dtype.itemsize, cost)
+    return boxing.explain_conversion(x, placement=placement, sbp=sbp)

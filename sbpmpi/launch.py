@@ -418,11 +418,9 @@ def _fail(kind: str, e: BaseException | None, code: int) -> None:
     rank, size = (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()) if up else (0, 1)
     if size <= 1:
         return  # nobody to wait for: Python reports the error and exits
-    try:
-        from . import abort as _abort
-    except ImportError:  # pragma: no cover - the reliability module is optional here
-        _abort = None  # type: ignore[assignment]
-    if _abort is not None and not _abort.enabled(size):
+    from . import abort as _abort
+
+    if not _abort.enabled(size):
         return
     if e is None:
         msg = f"sbpmpi: rank {rank}: {kind}\n"
@@ -430,12 +428,7 @@ def _fail(kind: str, e: BaseException | None, code: int) -> None:
         msg = (f"sbpmpi: rank {rank}: {kind} {type(e).__qualname__}: {e}\n"
                + "".join(traceback.format_exception(type(e), e, _user_traceback(e))))
     msg += f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort)\n"
-    if _abort is not None:
-        _abort.abort(msg, code)
-    sys.stdout.flush()
-    sys.stderr.write(msg)
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(code)
+    _abort.abort(msg, code)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .reduction import REDUCTIONS
+
 __all__ = [
     "SBP",
     "Split",
@@ -22,9 +24,6 @@ __all__ = [
     "partial_min",
     "NdSbp",
     "normalize_nd_sbp",
-    "is_split",
-    "is_partial",
-    "is_broadcast",
 ]
 
 
@@ -59,14 +58,14 @@ class Partial:
     op: str  # "sum" | "max" | "min"
 
     def __post_init__(self) -> None:
-        if self.op not in ("sum", "max", "min"):
+        if self.op not in tuple(REDUCTIONS):
             raise ValueError(f"partial op {self.op!r} is not one of 'sum', 'max', 'min'")
 
     def __repr__(self) -> str:
         return f"partial_{self.op}"
 
     def __str__(self) -> str:
-        return "P" if self.op == "sum" else f"P({self.op})"
+        return REDUCTIONS[self.op].display
 
 
 SBP = Split | Broadcast | Partial
@@ -83,18 +82,6 @@ def split(dim: int) -> Split:
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"split dim must be an int, got {type(dim).__name__} {dim!r}")
     return Split(int(dim))
-
-
-def is_split(s: SBP) -> bool:
-    return isinstance(s, Split)
-
-
-def is_broadcast(s: SBP) -> bool:
-    return isinstance(s, Broadcast)
-
-
-def is_partial(s: SBP) -> bool:
-    return isinstance(s, Partial)
 
 
 def normalize_nd_sbp(sbp: SBP | Sequence[SBP], mesh_ndim: int, tensor_ndim: int) -> NdSbp:

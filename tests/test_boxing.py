@@ -20,8 +20,8 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.boxing.plan import meaningful
 from sbpmpi.boxing.reference import assemble
-from sbpmpi.identity import identity_value
 from sbpmpi.layout import Layout
+from sbpmpi.reduction import identity_value
 from sbpmpi.sbp import Partial
 
 world = MPI.COMM_WORLD

@@ -17,9 +17,9 @@ import numpy as np
 from .. import comm
 from ..creation import check_device_available
 from ..env import get_rank, get_world_size
-from ..identity import identity_value
 from ..layout import Layout
 from ..placement import Placement
+from ..reduction import identity_value
 from ..sbp import SBP, Broadcast, Partial
 from ..tensor import GlobalTensor
 from .calibrate import calibrate

@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import backend, comm
 from ..comm.info import max_count
-from ..identity import identity_value
 from ..layout import Layout, balanced_range, empty_shape
+from ..reduction import REDUCTIONS, identity_value, reduction
 from ..sbp import Partial, Split
 from .plan import Box, Plan, Step, group_of
 from .schedule import is_contiguous_box, slots_of, transfer_schedule
@@ -33,7 +33,7 @@ TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
 MAX_COUNT: int | None = max_count()
 
-_REDUCE = {"sum": comm.ReduceOp.SUM, "max": comm.ReduceOp.MAX, "min": comm.ReduceOp.MIN}
+_REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
 Fn = Callable[[Any], Any]
 
@@ -399,7 +399,7 @@ def _send_recv(st: Step, me: int) -> Fn | None:
     ufunc = None
     if in2 and nslots > 1:
         assert red is not None
-        ufunc = {"sum": xp2.add, "max": xp2.maximum, "min": xp2.minimum}[red]
+        ufunc = reduction(red).ufunc_of(xp2)
     ndim = len(dst.shape)
 
     def run(a: Any) -> Any:

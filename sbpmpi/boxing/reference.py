@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..identity import identity_value
 from ..layout import Layout
+from ..reduction import identity_value, reduction
 from ..sbp import Broadcast, Partial, Split
 
 __all__ = ["assemble", "slice_for"]
@@ -18,7 +18,7 @@ __all__ = ["assemble", "slice_for"]
 
 def _reduce(xp: ModuleType, op: str, parts: list[Any]) -> Any:
     out = parts[0].copy()
-    f = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
+    f = reduction(op).ufunc_of(xp)
     for p in parts[1:]:
         if op == "sum" and out.dtype == bool:
             out = xp.logical_or(out, p)

@@ -41,26 +41,11 @@ from .call import OpCall
 from .exactness import exact, partners_finite, risky_partners, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
-__all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp", "partial_charge",
+__all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp",
            "TIE_RTOL", "choose", "clear_cache"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
-
-
-def _cost(src: Layout, dst: Layout, itemsize: int, device_type: str) -> float:
-    if src == dst:
-        return 0.0
-    from ..boxing import conversion_cost
-
-    return float(conversion_cost(src, dst, itemsize, device_type))
-
-
-def partial_charge(out: Layout, itemsize: int, device_type: str) -> float:
-    """Modelled cost of the reduction a partial output will need: its partial mesh axes to B."""
-    if not any(isinstance(s, Partial) for s in out.sbp):
-        return 0.0
-    return _cost(out, _reduced(out), itemsize, device_type)
 
 
 def _reduced(out: Layout) -> Layout:

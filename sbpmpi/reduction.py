@@ -1,0 +1,71 @@
+"""The reduction vocabulary of the partial layouts: one table, no MPI.
+
+Every place that needs to know what ``"sum"``, ``"max"`` or ``"min"`` means
+(its display name, its identity per dtype, its array ufunc, its collective op)
+reads it here. The collective op is named by the member name of
+:class:`sbpmpi.comm.ReduceOp` so this module stays free of MPI; ``comm``
+resolves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Reduction", "REDUCTIONS", "reduction", "identity_value"]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One partial kind: ``op(a, b)`` elementwise, associative and commutative."""
+
+    name: str        # "sum" | "max" | "min" (the ``Partial.op`` string)
+    display: str     # short form in layouts: "P", "P(max)", "P(min)"
+    ufunc: str       # name of the array-module ufunc (numpy/cupy): "add", "maximum", ...
+    reduce_op: str   # member name of sbpmpi.comm.ReduceOp: "SUM", "MAX", "MIN"
+    idempotent: bool  # op(x, x) == x (max, min): duplicates do not change the result
+
+    def ufunc_of(self, xp: ModuleType = np) -> Any:
+        """The elementwise ufunc of ``xp`` (numpy or cupy) that combines two operands."""
+        return getattr(xp, self.ufunc)
+
+    def identity(self, dtype: Any) -> Any:
+        """The value ``e`` with ``op(x, e) == x`` for every ``x`` of ``dtype``.
+
+        0 for sum; the lowest value of the dtype for max (-inf for floats); the
+        highest for min.
+        """
+        dt = np.dtype(dtype)
+        if self.name == "sum":
+            return dt.type(0)
+        if dt.kind == "b":
+            return np.bool_(self.name == "min")
+        if dt.kind in "iu":
+            info = np.iinfo(dt)
+            return dt.type(info.min if self.name == "max" else info.max)
+        if dt.kind == "f":
+            return dt.type(-np.inf if self.name == "max" else np.inf)
+        raise TypeError(f"partial_{self.name} is not defined for dtype {dt} (no ordering)")
+
+
+REDUCTIONS: dict[str, Reduction] = {
+    "sum": Reduction("sum", "P", "add", "SUM", idempotent=False),
+    "max": Reduction("max", "P(max)", "maximum", "MAX", idempotent=True),
+    "min": Reduction("min", "P(min)", "minimum", "MIN", idempotent=True),
+}
+
+
+def reduction(op: str) -> Reduction:
+    """The table row of ``op``; ValueError when it is not one of 'sum', 'max', 'min'."""
+    try:
+        return REDUCTIONS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"reduction {op!r} is not one of 'sum', 'max', 'min'") from None
+
+
+def identity_value(op: str, dtype: Any) -> Any:
+    """The identity of reduction ``op`` for ``dtype`` (see :meth:`Reduction.identity`)."""
+    return reduction(op).identity(dtype)
