@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import checker, data, run_all
+from comm_helpers import data, run_all
 from mpi4py import MPI
 
 from sbpmpi import backend
@@ -21,11 +21,6 @@ from sbpmpi.comm.gpu.ipc import IpcTransport
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 pytestmark = [pytest.mark.timeout(300), pytest.mark.mpi(min_size=1)]
-
-
-@pytest.fixture
-def chk():
-    yield from checker()
 
 
 @pytest.fixture

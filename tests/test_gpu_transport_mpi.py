@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from comm_helpers import UFUNC, checker, data, reduction_ok
+from comm_helpers import UFUNC, data, reduction_ok
 from fake_cuda import FakeCudaArray
 from fake_ipc import FakeIpcDevice
 from mpi4py import MPI
@@ -23,11 +23,6 @@ from sbpmpi.comm.gpu import route
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 pytestmark = [pytest.mark.timeout(120), pytest.mark.mpi(min_size=1)]
-
-
-@pytest.fixture
-def chk():
-    yield from checker()
 
 
 @pytest.fixture
