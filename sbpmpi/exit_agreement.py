@@ -26,6 +26,7 @@ while the program runs.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -164,9 +165,15 @@ def enter(kind: str, ranks: Sequence[int]) -> tuple[str, int]:
     Returns its key and number; every rank of a correct program numbers the calls of a
     group alike, so a finished peer's counts tell whether it took part in this call.
     """
-    key = f"{kind}:{','.join(map(str, ranks))}"
+    key = _key(kind, ranks if isinstance(ranks, tuple) else tuple(ranks))
     seq = _checks[key] = _checks.get(key, 0) + 1
     return key, seq
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(kind: str, ranks: tuple[int, ...]) -> str:
+    """The counter key of a group: built once per group, not on every call."""
+    return f"{kind}:{','.join(map(str, ranks))}"
 
 
 def cannot_meet(rank: int, key: str, seq: int, strict: bool = False) -> bool:
