@@ -39,14 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, consistency
+from . import backend
 from .comm import file_io
+from .core.layout import Layout
+from .core.placement import Placement
+from .core.reduction import identity_value
+from .core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 from .env import get_rank
 from .errors import CheckpointError
-from .layout import Layout
-from .placement import Placement
-from .reduction import identity_value
-from .sbp import SBP, Broadcast, NdSbp, Partial, Split
+from .safety import consistency
 from .tensor import GlobalTensor
 
 __all__ = ["save", "load", "save_state", "load_state", "read_header", "INDEX_NAME"]

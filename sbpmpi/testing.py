@@ -24,10 +24,19 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
+from .core.layout import Layout, balanced_range
+from .core.placement import Placement
+from .core.sbp import (
+    Broadcast,
+    NdSbp,
+    Partial,
+    Split,
+    broadcast,
+    partial_max,
+    partial_min,
+    partial_sum,
+)
 from .env import get_rank, get_world_size
-from .layout import Layout, balanced_range
-from .placement import Placement
-from .sbp import Broadcast, NdSbp, Partial, Split, broadcast, partial_max, partial_min, partial_sum
 from .tensor import GlobalTensor
 
 __all__ = ["Input", "CheckReport", "check_op", "check_grad", "numeric_grad",

@@ -19,8 +19,8 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend, checkpoint
+from sbpmpi.core.layout import Layout
 from sbpmpi.errors import CheckpointError
-from sbpmpi.layout import Layout
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import comm as C
-from sbpmpi import watchdog
 from sbpmpi.comm import call as call_mod
 from sbpmpi.comm import collectives, objects, p2p, vcollectives
+from sbpmpi.safety import watchdog
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -121,9 +121,9 @@ def test_calls_are_cached_per_group():
 
 
 def test_info_is_the_one_place_for_library_facts():
-    from sbpmpi.boxing import execute
     from sbpmpi.comm import cuda_aware
     from sbpmpi.comm.info import library_line, library_name, max_count
+    from sbpmpi.runtime import execute
 
     first = MPI.Get_library_version().strip().splitlines()[0].strip()
     assert library_line() == first

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import sbpmpi as sm
-from sbpmpi.layout import Layout, balanced_range, balanced_sizes
-from sbpmpi.sbp import broadcast, partial_max, partial_sum, split
+from sbpmpi.core.layout import Layout, balanced_range, balanced_sizes
+from sbpmpi.core.sbp import broadcast, partial_max, partial_sum, split
 
 SHAPES = [(0,), (1,), (5,), (4, 5), (3, 0), (2, 7), (7, 3, 2), (1, 1, 9)]
 MESHES = [(1,), (2,), (3,), (4,), (5,), (2, 2), (1, 3), (3, 2), (2, 2, 2)]

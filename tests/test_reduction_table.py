@@ -1,4 +1,4 @@
-"""The one reduction table (sbpmpi.reduction) agrees with the layouts and comm."""
+"""The one reduction table (sbpmpi.core.reduction) agrees with the layouts and comm."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sbpmpi import comm
-from sbpmpi.reduction import REDUCTIONS, identity_value, reduction
-from sbpmpi.sbp import Partial
+from sbpmpi.core.reduction import REDUCTIONS, identity_value, reduction
+from sbpmpi.core.sbp import Partial
 
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial, Split
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 
 __all__ = [
     "STEP_KINDS",

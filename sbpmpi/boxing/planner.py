@@ -16,17 +16,10 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial, Split
-from .cost import (
-    CostTable,
-    copy_seconds,
-    factor,
-    get_cost_table,
-    primitive_seconds,
-    step_seconds,
-)
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
+from .cost import DEFAULT_TABLE, CostTable, copy_seconds, factor, primitive_seconds, step_seconds
 from .plan import (
     AXIS_KINDS,
     Plan,
@@ -115,7 +108,7 @@ def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
     kind = transition_kind(src.sbp, src.placement.hierarchy, axis, to)
     if kind is None:
         return None
-    return _axis_step(kind, src, axis, to, itemsize, table or get_cost_table()).seconds
+    return _axis_step(kind, src, axis, to, itemsize, table or DEFAULT_TABLE).seconds
 
 
 def _cross_device(src: Layout, dst: Layout) -> str:
@@ -371,7 +364,7 @@ def candidate_plans(src: Layout, dst: Layout, itemsize: int,
     """
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize <= 0:
         raise ValueError(f"itemsize must be a positive int, got {itemsize!r}")
-    return _choice(src, dst, itemsize, table or get_cost_table())
+    return _choice(src, dst, itemsize, table or DEFAULT_TABLE)
 
 
 def plan_conversion(src: Layout, dst: Layout, itemsize: int,

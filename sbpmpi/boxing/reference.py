@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..layout import Layout
-from ..reduction import identity_value, reduction
-from ..sbp import Broadcast, Partial, Split
+from ..core.layout import Layout
+from ..core.reduction import identity_value, reduction
+from ..core.sbp import Broadcast, Partial, Split
 
 __all__ = ["assemble", "slice_for"]
 

@@ -33,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve

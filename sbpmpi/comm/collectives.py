@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .call import Call, average, call, host_only

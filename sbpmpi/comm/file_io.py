@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import watchdog
+from ..safety import watchdog
 from .group import WORLD, Group
 
 __all__ = ["write_blocks", "read_blocks"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from .call import call
 from .group import Group, root_rank
 from .tracing import ACTIVE

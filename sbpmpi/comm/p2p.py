@@ -10,7 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
 from .call import Call, call
 from .dtypes import dtype_info

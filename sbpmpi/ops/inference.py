@@ -31,10 +31,13 @@ import numpy as np
 
 from .. import backend
 from ..autograd.tape import record_op
+from ..boxing.plan import meaningful
+from ..boxing.planner import axis_change_seconds, send_recv_step
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial
 from ..env import get_rank
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial
+from ..runtime import conversion_cost, cost_table, redistribute
 from ..tensor import GlobalTensor
 from . import dispatch
 from .call import OpCall
@@ -56,7 +59,7 @@ def _reduced(out: Layout) -> Layout:
 _COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
-_table: list[Any] = [None]  # the cost table the caches were filled under
+_table: list[Any] = [None]  # the cost-table version the caches were filled under
 
 
 def clear_cache() -> None:
@@ -66,19 +69,12 @@ def clear_cache() -> None:
     dispatch.clear()
 
 
-_get_table: list[Callable[[], Any]] = []  # boxing.get_cost_table, bound on first use
-
-
 def _check_table() -> None:
-    """Clear the caches when the boxing cost table in use is another object than before."""
-    if not _get_table:
-        from ..boxing import get_cost_table
-
-        _get_table.append(get_cost_table)
-    table = _get_table[0]()
-    if table is not _table[0]:
+    """Clear the caches when the cost table in use has changed (a new version)."""
+    v = cost_table.version()
+    if v != _table[0]:
         clear_cache()
-        _table[0] = table  # held, so its id cannot be reused by a new table
+        _table[0] = v
 
 
 class _Costs:
@@ -86,8 +82,6 @@ class _Costs:
     share many); the memo is cleared when the cost table changes."""
 
     def __init__(self, device_type: str) -> None:
-        from ..boxing import conversion_cost
-
         self._f = conversion_cost
         self._dt = device_type
 
@@ -310,32 +304,30 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
     step makes is costed through broadcast on that axis, or as one general point-to-point
     redistribution. Pure and deterministic: every rank chooses alike.
     """
-    from ..boxing.cost import get_cost_table
-    from ..boxing.plan import meaningful
-    from ..boxing.planner import axis_change_seconds, send_recv_step
 
+    table = cost_table.get_cost_table()
     ops = call.operands
     nd = pl.ndim
     tens = [i for i, t in enumerate(is_t) if t]
 
     def change(lay: Layout, a: int, to: SBP, item: int) -> float:
-        v = axis_change_seconds(lay, a, to, item)
+        v = axis_change_seconds(lay, a, to, item, table)
         if v is not None:
             return v
         # no single step: through broadcast on that axis, else one general redistribution
         # (a valid plan, so an upper bound of the planner's optimum)
         dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
         mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
-        v1 = axis_change_seconds(lay, a, Broadcast(), item)
-        v2 = axis_change_seconds(mid, a, to, item)
+        v1 = axis_change_seconds(lay, a, Broadcast(), item, table)
+        v2 = axis_change_seconds(mid, a, to, item, table)
         if v1 is not None and v2 is not None:
             return v1 + v2
         if meaningful(lay, dst) is not None:
             return float("inf")
-        return send_recv_step(lay, dst, item, get_cost_table()).seconds
+        return send_recv_step(lay, dst, item, table).seconds
 
     def reduce_on(lay: Layout, a: int, item: int) -> float:
-        v = axis_change_seconds(lay, a, Broadcast(), item)
+        v = axis_change_seconds(lay, a, Broadcast(), item, table)
         return 0.0 if v is None else v
 
     # per (axis, row): estimated seconds per operand, and the partial-output charge
@@ -400,8 +392,7 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
     runs on local shards only, it is remembered for the dispatch fast path.
     """
-    from ..boxing import box
-    from ..consistency import (
+    from ..safety.consistency import (
         _step_text,
         all_ok,
         check_broadcast_shards,
@@ -437,9 +428,7 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     for o, lay in zip(call.operands, best.inputs):
         if isinstance(o, GlobalTensor):
             assert lay is not None
-            if o.layout != lay:
-                o = box(o, placement=lay.placement, sbp=lay.sbp)
-            args.append(o.to_local())
+            args.append(redistribute(o.to_local(), o.layout, lay, o.dtype))
         else:
             args.append(o)
     out = best.output

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..reduction import identity_value
+from ..core.reduction import identity_value
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
 from .inference import GlobalOp
 from .signature import PMAX, PMIN, S_D, AnySplit, B, DimMatch, P, Signature

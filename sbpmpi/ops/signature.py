@@ -16,7 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_max, partial_min, partial_sum
+from ..core.sbp import (
+    SBP,
+    Broadcast,
+    Partial,
+    Split,
+    broadcast,
+    partial_max,
+    partial_min,
+    partial_sum,
+)
 
 __all__ = [
     "AnySplit",

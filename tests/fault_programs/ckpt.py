@@ -18,8 +18,9 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi import abort, checkpoint
+from sbpmpi import checkpoint
 from sbpmpi.comm import file_io
+from sbpmpi.safety import abort
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 abort.install(force=True)

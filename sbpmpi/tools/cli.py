@@ -4,10 +4,10 @@
 GPUs each rank sees and is bound to, and the boxing cost table. Run it alone or under
 ``mpiexec -n N`` (rank 0 prints one row per rank).
 
-``bench`` runs the boxing benchmark (:mod:`sbpmpi.boxing.bench`) under ``mpiexec``: it
+``bench`` runs the boxing benchmark (:mod:`sbpmpi.tools.bench`) under ``mpiexec``: it
 times SBP conversions against the raw mpi4py call that moves the same data, prints each
 row as it is measured, and writes JSON, CSV and (with matplotlib, the ``plot`` extra) a
-PNG of bandwidth against size (:mod:`sbpmpi.benchplot`). ``plot`` redraws the PNG from
+PNG of bandwidth against size (:mod:`sbpmpi.tools.benchplot`). ``plot`` redraws the PNG from
 a saved JSON file.
 """
 
@@ -41,7 +41,7 @@ def _version(module: str) -> str:
 
 def _rank_info() -> dict[str, Any]:
     """What this rank sees: host, local rank, visible GPUs, the GPU it is bound to."""
-    from . import backend, env
+    from .. import backend, env
 
     row: dict[str, Any] = {
         "rank": env.get_rank(),
@@ -69,7 +69,7 @@ def _rank_info() -> dict[str, Any]:
 
 
 def _comm_info() -> dict[str, Any]:
-    from . import comm
+    from .. import comm
 
     try:
         return dict(comm.info())
@@ -79,7 +79,7 @@ def _comm_info() -> dict[str, Any]:
 
 def _cost_table(calibrate: bool) -> str:
     """The boxing cost table as text (``calibrate`` measures it now: collective)."""
-    from . import boxing
+    from .. import boxing
 
     if calibrate:
         return str(boxing.calibrate())
@@ -91,7 +91,8 @@ def _cost_table(calibrate: bool) -> str:
 
 def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
     """Gather the report on rank 0 (collective over the world); None on other ranks."""
-    from . import __version__, comm, env, launch
+    from .. import __version__, comm, env
+    from . import launch
 
     rows = comm.all_gather_object(_rank_info())
     cinfo = _comm_info()
@@ -181,7 +182,7 @@ def info(argv: Sequence[str] = ()) -> int:
     ap.add_argument("--calibrate", action="store_true",
                     help="measure the boxing cost table now (collective) instead of showing "
                          "the stored one, and refresh this machine's entry in the cache file "
-                         "(sbpmpi.boxing.calibrate.cache_path())")
+                         "(sbpmpi.runtime.calibrate.cache_path())")
     a = ap.parse_args(list(argv))
     d = collect_info(calibrate=a.calibrate)
     if d is not None:
@@ -255,11 +256,11 @@ def bench(argv: Sequence[str] = ()) -> int:
     """``python -m sbpmpi bench [--sizes ...] [--out plot.png] [--json f] [--csv f]``."""
     import numpy as np
 
-    from . import env
+    from .. import env
 
     ap = argparse.ArgumentParser(
         prog="python -m sbpmpi bench",
-        description="Run the boxing benchmark (sbpmpi.boxing.bench): each SBP conversion "
+        description="Run the boxing benchmark (sbpmpi.tools.bench): each SBP conversion "
                     "against the raw mpi4py call moving the same data, in the same run. "
                     "Prints each row as it is measured, flags noisy ratios, and writes a PNG "
                     "of bandwidth against size (matplotlib: the 'plot' extra), JSON and CSV. "
@@ -292,7 +293,7 @@ def bench(argv: Sequence[str] = ()) -> int:
         if v < (0 if name == "warmup" else 1):
             ap.error(f"--{name.replace('_', '-')} must be "
                      f"{'>= 0' if name == 'warmup' else 'positive'}, got {v}")
-    from .boxing import bench as boxing_bench
+    from . import bench as boxing_bench
 
     try:
         extra = _bench_run_kwargs(boxing_bench.run, a.device)
@@ -307,7 +308,7 @@ def bench(argv: Sequence[str] = ()) -> int:
             print("note: one rank: conversions move no data; run under mpiexec -n 2 or more",
                   file=sys.stderr)
         try:
-            from .consistency import check_enabled
+            from ..safety.consistency import check_enabled
 
             checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
         except Exception:  # pragma: no cover - trees without the checks
@@ -324,7 +325,7 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(note, flush=True)
     print("\nbandwidth = global tensor bytes / time", flush=True)
     print(format_bandwidth(results, dtype.itemsize), flush=True)
-    from .comm.info import library_line
+    from ..comm.info import library_line
 
     doc = {"world_size": world, "device": a.device, "dtype": str(dtype),
            "itemsize": dtype.itemsize, "mpi_library": _mpi_library_name(),
@@ -405,7 +406,7 @@ def _mpi_library_name() -> str:
     """The MPI library as ``"MPICH 5.0.2"`` / ``"Open MPI 5.0.11"``."""
     from mpi4py import MPI
 
-    from .comm.info import library_line
+    from ..comm.info import library_line
 
     try:
         name, ver = MPI.get_vendor()
@@ -424,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
-        from ._version import __version__
+        from .._version import __version__
 
         print(f"sbpmpi {__version__}")
         return 0

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from .. import backend, comm
+from ..boxing.plan import Box, Plan, Step, group_of
+from ..boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
 from ..comm.info import max_count
-from ..layout import Layout, balanced_range, empty_shape
-from ..reduction import REDUCTIONS, identity_value, reduction
-from ..sbp import Partial, Split
-from .plan import Box, Plan, Step, group_of
-from .schedule import is_contiguous_box, slots_of, transfer_schedule
+from ..core.layout import Layout, balanced_range, empty_shape
+from ..core.reduction import REDUCTIONS, identity_value, reduction
+from ..core.sbp import Partial, Split
 
 __all__ = ["Program", "compile_plan", "TAG"]
 

@@ -49,7 +49,7 @@ class Placement:
                 )
         arr = arr.astype(np.int64)
         if world_size is None:
-            from .env import get_world_size
+            from ..env import get_world_size
 
             world_size = get_world_size()
         bad = [int(r) for r in arr.flat if not 0 <= r < world_size]
@@ -76,7 +76,7 @@ class Placement:
     @classmethod
     def all(cls, type: str) -> Placement:
         """Return the 1-D placement over every rank of the world."""
-        from .env import get_world_size
+        from ..env import get_world_size
 
         return cls(type, list(range(get_world_size())))
 

@@ -84,6 +84,23 @@ class Layout:
         shape = tuple(int(n) for n in shape)
         return cls(shape, placement, normalize_nd_sbp(sbp, placement.ndim, len(shape)))
 
+    def converted(self, placement: Placement | None = None,
+                  sbp: SBP | Sequence[SBP] | None = None) -> Layout:
+        """The layout ``x.to_global(placement=placement, sbp=sbp)`` gives a tensor laid out
+        as ``self``: the same shape; an omitted placement or sbp is kept (sbp is required
+        when the mesh's number of dims changes)."""
+        if placement is None:
+            placement = self.placement
+        if not isinstance(placement, Placement):
+            raise TypeError(f"placement must be an sm.placement, got {type(placement).__name__}")
+        if sbp is None:
+            if placement.ndim != self.placement.ndim:
+                raise ValueError(
+                    f"sbp is required when the mesh changes from {self.placement.ndim}-d to "
+                    f"{placement.ndim}-d")
+            sbp = self.sbp
+        return Layout.make(self.shape, placement, sbp)
+
     def __hash__(self) -> int:
         # immutable, so hashed once: layouts key every cache of the op and boxing paths
         h = self.__dict__.get("_hash")
