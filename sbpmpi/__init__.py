@@ -14,6 +14,7 @@ from . import comm, env, ops, protocols
 from . import tensor as _tensor
 from ._version import __version__
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .core import placement as _placement
 from .core import sbp
 from .core.layout import Layout
 from .core.placement import Placement, placement
@@ -25,6 +26,8 @@ from .safety.trace import trace
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
+# Wiring of the layers (this package is the composition root):
+_placement.set_world_size_source(env.get_world_size)  # core.placement makes no MPI call
 _tensor.bind_layers_above(ops, _autograd, protocols)  # GlobalTensor's methods delegate to them
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
@@ -47,9 +50,10 @@ _LAZY: dict[str, str] = {
 }
 # Public submodules, imported on first use: sm.<name> -> module.
 _SUBMODULES: dict[str, str] = {
-    **{name: f"sbpmpi.{name}" for name in (
-        "boxing", "testing", "launch", "backend", "checkpoint", "optim", "nn", "runtime")},
-    "layout": "sbpmpi.core.layout",
+    "boxing": "sbpmpi.boxing", "testing": "sbpmpi.testing", "backend": "sbpmpi.backend",
+    "checkpoint": "sbpmpi.checkpoint", "optim": "sbpmpi.optim", "nn": "sbpmpi.nn",
+    "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
+    "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 
 __all__ = [

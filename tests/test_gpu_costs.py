@@ -9,8 +9,8 @@ import pytest
 
 import sbpmpi as sm
 from sbpmpi.boxing import cost
-from sbpmpi.runtime import cost_table
 from sbpmpi.comm.gpu import select
+from sbpmpi.runtime import cost_table
 
 cal = importlib.import_module("sbpmpi.runtime.calibrate")  # sm.boxing.calibrate is the function
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,6 +10,24 @@ import numpy as np
 __all__ = ["Placement", "placement", "DEVICE_TYPES"]
 
 DEVICE_TYPES = ("cpu", "cuda")
+
+
+_world_size_source: list[Callable[[], int]] = []
+
+
+def set_world_size_source(source: Callable[[], int]) -> None:
+    """Where a placement built without ``world_size=`` learns the world size.
+
+    ``sbpmpi`` sets it to :func:`sbpmpi.env.get_world_size` at import; this module makes
+    no MPI call itself.
+    """
+    _world_size_source[:] = [source]
+
+
+def _world_size() -> int:
+    if not _world_size_source:
+        raise RuntimeError("placement: the world size is unknown here; pass world_size=")
+    return _world_size_source[0]()
 
 
 class Placement:
@@ -49,9 +67,7 @@ class Placement:
                 )
         arr = arr.astype(np.int64)
         if world_size is None:
-            from ..env import get_world_size
-
-            world_size = get_world_size()
+            world_size = _world_size()
         bad = [int(r) for r in arr.flat if not 0 <= r < world_size]
         if bad:
             hint = (f"; run under mpiexec -n {max(bad) + 1} (was mpiexec forgotten?)"
@@ -76,9 +92,7 @@ class Placement:
     @classmethod
     def all(cls, type: str) -> Placement:
         """Return the 1-D placement over every rank of the world."""
-        from ..env import get_world_size
-
-        return cls(type, list(range(get_world_size())))
+        return cls(type, list(range(_world_size())))
 
     @property
     def type(self) -> str:
