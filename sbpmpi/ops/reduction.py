@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.reduction import identity_value
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
-from .inference import GlobalOp
+from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, AnySplit, B, DimMatch, P, Signature
 
 __all__ = ["SUM", "MEAN", "MAX", "MIN", "SOFTMAX", "sum_", "mean", "max_", "min_", "softmax",
