@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +38,7 @@ def destination(x: GlobalTensor, placement: Placement | None,
     return dst
 
 
-@functools.lru_cache(maxsize=4096)
-def _destination_cached(src: Layout, placement: Placement | None, sbp: object) -> Layout:
-    return src.converted(placement, sbp)  # type: ignore[arg-type]
+_destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) -> checked dst
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,
@@ -50,19 +49,22 @@ def box(x: GlobalTensor, placement: Placement | None = None,
     so an invalid conversion raises the same error on every rank. The result may share
     memory with ``x`` where a shard is unchanged (a view, as NumPy slicing gives).
     """
+    key: tuple[Any, ...] | None = None
     dst = None
-    if isinstance(x, GlobalTensor):
-        try:  # a repeated conversion: the same arguments give the same, checked, layout
-            dst = _destination_cached(x.layout, placement,
-                                      tuple(sbp) if isinstance(sbp, list) else sbp)
-        except TypeError:  # unhashable or invalid arguments: the full path explains
-            dst = None
+    if type(x) is GlobalTensor:  # a repeated call: same arguments, same checked layout
+        key = (x.layout, placement, tuple(sbp) if type(sbp) is list else sbp)
+        try:
+            dst = _destinations.get(key)
+        except TypeError:  # unhashable arguments: the full path explains
+            key = None
     if dst is None:
         dst = destination(x, placement, sbp)
-    else:
-        backend.check_device_available(dst.placement)
+        if key is not None:
+            if len(_destinations) >= 4096:
+                _destinations.clear()
+            _destinations[key] = dst
     src = x.layout
-    if dst == src:
+    if dst is src or dst == src:
         return x
     if comm.checking():
         _agree(src, dst, x.dtype)

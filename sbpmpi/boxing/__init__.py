@@ -38,5 +38,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _ABOVE:
-        return getattr(importlib.import_module(_ABOVE[name]), name)
+        value = getattr(importlib.import_module(_ABOVE[name]), name)
+        globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'sbpmpi.boxing' has no attribute {name!r}")
