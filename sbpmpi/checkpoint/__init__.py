@@ -23,7 +23,7 @@ stderr, as a progress bar when stderr is a terminal and tqdm is installed (the
 All four are collective over the world: every rank calls them with the same
 arguments.
 
-Modules: :mod:`.npy_header` (the ``.npy`` header), :mod:`.atomic_write` (temporary
+Modules: :mod:`.header` (the ``.npy`` header), :mod:`.atomic_write` (temporary
 name, rename once every rank succeeded), :mod:`.tensor_file` (one tensor: save, load),
 :mod:`.state_directory` (save_state, load_state) with :mod:`.state_index`
 (``index.json``) and :mod:`.progress` (``verbose=True``), :mod:`.arguments`.
@@ -31,7 +31,8 @@ name, rename once every rank succeeded), :mod:`.tensor_file` (one tensor: save, 
 
 from __future__ import annotations
 
-from .npy_header import npy_header, read_header
+from .header import npy_header as npy_header  # public before the split, outside __all__
+from .header import read_header
 from .state_directory import load_state, save_state
 from .state_index import INDEX_NAME
 from .tensor_file import load, save

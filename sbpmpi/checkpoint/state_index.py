@@ -21,7 +21,7 @@ from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 from ..errors import CheckpointError
 from ..tensor import GlobalTensor
 from . import atomic_write
-from .npy_header import native
+from .header import native
 
 __all__ = ["INDEX_NAME", "entry", "new_index", "read_index", "write_index", "sbp_from_json",
            "descr_json", "index_bytes"]

@@ -5,7 +5,7 @@ block writes it in one collective call (:mod:`sbpmpi.comm.file_io`), no rank gat
 the whole tensor, and the file is renamed into place once every rank has succeeded
 (:mod:`.atomic_write`). ``sm.load`` reads any ``.npy`` file into any placement and
 SBP, each rank only its own slice, after rank 0 has checked the header
-(:mod:`.npy_header`).
+(:mod:`.header`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..safety import consistency
 from ..tensor import GlobalTensor
 from . import atomic_write
 from .arguments import path_arg, placement_arg, sbp_arg, tensor_arg
-from .npy_header import native, npy_header, read_header
+from .header import native, npy_header, read_header
 
 __all__ = ["save", "load", "write_tensor", "read_tensor"]
 
