@@ -14,9 +14,7 @@ A buffer call is written as::
     red = c.nan_safe(red, op, m[0], arr)  #    NaN-propagating MAX/MIN
     with stager(m[3]) as st:              # 4. stage; copy back on success; 7. release
         buf = st.out(arr, m, copy_in=True)
-        if ACTIVE:                        # 5. trace note
-            c.note(nbytes, m[0], None, m[3], st.staged)
-        with watch(c.name, c.ranks):      # 6. watch
+        with c.mpi_call(nbytes, m[0], None, m[3], st.staged):  # 5. trace note, 6. watch
             c.comm.Allreduce(...)
 
 so tracing, agreement, the watchdog, staging, the GPU hooks and NaN-safe MAX/MIN are
@@ -38,7 +36,7 @@ from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
 from .reduce_op import MPIReduction, ReduceOp
-from .tracing import note
+from .tracing import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 
@@ -84,6 +82,20 @@ class Call:
         """Note the call in the active traces (callers test ``if ACTIVE:`` first, so the
         arguments are computed only while tracing)."""
         note(self.name, nbytes, self.g, dtype, peer, device, staged)
+
+    def mpi_call(self, nbytes: int | Callable[[], int] = 0, dtype: Any = "",
+                 peer: int | None = None, device: bool = False, staged: bool = False) -> Any:
+        """Steps 5 and 6: note the call in the active traces (``nbytes`` may be a function,
+        called only while tracing) and return the watchdog's context for the MPI call
+        itself, so that no call of the group runs unwatched::
+
+            with c.mpi_call(nbytes, dtype, peer, device, st.staged):
+                c.comm.Allreduce(...)
+        """
+        if ACTIVE:
+            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
+                 device, staged)
+        return watch(self.name, self.ranks)
 
 
 def host_only(red: MPIReduction, a: Any, m: tuple[Any, ...]) -> bool:

@@ -126,9 +126,7 @@ def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     c, m, t, peer = _prepare("send", arr, dst, tag, group, False, True)
     with stager(m[3]) as st:
         buf = st.inp(arr, m)
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
             c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
 
 
@@ -138,9 +136,7 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
     with stager(m[3]) as st:
         buf = st.out(arr, m)
         status = MPI.Status()
-        if ACTIVE:
-            c.note(0, m[0], src, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(0, m[0], src, m[3], st.staged):
             c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
