@@ -35,7 +35,7 @@ from ..safety.watchdog import watch
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
-from .reduce_op import MPIReduction, ReduceOp
+from .reduce_op import UFUNCS, MPIReduction, ReduceOp, user_op
 from .tracing import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
@@ -142,14 +142,7 @@ def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
     key = (op, dtype.str)
     red = _NAN_OPS.get(key)
     if red is None:
-        ufunc = np.maximum if op is ReduceOp.MAX else np.minimum
-
-        def apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
-            a = np.frombuffer(inbuf, dtype=dtype)
-            b = np.frombuffer(inoutbuf, dtype=dtype)
-            ufunc(a, b, out=b)
-
-        red = _NAN_OPS[key] = MPIReduction(MPI.Op.Create(apply, commute=True), host_only=True)
+        red = _NAN_OPS[key] = MPIReduction(user_op(UFUNCS[op], dtype), host_only=True)
     return red
 
 

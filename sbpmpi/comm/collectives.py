@@ -124,6 +124,15 @@ def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
 
 
+def _blocks(x: Any, p: int, m: ArrayMeta, list_arg: str, arg: str, ref: str, op: str,
+            output: bool) -> tuple[list[ArrayMeta] | None, ArrayMeta | None]:
+    """Checks of ``x``, ``p`` blocks shaped like ``ref`` (meta ``m``): a list of arrays gives
+    (their metas, None), one array (None, its meta)."""
+    if _is_list(x):
+        return list_metas(x, p, m, list_arg, ref, op, output=output), None
+    return None, _whole(x, p, m, arg, ref, op, output)
+
+
 def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
             to_root: bool) -> tuple[ArrayMeta, Any, int, int, int, list[ArrayMeta] | None,
                                     ArrayMeta | None]:
@@ -142,9 +151,7 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
             return m, t, root, me, p, None, None
         if x is None:
             raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
-        if _is_list(x):
-            return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
-        return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
+        return (m, t, root, me, p, *_blocks(x, p, m, arg, arg, "arr", op, to_root))
     except (TypeError, ValueError) as e:
         c.refuse(e)
 
@@ -205,11 +212,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
         m = describe(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         p = c.g.size
-        metas = mo = None
-        if _is_list(out):
-            metas = list_metas(out, p, m, "out_list", "arr", op, output=True)
-        else:
-            mo = _whole(out, p, m, "out", "arr", op, True)
+        metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -249,11 +252,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
         p = c.g.size
-        metas = mi = None
-        if _is_list(x):
-            metas = list_metas(x, p, m, "in_list", "out", name, output=False)
-        else:
-            mi = _whole(x, p, m, "input", "out", name, False)
+        metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -286,7 +285,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
     name = c.name
     try:
         p = c.g.size
-        out_metas = in_metas = mo = mi = None
+        out_metas = mo = None
         if _is_list(out):
             if len(out) != p or not out:
                 raise ValueError(f"{name}: out has {len(out)} arrays, expected one per rank "
@@ -299,10 +298,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
                 raise ValueError(f"{name}: out has {mo[1]} elements, not divisible by the "
                                  f"group size {p}")
             m = (mo[0], mo[1] // p, True, mo[3])
-        if _is_list(in_):
-            in_metas = list_metas(in_, p, m, "in", "out block", name, output=False)
-        else:
-            mi = _whole(in_, p, m, "in", "out block", name, False)
+        in_metas, mi = _blocks(in_, p, m, "in", "in", "out block", name, False)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)

@@ -51,6 +51,14 @@ def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
     return c, d, max((di + ci for ci, di in zip(c, d) if ci), default=0)
 
 
+def _arr_out(arr: Any, out: Any, op: str) -> tuple[ArrayMeta, ArrayMeta]:
+    """(meta of the input ``arr``, meta of the output ``out``), of one dtype."""
+    m = describe(arr, "arr", op)
+    mo = describe_out(out, "out", op)
+    check_same_dtype(mo, m, "out", "arr", op)
+    return m, mo
+
+
 def _check_extent(m: ArrayMeta, need: int, arg: str, what: str, op: str) -> None:
     if m[1] < need:
         raise ValueError(f"{op}: {arg} has {m[1]} elements but {what} need {need}")
@@ -96,9 +104,7 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
     op = c.name
     try:
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe(arr, "arr", op)
-        mo = describe_out(out, "out", op)
-        check_same_dtype(mo, m, "out", "arr", op)
+        m, mo = _arr_out(arr, out, op)
         cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
         _check_mine(m, cs, me, "arr", "counts", op)
         _check_extent(mo, need, "out", "counts and displs", op)
@@ -171,9 +177,7 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
     name = c.name
     try:
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe_out(out, "out", name)
-        mi = describe(arr, "arr", name)
-        check_same_dtype(mi, m, "arr", "out", name)
+        mi, m = _arr_out(arr, out, name)
         cs = _counts(counts, p, "counts", name)
         _check_mine(m, cs, me, "out", "counts", name)
         if mi[1] != sum(cs):
@@ -207,9 +211,7 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     op = c.name
     try:
         p = c.g.size
-        m = describe(arr, "arr", op)
-        mo = describe_out(out, "out", op)
-        check_same_dtype(mo, m, "out", "arr", op)
+        m, mo = _arr_out(arr, out, op)
         oc, od, oneed = _layout(out_counts, out_displs, p, "out_counts", "out_displs", op)
         ic, idd, ineed = _layout(in_counts, in_displs, p, "in_counts", "in_displs", op)
         _check_extent(mo, oneed, "out", "out_counts and out_displs", op)
