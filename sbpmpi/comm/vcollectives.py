@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.layout import block_starts
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .call import Call, average, call, host_only
@@ -41,12 +42,7 @@ def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
     """(counts, displs, elements a buffer needs); displs default to the packed layout."""
     c = _counts(counts, p, carg, op)
     if displs is None:
-        d = []
-        total = 0
-        for ci in c:
-            d.append(total)
-            total += ci
-        return c, d, total
+        return c, block_starts(c), sum(c)
     d = _counts(displs, p, darg, op)
     return c, d, max((di + ci for ci, di in zip(c, d) if ci), default=0)
 

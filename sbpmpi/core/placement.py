@@ -133,10 +133,6 @@ class Placement:
     def __contains__(self, rank: object) -> bool:
         return rank in self._index
 
-    def index_of(self, rank: int) -> int | None:
-        """Row-major position of ``rank`` in the mesh, or None if it is not in the placement."""
-        return self._index.get(rank)
-
     def coord_of(self, rank: int) -> tuple[int, ...] | None:
         """Mesh coordinate of ``rank``, or None if it is not in the placement."""
         i = self._index.get(rank)
