@@ -35,7 +35,7 @@ from ..safety.watchdog import watch
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
-from .reduce_op import UFUNCS, MPIReduction, ReduceOp, user_op
+from .reduce_op import ORDERED, UFUNCS, MPIReduction, ReduceOp, user_op
 from .tracing import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
@@ -132,7 +132,7 @@ def call(name: str, group: Group | None) -> Call:
 
 # -- NaN-safe MAX/MIN ---------------------------------------------------------------------------
 
-_MAX_MIN = (ReduceOp.MAX, ReduceOp.MIN)
+_MAX_MIN = ORDERED
 
 _NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
 

@@ -63,6 +63,8 @@ _LOGICAL = {ReduceOp.SUM: MPI.LOR, ReduceOp.PROD: MPI.LAND, ReduceOp.MAX: MPI.LO
 # The partial kinds' ufuncs come from the reduction table; PROD is comm's own.
 UFUNCS = {ReduceOp.PROD: np.multiply,
           **{ReduceOp[r.reduce_op]: r.ufunc_of(np) for r in REDUCTIONS.values()}}
+# The ops that compare values (MAX, MIN): undefined for complex, and NaN needs care.
+ORDERED = tuple(ReduceOp[r.reduce_op] for r in REDUCTIONS.values() if r.ordered)
 
 
 def user_op(ufunc: np.ufunc, dtype: np.dtype) -> MPI.Op:
@@ -95,7 +97,7 @@ def _build(op: ReduceOp, info: DtypeInfo) -> MPIReduction:
     if cat == FLOAT:
         return MPIReduction(_BUILTIN[op], average=avg)
     if cat == COMPLEX:
-        if op in (ReduceOp.MAX, ReduceOp.MIN):
+        if op in ORDERED:
             raise TypeError(f"ReduceOp.{op.name} is not defined for complex dtype {dt} "
                             "(complex numbers are not ordered)")
         return MPIReduction(_BUILTIN[op], average=avg)
