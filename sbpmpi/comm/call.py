@@ -73,7 +73,7 @@ class Call:
     def nan_safe(self, red: MPIReduction, op: ReduceOp, dtype: np.dtype,
                  inputs: Any) -> MPIReduction:
         """:func:`nan_safe` on this call's group."""
-        if op not in _MAX_MIN:
+        if op not in ORDERED:
             return red
         return nan_safe(red, op, dtype, inputs, self.comm, self.g.ranks)
 
@@ -132,8 +132,6 @@ def call(name: str, group: Group | None) -> Call:
 
 # -- NaN-safe MAX/MIN ---------------------------------------------------------------------------
 
-_MAX_MIN = ORDERED
-
 _NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
 
 
@@ -160,7 +158,7 @@ def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm
     microseconds); only when some rank holds a NaN does the reduction run as a
     user-defined op with NumPy's semantics. Collective over ``comm``.
     """
-    if op not in _MAX_MIN or dtype.kind != "f" or red.host_only:
+    if op not in ORDERED or dtype.kind != "f" or red.host_only:
         return red
     arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
     flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)

@@ -162,6 +162,8 @@ class Placement:
                                                           dict[int, tuple[int, ...]]]:
         got = self._groups.get((axis, span))
         if got is None:
+            if -self.ndim <= axis < 0:
+                return self._axis_groups(axis + self.ndim, span)
             r = self._ranks
             moved = np.moveaxis(r, list(range(axis, axis + span)),
                                 list(range(r.ndim - span, r.ndim)))
