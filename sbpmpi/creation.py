@@ -97,30 +97,34 @@ def _build(layout: Layout, dtype: np.dtype,
     return GlobalTensor(local.reshape(shape), layout, dtype)
 
 
-@_grad_option
-def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
-    """Standard normal values; depend only on the seed and the global index."""
+def _random_values(name: str, shape: Any, placement: Placement | None,
+                   sbp: SBP | Sequence[SBP] | None, dtype: Any,
+                   draw: Callable[..., Any]) -> GlobalTensor:
+    """randn and rand: ``draw(xp, shape, ranges, seed, call, dtype)`` from the next random
+    stream, in a floating dtype."""
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
     dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
     if dt.kind != "f":
-        raise TypeError(f"randn needs a floating dtype, got {dt}")
+        raise TypeError(f"{name} needs a floating dtype, got {dt}")
     seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: _random.normal(xp, shp, r, seed, call))
+    return _build(layout, dt, lambda xp, r: draw(xp, shp, r, seed, call, dt))
+
+
+@_grad_option
+def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
+    """Standard normal values; depend only on the seed and the global index."""
+    return _random_values("randn", shape, placement, sbp, dtype,
+                          lambda xp, shp, r, seed, call, dt: _random.normal(xp, shp, r, seed,
+                                                                             call))
 
 
 @_grad_option
 def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """Uniform values in [0, 1); depend only on the seed and the global index."""
-    shp = _shape_arg(shape)
-    layout = _layout(shp, placement, sbp)
-    dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
-    if dt.kind != "f":
-        raise TypeError(f"rand needs a floating dtype, got {dt}")
-    seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call, dt))
+    return _random_values("rand", shape, placement, sbp, dtype, _random.uniform)
 
 
 @_grad_option

@@ -265,19 +265,6 @@ def test_bench_without_matplotlib_writes_json_and_csv_and_says_how(tmp_path, mon
     assert "python -m sbpmpi plot sbpmpi-bench.json --out sbpmpi-bench.png" in out
 
 
-def test_bench_device_needs_support_in_the_benchmark():
-    def run_cpu_only(sizes, repeats, warmup, dtype=None, overhead_repeats=1):
-        return [], []
-
-    def run_any(sizes, repeats, warmup, dtype=None, overhead_repeats=1, device_type="cpu"):
-        return [], []
-
-    assert cli._bench_run_kwargs(run_cpu_only, "cpu") == {}
-    with pytest.raises(ValueError, match="'cpu' placements only"):
-        cli._bench_run_kwargs(run_cpu_only, "cuda")
-    assert cli._bench_run_kwargs(run_any, "cuda") == {"device_type": "cuda"}
-
-
 def test_bench_rejects_bad_arguments(tmp_path):
     r = run(["bench", "--sizes", "12Q"], cwd=tmp_path)
     assert r.returncode == 2 and "12Q" in r.stderr

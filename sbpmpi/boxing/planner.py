@@ -25,7 +25,6 @@ from .plan import (
     Plan,
     PlanChoice,
     Step,
-    _axis_groups,
     _ops,
     check_conversion,
     max_local_extents,
@@ -87,11 +86,11 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
             op = to.op
             copy = n_out
         secs = copy_seconds(copy, dev, table) + step_seconds(dev, table)
-        return Step(kind, src, dst, axis, frm, to, op, None, _axis_groups(pl, axis), 0, 0, copy,
+        return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis), 0, 0, copy,
                     0, secs, span)
     secs += copy_seconds(copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(moved))
-    return Step(kind, src, dst, axis, frm, to, op, None, _axis_groups(pl, axis, span), nb, nb,
+    return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis, span), nb, nb,
                 copy, 0, secs, span)
 
 

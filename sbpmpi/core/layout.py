@@ -17,6 +17,7 @@ from .sbp import SBP, NdSbp, Partial, Split, normalize_nd_sbp
 __all__ = [
     "balanced_range",
     "balanced_sizes",
+    "block_starts",
     "shard_ranges",
     "shard_slices",
     "shard_shape",
@@ -63,6 +64,16 @@ def shard_shape(
 ) -> tuple[int, ...]:
     """Return the local shape held at mesh coordinate ``coord``."""
     return tuple(b - a for a, b in shard_ranges(shape, hierarchy, nd_sbp, coord))
+
+
+def block_starts(sizes: Sequence[int]) -> list[int]:
+    """Where each block starts when blocks of ``sizes`` lie one after another (the packed
+    displacements of a v-collective: exclusive prefix sums)."""
+    starts, s = [], 0
+    for n in sizes:
+        starts.append(s)
+        s += n
+    return starts
 
 
 def empty_shape(ndim: int) -> tuple[int, ...]:

@@ -92,36 +92,36 @@ def _full(xp: Any, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
 
 def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any) -> None:
     """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``."""
-    shape = x.shape
-    pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    x3 = x.reshape(pre, n, post)
-    p = len(sizes)
-    if n % p == 0 and all(s == n // p for s in sizes):
-        b = n // p
-        flat.reshape(p, pre, b, post)[...] = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
-        return
-    off = o = 0
-    for s in sizes:
-        cnt = pre * s * post
-        flat[off:off + cnt].reshape(pre, s, post)[...] = x3[:, o:o + s, :]
-        off += cnt
-        o += s
+    _blocks(x, dim, sizes, flat, True)
 
 
 def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any) -> None:
     """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn."""
-    shape = out.shape
+    _blocks(out, dim, sizes, flat, False)
+
+
+def _blocks(a: Any, dim: int, sizes: Sequence[int], flat: Any, pack: bool) -> None:
+    """Copy between ``a`` and ``flat``, which holds the blocks of ``a`` along ``dim`` (of
+    ``sizes``) one after another: ``a`` into ``flat`` when ``pack``, else back."""
+    shape = a.shape
     pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    o3 = out.reshape(pre, n, post)
+    a3 = a.reshape(pre, n, post)
     p = len(sizes)
     if n % p == 0 and all(s == n // p for s in sizes):
         b = n // p
-        o3.reshape(pre, p, b, post)[...] = flat.reshape(p, pre, b, post).transpose(1, 0, 2, 3)
+        if pack:
+            flat.reshape(p, pre, b, post)[...] = a3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        else:
+            a3.reshape(pre, p, b, post)[...] = flat.reshape(p, pre, b, post).transpose(1, 0, 2, 3)
         return
     off = o = 0
     for s in sizes:
         cnt = pre * s * post
-        o3[:, o:o + s, :] = flat[off:off + cnt].reshape(pre, s, post)
+        block = flat[off:off + cnt].reshape(pre, s, post)
+        if pack:
+            block[...] = a3[:, o:o + s, :]
+        else:
+            a3[:, o:o + s, :] = block
         off += cnt
         o += s
 

@@ -139,9 +139,10 @@ class _Raw:
 
     def __init__(self, xp: Any, dtype: np.dtype) -> None:
         from .. import backend, comm
+        from ..comm.dtypes import dtype_info
 
         self.xp = xp
-        self.t = MPI._typedict[dtype.char]  # type: ignore[attr-defined]
+        self.t = dtype_info(dtype).mpi  # the datatype sm.comm sends ``dtype`` as
         self.gpu = xp is not np
         self.direct = not self.gpu or comm.is_cuda_aware()
         self._sync = backend.synchronize

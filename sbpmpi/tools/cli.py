@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import inspect
 import json
 import math
 import os
@@ -218,18 +217,6 @@ def format_size(n: float) -> str:
     return f"{int(n)}"
 
 
-def _bench_run_kwargs(run: Any, device: str) -> dict[str, Any]:
-    """The device argument for the boxing benchmark's ``run``, if it takes one."""
-    params = inspect.signature(run).parameters
-    for name in ("device_type", "device"):
-        if name in params:
-            return {name: device}
-    if device != "cpu":
-        raise ValueError(f"--device {device}: the boxing benchmark in this build measures "
-                         f"'cpu' placements only")
-    return {}
-
-
 def format_bandwidth(results: Sequence[Any], itemsize: int) -> str:
     """Bandwidth table (global bytes / time) of boxing benchmark results."""
     rows = []
@@ -294,12 +281,7 @@ def bench(argv: Sequence[str] = ()) -> int:
             ap.error(f"--{name.replace('_', '-')} must be "
                      f"{'>= 0' if name == 'warmup' else 'positive'}, got {v}")
     from . import bench as boxing_bench
-
-    try:
-        extra = _bench_run_kwargs(boxing_bench.run, a.device)
-    except ValueError as e:
-        ap.error(str(e))
-    from . import benchplot
+    from . import benchplot, launch
 
     rank, world = env.get_rank(), env.get_world_size()
     dtype = np.dtype(np.float32)
@@ -307,17 +289,15 @@ def bench(argv: Sequence[str] = ()) -> int:
         if world == 1:
             print("note: one rank: conversions move no data; run under mpiexec -n 2 or more",
                   file=sys.stderr)
-        try:
-            from ..safety.consistency import check_enabled
+        from ..safety.consistency import check_enabled
 
-            checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
-        except Exception:  # pragma: no cover - trees without the checks
-            checks = "n/a"
-        print(f"{world} ranks, {a.device}, {dtype}, {_mpi_library_name()}; consistency "
+        checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
+        print(f"{world} ranks, {a.device}, {dtype}, {launch.mpi_library().vendor}; consistency "
               f"checks {checks}; {a.repeats} repeats per size", flush=True)
     results, small = boxing_bench.run([s / (1 << 20) for s in sizes], a.repeats, a.warmup,
                                       dtype=dtype, overhead_repeats=a.overhead_repeats,
-                                      **extra, **_progress_kwargs(boxing_bench, rank))
+                                      device_type=a.device,
+                                      on_result=boxing_bench.printer(rank))
     if rank != 0:
         return 0
     note = boxing_bench.noisy_note(results)
@@ -328,7 +308,7 @@ def bench(argv: Sequence[str] = ()) -> int:
     from ..comm.info import library_line
 
     doc = {"world_size": world, "device": a.device, "dtype": str(dtype),
-           "itemsize": dtype.itemsize, "mpi_library": _mpi_library_name(),
+           "itemsize": dtype.itemsize, "mpi_library": launch.mpi_library().vendor,
            "mpi": library_line(), "host": socket.gethostname(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "results": [boxing_bench.as_dict(r) for r in results],
@@ -351,14 +331,6 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(f"no plot: matplotlib is not installed; {benchplot.INSTALL_HINT}, then "
               f"python -m sbpmpi plot {json_path} --out {a.out}", flush=True)
     return 0
-
-
-def _progress_kwargs(boxing_bench: Any, rank: int) -> dict[str, Any]:
-    """Stream rows as they are measured when the benchmark can (rank 0 prints); a
-    benchmark without ``on_result`` gets its tables printed at the end instead."""
-    if "on_result" in inspect.signature(boxing_bench.run).parameters:
-        return {"on_result": boxing_bench.printer(rank)}
-    return {}
 
 
 def _gpu_name() -> str:
@@ -400,19 +372,6 @@ def plot(argv: Sequence[str] = ()) -> int:
     benchplot.plot_bandwidth(doc, out, itemsize)
     print(f"wrote {out}")
     return 0
-
-
-def _mpi_library_name() -> str:
-    """The MPI library as ``"MPICH 5.0.2"`` / ``"Open MPI 5.0.11"``."""
-    from mpi4py import MPI
-
-    from ..comm.info import library_line
-
-    try:
-        name, ver = MPI.get_vendor()
-        return f"{name} {'.'.join(str(v) for v in ver)}"
-    except Exception:
-        return library_line()
 
 
 # -- entry point -----------------------------------------------------------------------------
