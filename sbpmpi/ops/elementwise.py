@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.sbp import PARTIALS
 from ..tensor import GlobalTensor
 from .call import OpCall, operand, probe_dtype, tensor_arg
 from .op import GlobalOp
-from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
+from .signature import S_D, B, DimMatch, Signature
 
 __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
@@ -34,8 +35,6 @@ __all__ = [
 ]
 
 # ---- signature tables (one mesh axis), generated from one rule per op ----------------------
-#: Partial kinds and their SBP patterns.
-_PARTIAL = {"sum": P, "max": PMAX, "min": PMIN}
 #: ``alone`` entries: partial kind of the one partial argument -> partial kind of the output.
 LINEAR = (("sum", "sum"),)                    # f(a1 + a2, b) = f(a1, b) + f(a2, b)
 UP = (("max", "max"), ("min", "min"))         # increasing: f(max(a_i)) = max(f(a_i))
@@ -67,15 +66,15 @@ class Pointwise:
         n = self.arity
         rows = [Signature((S_D,) * n, S_D), Signature((B,) * n, B)]
         for kind in self.joint_kinds:
-            p = _PARTIAL[kind]
+            p = PARTIALS[kind]
             rows.append(Signature(tuple(p if i in self.joint else B for i in range(n)), p))
-        for kind in _PARTIAL:
+        for kind in PARTIALS:
             when = "float" if self.float_order and kind != "sum" else ""
             for i, allowed in enumerate(self.alone):
                 out = dict(allowed).get(kind)
                 if out is not None:
-                    ins = tuple(_PARTIAL[kind] if j == i else B for j in range(n))
-                    rows.append(Signature(ins, _PARTIAL[out], when=when))
+                    ins = tuple(PARTIALS[kind] if j == i else B for j in range(n))
+                    rows.append(Signature(ins, PARTIALS[out], when=when))
         return tuple(rows)
 
 

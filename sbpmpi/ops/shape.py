@@ -22,27 +22,19 @@ from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 __all__ = ["MOVE", "ASTYPE", "CAT", "transpose", "reshape", "getitem", "astype", "cat",
            "reshape_matches"]
 
-MOVE = (  # transpose, reshape, getitem: S(d) for the dims carried whole
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),
-    Signature((PMAX,), PMAX),
-    Signature((PMIN,), PMIN),
-)
-ASTYPE = (
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),                      # only a cast to the same dtype (see admissible)
-    Signature((PMAX,), PMAX, when="float"),  # float -> float casts are monotone
-    Signature((PMIN,), PMIN, when="float"),
-)
-CAT = (  # every input takes the pattern: S(d) for d other than the cat dim
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),
-    Signature((PMAX,), PMAX),
-    Signature((PMIN,), PMIN),
-)
+def _carried(ordered_when: str = "") -> tuple[Signature, ...]:
+    """Each SBP kind carried through as it is: S(d) -> S(d), B -> B, each partial to itself
+    (partial_max/min only ``when`` the op keeps order, if given)."""
+    return (Signature((S_D,), S_D), Signature((B,), B), Signature((P,), P),
+            Signature((PMAX,), PMAX, when=ordered_when),
+            Signature((PMIN,), PMIN, when=ordered_when))
+
+
+MOVE = _carried()  # transpose, reshape, getitem: S(d) for the dims carried whole
+# astype: P only for a cast to the same dtype (see admissible); float -> float casts are
+# monotone, so partial_max/min survive them
+ASTYPE = _carried(ordered_when="float")
+CAT = _carried()  # every input takes the pattern: S(d) for d other than the cat dim
 
 
 def _ints(op: str, args: tuple[Any, ...], what: str) -> tuple[int, ...]:
