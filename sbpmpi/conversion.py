@@ -73,12 +73,12 @@ def box(x: GlobalTensor, placement: Placement | None = None,
     else:
         backend.check_device_available(dst.placement)
     src = x.layout
-    if dst == src:
-        return x
     if not comm.checking():
+        if dst == src:
+            return x
         prog = program_for(src, dst, x.dtype)
         return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
-    if not agreed:
+    if not agreed:  # before anything returns: a rank whose conversion is a no-op takes part
         _agree(src, dst, x.dtype)
     prog = program_for(src, dst, x.dtype)
     if prog is None:
