@@ -54,12 +54,20 @@ def test_conversion_meta_normalises_against_ndim():
     assert consistency.conversion_meta(x, None, None)[2] is None
 
 
-@pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mode", ["check", "checked mode", "both"])
-def test_split_minus_one_and_split_one_agree(mode, checked):
+MODES = ["check", "checked mode", "both"]
+
+
+def _in_mode(mode: str):
+    """SBPMPI_CHECK on for "check" and "both", checked mode on for the other two."""
     consistency.configure(check=mode != "checked mode")
     checks.set_checking(mode != "check")
-    a, x = _x()
+    return _x()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_split_minus_one_and_split_one_agree(mode, checked):
+    a, x = _in_mode(mode)
     want = sm.sbp.split(-1) if rank % 2 == 0 else sm.sbp.split(1)
     y = x.to_global(sbp=want)
     assert y.sbp == (sm.sbp.split(1),)
@@ -70,11 +78,9 @@ def test_split_minus_one_and_split_one_agree(mode, checked):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("mode", ["check", "checked mode", "both"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_real_sbp_mismatch_raises_on_every_rank(mode, checked):
-    consistency.configure(check=mode != "checked mode")
-    checks.set_checking(mode != "check")
-    a, x = _x()
+    a, x = _in_mode(mode)
     want = sm.sbp.split(0) if rank == size - 1 else sm.sbp.split(-1)
     kind, msg = errors_of(lambda: x.to_global(sbp=want))
     if mode == "checked mode":  # the conversion's own agreement (check off)
