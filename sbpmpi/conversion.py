@@ -5,6 +5,11 @@ The tensor-level face of :func:`sbpmpi.runtime.redistribute`: the destination la
 derived from ``placement=``/``sbp=`` by :meth:`sbpmpi.core.layout.Layout.converted`,
 checked on every rank before any communication, and the local shard is converted by the
 runtime. ``x.to_global`` adds the cross-rank consistency check (``SBPMPI_CHECK``).
+
+In comm's checked mode (``SBPMPI_COMM_CHECK=1``) a conversion makes one agreement
+exchange: the consistency check's when the caller made it (``agreed=True``), else one of
+its own on the source and destination layouts; its collectives then run inside
+:func:`sbpmpi.comm.checks.agreed` and skip their own exchange.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ import numpy as np
 from . import backend, comm
 from .boxing.explanation import Explanation
 from .boxing.plan import Plan
+from .comm import agreement
+from .comm.checks import agreed as agreed_calls
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, Broadcast
 from .env import get_world_size
+from .errors import CollectiveMismatchError
 from .runtime import explain_layouts, plan_for_layouts, program_for
+from .safety.exit_agreement import group_lines
 from .tensor import GlobalTensor
 
 __all__ = ["box", "gather_global", "plan_for", "explain_conversion", "destination"]
@@ -42,12 +51,14 @@ _destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) ->
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,
-        sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+        sbp: SBP | Sequence[SBP] | None = None, *, agreed: bool = False) -> GlobalTensor:
     """Return ``x`` converted to ``placement`` and ``sbp`` (collective over the world).
 
     Every rank must make the same call. Arguments are checked before any communication,
     so an invalid conversion raises the same error on every rank. The result may share
     memory with ``x`` where a shard is unchanged (a view, as NumPy slicing gives).
+    ``agreed``: the caller's consistency check already covered this conversion (checked
+    mode then makes no exchange of its own).
     """
     key: tuple[Any, ...] | None = None
     dst = None
@@ -64,22 +75,36 @@ def box(x: GlobalTensor, placement: Placement | None = None,
                 _destinations.clear()
             _destinations[key] = dst
     src = x.layout
-    if dst is src or dst == src:
-        return x
-    if comm.checking():
+    if not comm.checking():
+        if dst is src or dst == src:
+            return x
+        prog = program_for(src, dst, x.dtype)
+        return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
+    if not agreed:  # before anything returns: a rank whose conversion is a no-op takes part
         _agree(src, dst, x.dtype)
     prog = program_for(src, dst, x.dtype)
-    return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
+    if prog is None:
+        return x
+    with agreed_calls():  # agreed as a whole: its collectives skip their own exchange
+        return GlobalTensor(prog(x.to_local()), dst, x.dtype)
 
 
 def _agree(src: Layout, dst: Layout, dtype: np.dtype) -> None:
-    """Checked mode: every rank must ask for the same conversion."""
+    """Checked mode: every rank must ask for the same conversion (one agreement exchange)."""
     sig = (str(src), str(dst), dtype.str)
-    sigs = comm.all_gather_object(sig)
-    for r, s in enumerate(sigs):
-        if s != sigs[0]:
+    text = f"box({sig[0]} -> {sig[1]}, {dtype})"
+    sigs = agreement.agree(agreement.fingerprint_of(repr(sig)), "box", text,
+                           lambda: (text, sig))
+    if sigs is None:
+        return
+    if not all(isinstance(d, tuple) and len(d) == 3 for _, d in sigs):  # another kind of step
+        lines = group_lines([str(t) for t, _ in sigs], agreement.members(None)[1])
+        raise CollectiveMismatchError("ranks disagree on a collective step:\n" + "\n".join(lines))
+    for r, (_, s) in enumerate(sigs):
+        if s != sigs[0][1]:
+            s0 = sigs[0][1]
             raise ValueError(f"box: ranks disagree on the conversion: rank 0 converts "
-                             f"{sigs[0][0]} to {sigs[0][1]} ({np.dtype(sigs[0][2])}) but rank "
+                             f"{s0[0]} to {s0[1]} ({np.dtype(s0[2])}) but rank "
                              f"{r} converts {s[0]} to {s[1]} ({np.dtype(s[2])})")
 
 
@@ -88,10 +113,12 @@ def _world(size: int) -> Placement:
     return Placement("cpu", list(range(size)))
 
 
-def gather_global(x: GlobalTensor) -> np.ndarray:
-    """The whole value of ``x`` as a new NumPy array on every world rank (collective)."""
+def gather_global(x: GlobalTensor, *, agreed: bool = False) -> np.ndarray:
+    """The whole value of ``x`` as a new NumPy array on every world rank (collective).
+
+    ``agreed``: as for :func:`box`."""
     world = _world(get_world_size())
-    y = box(x, world, (Broadcast(),))
+    y = box(x, world, (Broadcast(),), agreed=agreed)
     out = y.to_local()
     local = x.to_local()
     if isinstance(local, np.ndarray) and np.may_share_memory(out, local):

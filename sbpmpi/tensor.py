@@ -11,7 +11,7 @@ from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
-from .safety.consistency import check_broadcast_shards, check_collective
+from .safety.consistency import check_broadcast_shards, check_collective, conversion_meta
 
 __all__ = ["GlobalTensor", "bind_layers_above"]
 
@@ -107,8 +107,7 @@ class GlobalTensor:
         """The whole global value as a NumPy array, on every rank (collective)."""
         from .conversion import gather_global
 
-        check_collective("x.numpy", (self,))
-        return gather_global(self)
+        return gather_global(self, agreed=check_collective("x.numpy", (self,)))
 
     def to_global(
         self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None
@@ -116,9 +115,9 @@ class GlobalTensor:
         """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
         from .conversion import box
 
-        check_collective("x.to_global", (self, placement, sbp))
+        agreed = check_collective("x.to_global", conversion_meta(self, placement, sbp))
         check_broadcast_shards(self, "x.to_global input")
-        out = box(self, placement=placement, sbp=sbp)
+        out = box(self, placement=placement, sbp=sbp, agreed=agreed)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
             out = _autograd.tape.record_conversion(self, out)
         return out

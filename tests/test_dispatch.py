@@ -9,7 +9,6 @@ values, -0.0) and the consistency check's fold of local steps are exercised.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from sbpmpi.boxing import get_cost_table, set_cost_table
 from sbpmpi.errors import CollectiveMismatchError
 from sbpmpi.ops import dispatch, elementwise
 from sbpmpi.ops.signature import PMAX, PMIN, S_D, B, P, Signature
+from sbpmpi.safety import consistency
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -150,12 +150,16 @@ def test_partner_with_inf_is_not_cached():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_check_off_and_on_at_run_time(monkeypatch):
+def test_check_off_and_on_at_run_time():
     a, b, x, y = _pair(4)
-    for value in ("0", "1", "0"):
-        monkeypatch.setenv("SBPMPI_CHECK", value)
-        for _ in range(2):
-            np.testing.assert_array_equal((x + y).numpy(), a + b)
+    saved = consistency.check_enabled()
+    try:
+        for value in (False, True, False):
+            consistency.configure(check=value)  # SBPMPI_CHECK=0/1, changed at run time
+            for _ in range(2):
+                np.testing.assert_array_equal((x + y).numpy(), a + b)
+    finally:
+        consistency.configure(check=saved)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -167,7 +171,7 @@ def test_diverging_cached_steps_are_reported():
         _ = x + y
         _ = x * y
     assert dispatch.key(sm.ops.mul, (x, y), {}) in dispatch._FAST
-    if os.environ.get("SBPMPI_CHECK", "1") in ("0", "off", "false", "no"):
+    if not consistency.check_enabled():
         pytest.skip("SBPMPI_CHECK is off")
     _ = (x + y) if rank == 0 else (x * y)
     with pytest.raises(CollectiveMismatchError, match="local step"):

@@ -21,6 +21,23 @@ from sbpmpi.safety import abort, consistency, watchdog
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
 
 
+@pytest.fixture
+def switches(monkeypatch):
+    """``switches(name, value)``: set (or, with None, unset) SBPMPI_CHECK / SBPMPI_DEBUG and
+    have consistency re-read them (it reads them once); restored after the test."""
+    saved = (consistency.check_enabled(), consistency.debug_enabled())
+
+    def set_switch(name: str, value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        consistency.configure()
+
+    yield set_switch
+    consistency.configure(check=saved[0], debug=saved[1])
+
+
 def skip_if_not_wired(res) -> None:
     if "NOT-WIRED" in res.out and res.rc == 0:
         line = next(ln for ln in res.out.splitlines() if "NOT-WIRED" in ln)
@@ -157,16 +174,31 @@ def test_describe_and_fingerprint_are_stable_and_metadata_only():
     assert fps[0] == consistency.fingerprint((y,))
 
 
-def test_check_switches(monkeypatch):
-    monkeypatch.delenv("SBPMPI_CHECK", raising=False)
-    monkeypatch.delenv("SBPMPI_DEBUG", raising=False)
+def test_check_switches(switches, monkeypatch):
+    switches("SBPMPI_CHECK", None)
+    switches("SBPMPI_DEBUG", None)
     assert consistency.check_enabled() and not consistency.debug_enabled()
-    monkeypatch.setenv("SBPMPI_CHECK", "0")
-    monkeypatch.setenv("SBPMPI_DEBUG", "1")
+    switches("SBPMPI_CHECK", "0")
+    switches("SBPMPI_DEBUG", "1")
     assert not consistency.check_enabled() and consistency.debug_enabled()
     before = consistency.stats()["checks"]
-    consistency.check_collective("add", ())
+    assert consistency.check_collective("add", ()) is False
     assert consistency.stats()["checks"] == before  # off: not even counted
+    # read once: the environment alone changes nothing until configure() re-reads it
+    monkeypatch.setenv("SBPMPI_CHECK", "1")
+    assert not consistency.check_enabled()
+    # the setter: returns the previous (check, debug); None re-reads one switch
+    assert consistency.configure(check=True) == (False, True)
+    assert consistency.check_enabled() and consistency.debug_enabled()
+    assert consistency.configure(debug=False) == (True, True)
+    assert consistency.check_enabled() and not consistency.debug_enabled()
+    monkeypatch.setenv("SBPMPI_DEBUG", "yes")
+    monkeypatch.setenv("SBPMPI_CHECK", "off")
+    assert consistency.configure(debug=None) == (True, False)
+    assert consistency.check_enabled() and consistency.debug_enabled()
+    monkeypatch.setenv("SBPMPI_CHECK", "maybe")  # not a switch value: the default (on)
+    consistency.configure()
+    assert consistency.check_enabled() and consistency.debug_enabled()
 
 
 # -- exit-time agreement (issue 10, item 1) ------------------------------------------------------
@@ -288,12 +320,12 @@ def test_watchdog_tracks_open_blocks_and_lets_fast_ones_pass():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_check_collective_agrees_or_names_every_side(monkeypatch):
+def test_check_collective_agrees_or_names_every_side(switches):
     from mpi4py import MPI
 
     import sbpmpi as sm
 
-    monkeypatch.delenv("SBPMPI_CHECK", raising=False)
+    switches("SBPMPI_CHECK", None)
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(6.0).reshape(3, 2), placement=pl, sbp=sm.sbp.split(0))
@@ -312,16 +344,16 @@ def test_check_collective_agrees_or_names_every_side(monkeypatch):
     got = errors_of(lambda: consistency.check_collective(f"op{rank}", (x,)))
     assert all(f"rank {r}: op{r}(tensor((3, 2), float64" in got[1] for r in range(size)), got
     # switched off: no communication, no error (every rank must agree on the switch)
-    monkeypatch.setenv("SBPMPI_CHECK", "0")
+    switches("SBPMPI_CHECK", "0")
     assert errors_of(lambda: consistency.check_collective(f"op{rank}", ())) == ("no error", "")
 
 
 @pytest.mark.mpi(min_size=1)
-def test_local_steps_are_verified_at_the_next_check(monkeypatch):
+def test_local_steps_are_verified_at_the_next_check(switches):
     from mpi4py import MPI
 
-    monkeypatch.delenv("SBPMPI_CHECK", raising=False)
-    monkeypatch.delenv("SBPMPI_DEBUG", raising=False)  # debug mode checks every step at once
+    switches("SBPMPI_CHECK", None)
+    switches("SBPMPI_DEBUG", None)  # debug mode checks every step at once
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     for k in range(3):
         consistency.note_step("add", ((4, 3), k))
@@ -366,7 +398,7 @@ def test_check_collective_on_a_group():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_debug_mode_finds_diverged_broadcast_shards(monkeypatch):
+def test_debug_mode_finds_diverged_broadcast_shards(switches):
     from mpi4py import MPI
 
     import sbpmpi as sm
@@ -374,10 +406,10 @@ def test_debug_mode_finds_diverged_broadcast_shards(monkeypatch):
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(12.0).reshape(4, 3), placement=pl, sbp=sm.sbp.broadcast)
-    monkeypatch.setenv("SBPMPI_DEBUG", "0")
+    switches("SBPMPI_DEBUG", "0")
     x.to_local()[0, 0] += rank  # diverge on ranks > 0
     assert errors_of(lambda: consistency.check_broadcast_shards(x, "x")) == ("no error", "")
-    monkeypatch.setenv("SBPMPI_DEBUG", "1")
+    switches("SBPMPI_DEBUG", "1")
     got = errors_of(lambda: consistency.check_broadcast_shards(x, "x"))
     if size == 1:
         assert got == ("no error", "")

@@ -6,8 +6,11 @@ in place on the arrays passed; ranks given as ``src``/``dst`` are world ranks an
 
 Modules: :mod:`.group` (groups, mesh sub-communicators), :mod:`.dtypes` (dtype ->
 MPI datatype), :mod:`.reduce_op` (ReduceOp -> MPI op), :mod:`.buffers` (contiguity,
-GPU staging), :mod:`.cuda_aware`, :mod:`.checks` (checked mode), :mod:`.call` (the one
-skeleton every call below follows: group, checks, agreement, trace, watchdog, staging),
+GPU staging), :mod:`.cuda_aware`, :mod:`.agreement` (the one cross-rank agreement: a
+fingerprint all-reduce, the descriptions gathered on a mismatch, collective decisions;
+used by the consistency check and by checked mode), :mod:`.checks` (checked mode),
+:mod:`.call` (the one skeleton every call below follows: group, checks, agreement,
+trace, watchdog, staging),
 :mod:`.p2p`, :mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`, :mod:`.info`
 (library version, MAX_COUNT, the whole setup), :mod:`.gpu` (the GPU transports: CUDA IPC
 on a node, and which one is used).

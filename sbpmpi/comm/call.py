@@ -58,13 +58,13 @@ class Call:
         """Raise the argument error ``e``; in checked mode every rank of the group raises
         it (see :func:`.checks.agree`)."""
         if checks._enabled:
-            checks.agree(self.comm, self.name, e)
+            checks.agree(self.g, self.name, e)
         raise e
 
     def agree(self, sig: Sequence[tuple[str, Any]], extra: Any = None) -> list[tuple[Any, Any]]:
         """Checked mode: every rank of the group passed the same ``sig`` (callers test
         ``checks._enabled`` first, so the signature is built only when checking)."""
-        return checks.agree(self.comm, self.name, None, sig, extra)
+        return checks.agree(self.g, self.name, None, sig, extra)
 
     def gpu(self, route: Callable[..., bool], *args: Any) -> bool:
         """True when the GPU transport ``route`` (a :mod:`.gpu.route` call) did the call."""

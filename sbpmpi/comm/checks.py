@@ -3,20 +3,30 @@
 By default each call validates its arguments locally, before any communication; an
 error that every rank makes the same way (the usual SPMD case) is raised on every rank.
 In checked mode (``SBPMPI_COMM_CHECK=1`` or :func:`set_checking`) every collective first
-exchanges its local verdict and a signature (dtype, sizes, root, op) with one small
-all-gather, so that an error made on one rank only, or ranks that disagree on sizes,
-raise the same clear error on every rank instead of hanging or corrupting data.
+agrees on its local verdict and a signature (dtype, sizes, root, op) through
+:func:`.agreement.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
+gathered only when they differ), so that an error made on one rank only, or ranks that
+disagree on sizes, raise the same clear error on every rank instead of hanging or
+corrupting data.
+
+Inside :func:`agreed` (a layout conversion whose ranks already agreed on the whole
+conversion) the calls skip their own exchange: their arguments follow from the agreed
+layouts.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from mpi4py import MPI
+from ..errors import CollectiveMismatchError
+from ..safety.exit_agreement import group_lines
+from . import agreement
+from .group import Group
 
-__all__ = ["checking", "set_checking", "agree"]
+__all__ = ["checking", "set_checking", "agree", "agreed"]
 
 _enabled = os.environ.get("SBPMPI_COMM_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
 
@@ -33,35 +43,74 @@ def set_checking(enabled: bool) -> bool:
     return prev
 
 
+@contextmanager
+def agreed() -> Iterator[None]:
+    """Within the block, calls skip checked mode's exchange (the ranks agreed on the step
+    that makes them, e.g. one layout conversion, in one exchange before it)."""
+    global _enabled
+    prev, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = prev
+
+
 def _fmt(sig: Sequence[tuple[str, Any]]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sig)
 
 
-def agree(comm: MPI.Intracomm, op: str, err: BaseException | None,
+def agree(group: Group, op: str, err: BaseException | None,
           sig: Sequence[tuple[str, Any]] = (), extra: Any = None) -> list[tuple[Any, Any]]:
     """Raise ``err`` (on every rank in checked mode) or check that all ranks agree on ``sig``.
 
     ``sig`` is a sequence of (name, value) that must be equal on every rank; ``extra`` is
-    exchanged as it is. Returns ``(sig, extra)`` of every rank in checked mode (``[]``
-    otherwise), for checks across ranks that give the same verdict everywhere.
+    exchanged as it is (an all-gather, after the agreement). Returns ``(sig, extra)`` of
+    every rank in checked mode (``[]`` otherwise), for checks across ranks that give the
+    same verdict everywhere.
     """
     if not _enabled:
         if err is not None:
             raise err
         return []
     mine = None if err is None else (type(err).__name__, str(err))
-    everyone = comm.allgather((mine, ((("call", op),) + tuple(sig)), extra))
-    bad = [(r, e) for r, (e, _, _) in enumerate(everyone) if e is not None]
+    full = (("call", op),) + tuple(sig)
+    text = f"{op}({_fmt(sig)})" if mine is None else f"{op}: {mine[0]}: {mine[1]}"
+    fp = agreement.fingerprint_of(repr((mine, full)))
+    everyone = agreement.agree(fp, op, text, lambda: (text, (mine, full)), group)
+    if everyone is not None:
+        _explain(everyone, group)
+    if mine is not None:  # the same error on every rank
+        n = len(group.ranks)
+        others = f" (and {n - 1} other ranks)" if n > 1 else ""
+        raise _error(mine, f"{mine[1]} [raised on group rank 0{others}]")
+    if extra is None:
+        return [(full[1:], None)] * len(group.ranks)
+    return [(full[1:], x) for x in agreement.gather(extra, op, group)]
+
+
+def _error(mine: tuple[str, str], text: str) -> Exception:
+    return TypeError(text) if mine[0] == "TypeError" else ValueError(text)
+
+
+def _explain(everyone: list[Any], group: Group) -> None:
+    """Raise the error that explains the signatures and verdicts ``everyone`` gathered."""
+    details = [d for _, d in everyone]
+    if not all(isinstance(d, tuple) and len(d) == 2 and isinstance(d[1], tuple)
+               and d[1][:1] and d[1][0][:1] == ("call",) for d in details):
+        # some rank is in another kind of agreement (an op's consistency check)
+        lines = group_lines([str(t) for t, _ in everyone], tuple(group.ranks))
+        raise CollectiveMismatchError(
+            "ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank "
+            "must make the same sbpmpi calls, in the same order.")
+    bad = [(r, e) for r, (e, _) in enumerate(details) if e is not None]
     if bad:
         r, (tname, msg) = bad[0]
         others = f" (and {len(bad) - 1} other ranks)" if len(bad) > 1 else ""
-        exc = TypeError if tname == "TypeError" else ValueError
-        raise exc(f"{msg} [raised on group rank {r}{others}]")
-    sigs = [s for _, s, _ in everyone]
+        raise _error((tname, msg), f"{msg} [raised on group rank {r}{others}]")
+    sigs = [s for _, s in details]
     for r, s in enumerate(sigs):
         if s != sigs[0]:
             raise ValueError(_disagreement(sigs[0], r, s))
-    return [(s[1:], x) for _, s, x in everyone]
 
 
 def _disagreement(sig0: Sequence[tuple[str, Any]], r: int, sig: Sequence[tuple[str, Any]]) -> str:
@@ -78,4 +127,3 @@ def _disagreement(sig0: Sequence[tuple[str, Any]], r: int, sig: Sequence[tuple[s
 
 
 _MISSING = object()
-

@@ -7,7 +7,7 @@ and no data-dependent check (a row exact for finite values only, with a tensor p
 GlobalTensor argument's layout and dtype, and each other argument's type and value
 (scalars, dims, shapes, dtypes: everything the builder reads). A later call with an equal
 key skips building and inference: :meth:`Fast.run` folds the cached step text into the
-consistency check's running hash (``SBPMPI_CHECK``, read at every call), computes the
+consistency check's running hash (``SBPMPI_CHECK``, tested at every call), computes the
 local shard with the cached kernel and wraps it in the cached output layout.
 
 Invalidation: :func:`clear` (called by ``inference.clear_cache``, so also when the boxing

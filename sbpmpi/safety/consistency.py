@@ -1,5 +1,9 @@
 """Consistency checks and collective decisions: every rank takes the same branch.
 
+This module is the policy (what to describe, when to check, folding local steps into the
+next check, statistics, error texts); the exchanges themselves are
+:mod:`sbpmpi.comm.agreement`'s, the one mechanism that comm's checked mode uses too.
+
 Ops and conversions on global tensors are collective: every rank must call the
 same one, on tensors of the same shape, dtype, SBP and placement, at the same
 step. :func:`check_collective` verifies that before any data moves: each rank
@@ -15,7 +19,11 @@ communicates, with the recent local steps of each rank in the message.
 
 ``SBPMPI_CHECK=0`` turns the checks off (benchmarks); ``SBPMPI_DEBUG=1`` adds
 :func:`check_broadcast_shards`, which verifies that the shards along broadcast
-mesh axes are really identical.
+mesh axes are really identical. Both are read once, at import; :func:`configure`
+changes them at run time (on every rank alike) or re-reads the environment.
+
+A conversion's SBP is described after normalising it against the tensor's ndim and the
+mesh (:func:`conversion_meta`), so ``split(-1)`` and ``split(1)`` of a 2-d tensor agree.
 
 :func:`raise_if_any` and :class:`collective_errors` combine a verdict that depends on
 local data (a shard's shape, a file's state) across ranks before acting, so that a
@@ -23,7 +31,7 @@ failure on one rank raises the same error on all of them instead of leaving the
 others waiting in the next collective.
 
 These exchanges carry metadata only (fingerprints, flags, short strings), never
-tensor data; they are not recorded by ``sm.trace``.
+tensor data; ``sm.trace`` keeps them apart from the comm calls, in ``Trace.agreements``.
 """
 
 from __future__ import annotations
@@ -31,21 +39,19 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-import importlib
 import os
-import sys
-from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
+from ..comm import agreement
+from ..comm.agreement import all_ok, collective_errors, decide_on_root, raise_if_any
+from ..comm.group import WORLD, Group
 from ..core.layout import Layout
 from ..core.placement import Placement
-from ..core.sbp import Broadcast, Partial, Split
+from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
 from ..errors import CollectiveMismatchError
-from . import exit_agreement, watchdog
 from .exit_agreement import group_lines
 
 __all__ = [
@@ -53,8 +59,10 @@ __all__ = [
     "DEBUG_ENV",
     "check_enabled",
     "debug_enabled",
+    "configure",
     "describe",
     "fingerprint",
+    "conversion_meta",
     "check_collective",
     "note_step",
     "note_step_digest",
@@ -71,22 +79,16 @@ CHECK_ENV = "SBPMPI_CHECK"
 DEBUG_ENV = "SBPMPI_DEBUG"
 _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
-_MASK63 = (1 << 63) - 1
-T = TypeVar("T")
+_MASK63 = agreement.MASK63
 _stats = {"checks": 0, "exchanges": 0, "shard_checks": 0}
-
-
-_KEYS = {name: os.environ.encodekey(name) for name in (CHECK_ENV, DEBUG_ENV)}
+_UNSET: Any = object()
 
 
 def _flag(name: str, default: bool) -> bool:
-    # read at every call (a run may change it) straight from os.environ's own store:
-    # os.environ.get costs microseconds when the variable is unset (a caught KeyError),
-    # and every op reads these flags
-    raw = os.environ._data.get(_KEYS[name])  # type: ignore[attr-defined]
-    if raw is None:
+    value = os.environ.get(name)
+    if value is None:
         return default
-    value = os.environ.decodevalue(raw).strip().lower()
+    value = value.strip().lower()
     if value in _ON:
         return True
     if value in _OFF:
@@ -94,14 +96,38 @@ def _flag(name: str, default: bool) -> bool:
     return default
 
 
+# read once, at import; configure() changes them (or re-reads the environment)
+_check = _flag(CHECK_ENV, True)
+_debug = _flag(DEBUG_ENV, False)
+
+
 def check_enabled() -> bool:
-    """True unless ``SBPMPI_CHECK=0`` (read at every call, so it can be changed at run time)."""
-    return _flag(CHECK_ENV, True)
+    """True unless ``SBPMPI_CHECK=0`` (read at import; :func:`configure` changes it)."""
+    return _check
 
 
 def debug_enabled() -> bool:
     """True when ``SBPMPI_DEBUG=1``: also check that broadcast shards are identical."""
-    return _flag(DEBUG_ENV, False)
+    return _debug
+
+
+def configure(check: bool | None | Any = _UNSET, debug: bool | None | Any = _UNSET
+              ) -> tuple[bool, bool]:
+    """Turn the checks on or off (on every rank alike); returns the previous ``(check, debug)``.
+
+    ``check`` stands for ``SBPMPI_CHECK``, ``debug`` for ``SBPMPI_DEBUG``; an argument left
+    out keeps its setting, None re-reads it from the environment. With no argument at all,
+    both are re-read from the environment.
+    """
+    global _check, _debug
+    prev = (_check, _debug)
+    if check is _UNSET and debug is _UNSET:
+        check = debug = None
+    if check is not _UNSET:
+        _check = _flag(CHECK_ENV, True) if check is None else bool(check)
+    if debug is not _UNSET:
+        _debug = _flag(DEBUG_ENV, False) if debug is None else bool(debug)
+    return prev
 
 
 def stats() -> dict[str, int]:
@@ -180,17 +206,6 @@ def fingerprint(meta: Any) -> int:
     return int.from_bytes(digest, "little") & _MASK63
 
 
-def _comm_of(group: Any) -> Any:
-    """The MPI communicator of ``group`` (a comm.Group, or None for the world)."""
-    if group is None:
-        return MPI.COMM_WORLD
-    return group.comm
-
-
-def _ranks_of(group: Any, size: int) -> tuple[int, ...]:
-    return tuple(group.ranks) if group is not None else tuple(range(size))
-
-
 def _step_text(what: str, meta: Any) -> str:
     args = meta if isinstance(meta, tuple) else (meta,)
     return f"{what}({', '.join(describe(a) for a in args)})"
@@ -243,7 +258,32 @@ def _reset_pending() -> None:
     _recent.clear()
 
 
-def check_collective(what: str, meta: Any = (), group: Any = None) -> None:
+def conversion_meta(x: Any, placement: Any, sbp: Any) -> tuple[Any, Any, Any]:
+    """``(x, placement, sbp)`` of ``x.to_global`` as its check describes them.
+
+    The SBP is normalised against ``x``'s ndim and the mesh (one entry per mesh axis,
+    split dims made non-negative), so ranks that pass ``split(-1)`` and ``split(1)`` for a
+    2-d tensor (or ``split(0)`` and ``[split(0)]``) describe the same conversion alike, as
+    comm's checked mode, which compares the layouts, does. An SBP that does not normalise
+    is described as given: the conversion refuses it later, on every rank.
+    """
+    if sbp is None:
+        return (x, placement, sbp)
+    pl = placement if placement is not None else x.placement
+    try:
+        key = tuple(sbp) if isinstance(sbp, list) else sbp
+        return (x, placement, _normalized(key, pl.ndim, x.ndim))
+    except (TypeError, ValueError, AttributeError):
+        return (x, placement, sbp)
+
+
+@functools.lru_cache(maxsize=256)
+def _normalized(sbp: Any, mesh_ndim: int, ndim: int) -> tuple[Any, ...]:
+    return normalize_nd_sbp(sbp, mesh_ndim, ndim)
+
+
+def check_collective(what: str, meta: Any = (), group: Group | None = None,
+                     force: bool = False) -> bool:
     """Raise the same error on every rank of ``group`` unless all passed equal ``(what, meta)``.
 
     Parameters
@@ -255,49 +295,56 @@ def check_collective(what: str, meta: Any = (), group: Any = None) -> None:
         equal on every rank in a correct program, so no local shard shapes.
     group : comm.Group, optional
         The ranks that take part (the world by default). Ranks outside do nothing.
+    force : bool
+        Check even when ``SBPMPI_CHECK=0`` (comm's checked mode checks a conversion as a
+        whole).
+
+    Returns
+    -------
+    bool
+        True when the ranks of the group agreed (checked, or a group of one rank); False
+        when the check is off or this rank is outside the group.
 
     Raises
     ------
     CollectiveMismatchError
         On every rank of the group, naming what each rank called.
     """
-    if not check_enabled():
-        return
+    if not (_check or force):
+        return False
     _stats["checks"] += 1
-    comm = _comm_of(group)
-    if comm is None or comm.Get_size() == 1:
-        return
+    if group is None:
+        world, n = True, len(WORLD.ranks)
+    elif group.comm is None:
+        return False
+    else:
+        world, n = agreement.covers_world(group), len(group.ranks)
+    if n == 1:
+        return True
     text = _step_text(what, meta)
-    world = comm.Get_size() == MPI.COMM_WORLD.Get_size()  # every rank takes part
-    seed = _pending if world else _NO_STEPS
-    digest = hashlib.blake2b(seed + text.encode(), digest_size=8).digest()
-    fp = int.from_bytes(digest, "little") & _MASK63
-    buf = np.array([fp, -fp], dtype=np.int64)
-    ranks = _ranks_of(group, comm.Get_size())
+    fp = agreement.fingerprint_of(text, _pending if world else _NO_STEPS)
     _stats["exchanges"] += 1
-    with watchdog.watch(f"consistency check before {what}", peers=ranks):
-        # non-blocking, so that a peer that reached the end of the program is noticed
-        failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
-        if failed is not None:
-            raise CollectiveMismatchError(failed)
-        if int(buf[0]) == -int(buf[1]):
-            if world:
-                _reset_pending()
-            return
-        local = ""
-        if world and _pending_n:
-            local = (f" (after {_pending_n} local step{'s' if _pending_n > 1 else ''}"
-                     f"{', the last: ' if _pending_n > len(_recent) else ': '}"
-                     + ", ".join(_recent) + ")")
-        texts = comm.allgather(text + local)
+    texts = agreement.agree(fp, what, text, lambda: (text + _local_steps(world), None), group)
     if world:
         _reset_pending()
-    lines = group_lines(texts, ranks)
+    if texts is None:
+        return True
+    _, ranks = agreement.members(group)
+    lines = group_lines([t for t, _ in texts], ranks)
     raise CollectiveMismatchError(
         "ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must call "
         "the same operations, on tensors of the same shape, dtype, SBP and placement, in the "
         "same order."
     )
+
+
+def _local_steps(world: bool) -> str:
+    """`` (after N local steps: ...)``, what this rank did since the last world check."""
+    if not (world and _pending_n):
+        return ""
+    return (f" (after {_pending_n} local step{'s' if _pending_n > 1 else ''}"
+            f"{', the last: ' if _pending_n > len(_recent) else ': '}"
+            + ", ".join(_recent) + ")")
 
 
 def _shard_hash(local: Any) -> int:
@@ -316,19 +363,16 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
     Collective over the world (every rank calls it, members of ``x.placement`` or not);
     a no-op unless ``SBPMPI_DEBUG=1``. Compares a hash of each shard, not the data.
     """
-    if not debug_enabled():
+    if not _debug:
         return
     _stats["shard_checks"] += 1
     pl = x.placement
     axes = [a for a, s in enumerate(x.sbp) if isinstance(s, Broadcast) and pl.hierarchy[a] > 1]
     if not axes:
         return
-    world = MPI.COMM_WORLD
-    me = world.Get_rank()
-    coord = pl.coord_of(me)
+    coord = pl.coord_of(WORLD.rank)
     mine = None if coord is None else (coord, _shard_hash(x.to_local()))
-    with watchdog.watch(f"SBPMPI_DEBUG shard check of {what}"):
-        entries = world.allgather(mine)
+    entries = agreement.gather(mine, f"SBPMPI_DEBUG shard check of {what}")
     coords = {r: tuple(e[0]) for r, e in enumerate(entries) if e is not None}
     problems = []
     for a in axes:
@@ -347,125 +391,3 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
             + "\nA broadcast shard was modified on some ranks only, or computed from "
               "rank-dependent data."
         )
-
-
-# -- collective decisions ---------------------------------------------------------------------
-
-def all_ok(ok: bool, group: Any = None) -> bool:
-    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
-    comm = _comm_of(group)
-    if comm is None:
-        raise ValueError(f"this rank is not a member of {group!r}")
-    if comm.Get_size() == 1:
-        return bool(ok)
-    with watchdog.watch("collective decision", peers=_ranks_of(group, comm.Get_size())):
-        return bool(comm.allreduce(bool(ok), op=MPI.LAND))
-
-
-def _error_class(module: str, qualname: str) -> type[BaseException] | None:
-    mod = sys.modules.get(module)
-    if mod is None and module.startswith("sbpmpi"):
-        try:
-            mod = importlib.import_module(module)
-        except Exception:
-            mod = None
-    obj: Any = mod
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if isinstance(obj, type) and issubclass(obj, Exception):
-        return obj
-    return None
-
-
-def raise_if_any(error: BaseException | None, what: str, group: Any = None) -> None:
-    """Collective: if any rank of ``group`` passes an error, raise one on every rank.
-
-    Every rank raises the same type (that of the lowest failing rank, when it can be built
-    from a message; RuntimeError otherwise) with the same message
-    ``"<what>: rank R: <message>"``, chained to the local error where there is one.
-    """
-    if all_ok(error is None, group):
-        return
-    comm = _comm_of(group)
-    info = None if error is None else (type(error).__module__, type(error).__qualname__,
-                                       str(error))
-    with watchdog.watch(f"collective decision of {what}"):
-        infos = comm.allgather(info)
-    ranks = _ranks_of(group, comm.Get_size())
-    failed = [(r, i) for r, i in zip(ranks, infos) if i is not None]
-    r0, (mod, qual, msg) = failed[0]
-    text = f"{what}: rank {r0}: {msg}"
-    others = [r for r, i in failed[1:]]
-    if others:
-        same = all(i[2] == msg for _, i in failed[1:])
-        text += (f" (and the same on rank{'s' if len(others) > 1 else ''} "
-                 f"{', '.join(map(str, others))})" if same else
-                 "".join(f"\n{what}: rank {r}: {i[2]}" for r, i in failed[1:4]))
-    exc = _build_error(mod, qual, text)
-    if error is not None:
-        raise exc from error
-    raise exc
-
-
-def _build_error(mod: str, qual: str, text: str) -> BaseException:
-    cls = _error_class(mod, qual)
-    try:
-        return cls(text) if cls is not None else RuntimeError(f"{qual}: {text}")
-    except Exception:
-        return RuntimeError(f"{qual}: {text}")
-
-
-def decide_on_root(fn: Callable[[], T], what: str, root: int = 0, group: Any = None) -> T:
-    """Collective: run ``fn`` on world rank ``root`` only; return its result on every rank.
-
-    If ``fn`` raises, every rank raises the same type with the message
-    ``"<what>: <message>"``. For checks only one rank should make (a file's header, a
-    directory's state) so that all ranks take the same branch. The result must pickle.
-    """
-    comm = _comm_of(group)
-    if comm is None:
-        raise ValueError(f"this rank is not a member of {group!r}")
-    me = MPI.COMM_WORLD.Get_rank()
-    local_error: BaseException | None = None
-    verdict: Any = None
-    if me == root:
-        try:
-            verdict = ("ok", fn())
-        except Exception as e:
-            local_error = e
-            verdict = ("error", type(e).__module__, type(e).__qualname__, str(e))
-    if comm.Get_size() > 1:
-        root_in_group = root if group is None else group.group_rank(root)
-        with watchdog.watch(f"{what}: waiting for rank {root}'s verdict"):
-            verdict = comm.bcast(verdict, root=root_in_group)
-    if verdict[0] == "ok":
-        return verdict[1]  # type: ignore[no-any-return]
-    exc = _build_error(verdict[1], verdict[2], f"{what}: {verdict[3]}")
-    if local_error is not None:
-        raise exc from local_error
-    raise exc
-
-
-class collective_errors:
-    """Context manager: an exception inside the block on any rank raises on every rank.
-
-    Every rank of ``group`` must enter and leave the block; leaving it is collective
-    (one small all-reduce). Use it around local work that can fail on some ranks only
-    (reading a file, checking a shard) before the next collective.
-
-        with consistency.collective_errors("sm.load"):
-            header = read_header(path) if rank == 0 else None
-    """
-
-    def __init__(self, what: str, group: Any = None) -> None:
-        self.what = what
-        self.group = group
-
-    def __enter__(self) -> collective_errors:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is not None and not isinstance(exc, Exception):
-            return  # KeyboardInterrupt, SystemExit: propagate without communicating
-        raise_if_any(exc, self.what, self.group)

@@ -6,8 +6,11 @@
     t.count("all_gather_v")     # -> 1
 
 Every buffer call of ``sbpmpi.comm`` (and the object calls) appends one frozen
-:class:`CommRecord` to every active trace. When no trace is active the cost is one
-truth test of a module-level list.
+:class:`CommRecord` to every active trace. The small metadata exchanges of the
+cross-rank agreement (:mod:`sbpmpi.comm.agreement`: the consistency check, checked
+mode, collective decisions) are kept apart, in ``Trace.agreements``, so that the records
+show the calls that move data. When no trace is active the cost is one truth test of a
+module-level list.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["CommRecord", "Trace", "trace"]
+__all__ = ["CommRecord", "Trace", "trace", "record", "record_agreement"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,17 @@ class CommRecord:
 
 
 class Trace:
-    """The records collected by one ``with trace():`` block, in call order."""
+    """The records collected by one ``with trace():`` block, in call order.
+
+    ``records`` holds the comm calls; ``agreements`` the agreement exchanges (op
+    ``"agreement"``: a 16-byte fingerprint or verdict all-reduce; ``"agreement_gather"``
+    and ``"agreement_broadcast"``: the descriptions or a root's verdict), not counted by
+    ``len``, ``count`` and the others.
+    """
 
     def __init__(self) -> None:
         self.records: list[CommRecord] = []
+        self.agreements: list[CommRecord] = []
 
     def __len__(self) -> int:
         return len(self.records)
@@ -95,6 +105,7 @@ class Trace:
 
     def clear(self) -> None:
         self.records.clear()
+        self.agreements.clear()
 
     def __repr__(self) -> str:
         return f"<Trace of {len(self.records)} calls: {self.summary()}>"
@@ -123,6 +134,12 @@ def record(rec: CommRecord) -> None:
     """Append ``rec`` to every active trace (called by sbpmpi.comm)."""
     for t in ACTIVE:
         t.records.append(rec)
+
+
+def record_agreement(rec: CommRecord) -> None:
+    """Append ``rec``, an agreement exchange, to every active trace's ``agreements``."""
+    for t in ACTIVE:
+        t.agreements.append(rec)
 
 
 class trace:  # noqa: N801 - used as ``sm.trace()``, a context manager

@@ -1,0 +1,266 @@
+"""One agreement mechanism: do the ranks of a group agree, and if not, what did each do?
+
+Both cross-rank checks use it: the op-level consistency check
+(:mod:`sbpmpi.safety.consistency`: what each rank is about to do) and comm's checked mode
+(:mod:`.checks`: each call's verdict on its arguments and their signature). Every
+agreement is the same exchange, so ranks in different kinds of check still meet in the
+same MPI calls and get an explanation instead of a hang:
+
+1. :func:`agree`: one non-blocking all-reduce (MAX) of two int64, a 63-bit fingerprint
+   ``fp`` and ``-fp``: every rank learns whether all fingerprints are equal (``max(fp) ==
+   -max(-fp)``). While it is in flight the rank polls for peers that reached the end of
+   the program (:func:`sbpmpi.safety.exit_agreement.wait`), so a check that can never
+   complete ends with the cause on every rank.
+2. Only when they differ, one all-gather of each rank's ``(text, detail)``: the caller
+   explains the mismatch from them.
+
+The collective decisions live here as well: :func:`all_ok`, :func:`raise_if_any`,
+:func:`decide_on_root`, :func:`gather` and :class:`collective_errors`. Every exchange runs
+under the watchdog and is recorded in the active ``sm.trace`` traces as an agreement
+(``Trace.agreements``: ops ``"agreement"``, ``"agreement_gather"``,
+``"agreement_broadcast"``), apart from the calls that move data. They carry metadata only
+(fingerprints, flags, short texts), never tensor data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pickle
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import CollectiveMismatchError
+from ..safety import exit_agreement
+from ..safety.trace import ACTIVE, CommRecord, record_agreement
+from ..safety.watchdog import watch
+from .group import WORLD, Group
+
+__all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
+           "raise_if_any", "decide_on_root", "collective_errors", "build_error"]
+
+MASK63 = (1 << 63) - 1
+#: Watch labels of exchanges that poll for finished peers themselves start with this (the
+#: watchdog's exit watch leaves them alone).
+CHECK_LABEL = "consistency check"
+T = TypeVar("T")
+
+
+def fingerprint_of(text: str, seed: bytes = b"") -> int:
+    """The 63-bit fingerprint of ``seed + text`` (blake2b), equal across processes."""
+    digest = hashlib.blake2b(seed + text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & MASK63
+
+
+def members(group: Group | None) -> tuple[Any, tuple[int, ...]]:
+    """The communicator of ``group`` (None for WORLD) and its world ranks; ``(None, ranks)``
+    on a rank outside the group."""
+    if group is None:
+        return WORLD.comm, WORLD.ranks
+    return group.comm, tuple(group.ranks)
+
+
+def covers_world(group: Group | None) -> bool:
+    """True when every rank of the world takes part in an exchange on ``group``."""
+    return group is None or len(group.ranks) == len(WORLD.ranks)
+
+
+def _note(op: str, nbytes: int, ranks: tuple[int, ...], peer: int | None = None) -> None:
+    record_agreement(CommRecord(op, nbytes, len(ranks), "", ranks, peer))
+
+
+def _pickled(obj: Any) -> int:
+    try:
+        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return 0
+
+
+def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
+          group: Group | None = None) -> list[Any] | None:
+    """None when every rank of ``group`` passed the same fingerprint ``fp``; else the list
+    of every rank's ``explain()`` (in group order), the same on every rank.
+
+    Parameters
+    ----------
+    fp : int
+        This rank's 63-bit fingerprint (``0 <= fp < 2**63``).
+    what : str
+        The step checked, for the watchdog (``"consistency check before <what>"``).
+    text : str
+        What this rank is doing, for the peers when one of them has finished.
+    explain : callable
+        Called on a mismatch only: this rank's part of the explanation (must pickle).
+    group : comm.Group, optional
+        The ranks that take part (WORLD by default); call it on members only.
+
+    Raises
+    ------
+    CollectiveMismatchError
+        On every rank of the group, when a peer reached the end of the program (or is stuck
+        in a failed check) so that the exchange can never complete.
+    """
+    comm, ranks = members(group)
+    if len(ranks) == 1:
+        return None
+    buf = np.array([fp, -fp], dtype=np.int64)
+    if ACTIVE:
+        _note("agreement", 16, ranks)
+    with watch(f"{CHECK_LABEL} before {what}", ranks):
+        # non-blocking, so that a peer that reached the end of the program is noticed
+        failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
+        if failed is not None:
+            raise CollectiveMismatchError(failed)
+        if int(buf[0]) == -int(buf[1]):
+            return None
+        mine = explain()
+        if ACTIVE:
+            _note("agreement_gather", _pickled(mine), ranks)
+        return comm.allgather(mine)  # type: ignore[no-any-return]
+
+
+def gather(obj: Any, what: str, group: Group | None = None) -> list[Any]:
+    """Every rank's ``obj`` (small metadata that pickles), in group order (collective)."""
+    comm, ranks = members(group)
+    if comm is None:
+        raise ValueError(f"{what}: this rank is not a member of {group!r}")
+    if len(ranks) == 1:
+        return [obj]
+    if ACTIVE:
+        _note("agreement_gather", _pickled(obj), ranks)
+    with watch(what, ranks):
+        return comm.allgather(obj)  # type: ignore[no-any-return]
+
+
+# -- collective decisions ---------------------------------------------------------------------
+
+def all_ok(ok: bool, group: Group | None = None) -> bool:
+    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
+    comm, ranks = members(group)
+    if comm is None:
+        raise ValueError(f"this rank is not a member of {group!r}")
+    if len(ranks) == 1:
+        return bool(ok)
+    buf = np.array([0 if ok else 1, 0], dtype=np.int64)  # the shape of agree's exchange
+    if ACTIVE:
+        _note("agreement", 16, ranks)
+    with watch("collective decision", ranks):
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return int(buf[0]) == 0
+
+
+def _error_class(module: str, qualname: str) -> type[BaseException] | None:
+    mod = sys.modules.get(module)
+    if mod is None and module.startswith("sbpmpi"):
+        try:
+            mod = importlib.import_module(module)
+        except Exception:
+            mod = None
+    obj: Any = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, Exception):
+        return obj
+    return None
+
+
+def build_error(module: str, qualname: str, text: str) -> BaseException:
+    """An exception of the class ``module.qualname`` with message ``text`` where it can be
+    built from a message; ``RuntimeError("<qualname>: <text>")`` otherwise."""
+    cls = _error_class(module, qualname)
+    try:
+        return cls(text) if cls is not None else RuntimeError(f"{qualname}: {text}")
+    except Exception:
+        return RuntimeError(f"{qualname}: {text}")
+
+
+def raise_if_any(error: BaseException | None, what: str, group: Group | None = None) -> None:
+    """Collective: if any rank of ``group`` passes an error, raise one on every rank.
+
+    Every rank raises the same type (that of the lowest failing rank, when it can be built
+    from a message; RuntimeError otherwise) with the same message
+    ``"<what>: rank R: <message>"``, chained to the local error where there is one.
+    """
+    if all_ok(error is None, group):
+        return
+    info = None if error is None else (type(error).__module__, type(error).__qualname__,
+                                       str(error))
+    infos = gather(info, f"collective decision of {what}", group)
+    _, ranks = members(group)
+    failed = [(r, i) for r, i in zip(ranks, infos) if i is not None]
+    r0, (mod, qual, msg) = failed[0]
+    text = f"{what}: rank {r0}: {msg}"
+    others = [r for r, i in failed[1:]]
+    if others:
+        same = all(i[2] == msg for _, i in failed[1:])
+        text += (f" (and the same on rank{'s' if len(others) > 1 else ''} "
+                 f"{', '.join(map(str, others))})" if same else
+                 "".join(f"\n{what}: rank {r}: {i[2]}" for r, i in failed[1:4]))
+    exc = build_error(mod, qual, text)
+    if error is not None:
+        raise exc from error
+    raise exc
+
+
+def decide_on_root(fn: Callable[[], T], what: str, root: int = 0,
+                   group: Group | None = None) -> T:
+    """Collective: run ``fn`` on world rank ``root`` only; return its result on every rank.
+
+    If ``fn`` raises, every rank raises the same type with the message
+    ``"<what>: <message>"``. For checks only one rank should make (a file's header, a
+    directory's state) so that all ranks take the same branch. The result must pickle.
+    """
+    comm, ranks = members(group)
+    if comm is None:
+        raise ValueError(f"this rank is not a member of {group!r}")
+    me = MPI.COMM_WORLD.Get_rank()
+    local_error: BaseException | None = None
+    verdict: Any = None
+    if me == root:
+        try:
+            verdict = ("ok", fn())
+        except Exception as e:
+            local_error = e
+            verdict = ("error", type(e).__module__, type(e).__qualname__, str(e))
+    if len(ranks) > 1:
+        root_in_group = root if group is None else group.group_rank(root)
+        if ACTIVE:
+            _note("agreement_broadcast", _pickled(verdict) if me == root else 0, ranks, root)
+        with watch(f"{what}: waiting for rank {root}'s verdict", ranks):
+            verdict = comm.bcast(verdict, root=root_in_group)
+    if verdict[0] == "ok":
+        return verdict[1]  # type: ignore[no-any-return]
+    exc = build_error(verdict[1], verdict[2], f"{what}: {verdict[3]}")
+    if local_error is not None:
+        raise exc from local_error
+    raise exc
+
+
+class collective_errors:  # noqa: N801 - a context manager, used like a function
+    """Context manager: an exception inside the block on any rank raises on every rank.
+
+    Every rank of ``group`` must enter and leave the block; leaving it is collective
+    (one small all-reduce). Use it around local work that can fail on some ranks only
+    (reading a file, checking a shard) before the next collective.
+
+        with consistency.collective_errors("sm.load"):
+            header = read_header(path) if rank == 0 else None
+    """
+
+    def __init__(self, what: str, group: Group | None = None) -> None:
+        self.what = what
+        self.group = group
+
+    def __enter__(self) -> collective_errors:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            return  # KeyboardInterrupt, SystemExit: propagate without communicating
+        raise_if_any(exc, self.what, self.group)

@@ -1,0 +1,214 @@
+"""The one agreement mechanism (sbpmpi.comm.agreement) behind the consistency check and
+comm's checked mode, at n = 1..4.
+
+- one normalisation: ranks passing ``split(-1)`` and ``split(1)`` for a 2-d tensor agree,
+  a real mismatch still raises on every rank;
+- checked mode (``SBPMPI_COMM_CHECK``) makes one agreement exchange per ``x.to_global``;
+- the exchanges are recorded in ``Trace.agreements``, apart from the comm calls;
+- a rank in an op's consistency check and a rank in a checked sm.comm call meet in the same
+  exchange and both get an explanation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_same_on_all_ranks, errors_of
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi.comm import agreement, checks
+from sbpmpi.safety import consistency
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+@pytest.fixture
+def checked():
+    """Checked mode on for the test, with the consistency check as it was."""
+    prev = checks.set_checking(True)
+    saved = consistency.check_enabled()
+    yield
+    checks.set_checking(prev)
+    consistency.configure(check=saved)
+
+
+def _x():
+    a = np.arange(4 * size * 6, dtype=np.float64).reshape(4 * size, 6)
+    return a, sm.tensor(a, placement=sm.placement("cpu", list(range(size))), sbp=sm.sbp.split(0))
+
+
+# -- one normalisation ---------------------------------------------------------------------------
+
+def test_conversion_meta_normalises_against_ndim():
+    pl = sm.placement("cpu", [0])
+    x = sm.tensor(np.zeros((2, 3)), placement=pl, sbp=sm.sbp.split(0))
+    texts = {consistency._step_text("x.to_global", consistency.conversion_meta(x, None, s))
+             for s in (sm.sbp.split(-1), sm.sbp.split(1), [sm.sbp.split(1)], (sm.sbp.split(-1),))}
+    assert texts == {"x.to_global(tensor((2, 3), float64, sbp=(S(0)), placement=cpu[0]), None, "
+                     "(S(1),))"}, texts
+    # an SBP that does not normalise is described as given (the conversion refuses it later)
+    assert consistency.conversion_meta(x, None, sm.sbp.split(2))[2] == sm.sbp.split(2)
+    assert consistency.conversion_meta(x, None, "S(1)")[2] == "S(1)"
+    assert consistency.conversion_meta(x, None, None)[2] is None
+
+
+MODES = ["check", "checked mode", "both"]
+
+
+def _in_mode(mode: str):
+    """SBPMPI_CHECK on for "check" and "both", checked mode on for the other two."""
+    consistency.configure(check=mode != "checked mode")
+    checks.set_checking(mode != "check")
+    return _x()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_split_minus_one_and_split_one_agree(mode, checked):
+    a, x = _in_mode(mode)
+    want = sm.sbp.split(-1) if rank % 2 == 0 else sm.sbp.split(1)
+    y = x.to_global(sbp=want)
+    assert y.sbp == (sm.sbp.split(1),)
+    np.testing.assert_array_equal(y.numpy(), a)
+    # a list of one SBP is the same request as the SBP
+    y = x.to_global(sbp=[sm.sbp.broadcast] if rank % 2 else sm.sbp.broadcast)
+    np.testing.assert_array_equal(y.to_local(), a)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_real_sbp_mismatch_raises_on_every_rank(mode, checked):
+    a, x = _in_mode(mode)
+    want = sm.sbp.split(0) if rank == size - 1 else sm.sbp.split(-1)
+    kind, msg = errors_of(lambda: x.to_global(sbp=want))
+    if mode == "checked mode":  # the conversion's own agreement (check off)
+        assert kind == "ValueError", (kind, msg)
+        assert "box: ranks disagree on the conversion" in msg and "S(1)" in msg, msg
+    else:
+        assert kind == "CollectiveMismatchError", (kind, msg)
+        assert f"rank {size - 1}: x.to_global(tensor(" in msg and "None, (S(0),))" in msg, msg
+        assert "None, (S(1),))" in msg, msg
+    np.testing.assert_array_equal(x.numpy(), a)  # every rank is in step afterwards
+
+
+# -- one exchange per conversion ----------------------------------------------------------------
+
+def _ops(t) -> list[str]:
+    return [r.op for r in t]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("check", [True, False])
+def test_checked_mode_makes_one_exchange_per_to_global(check, checked):
+    consistency.configure(check=check)
+    a, x = _x()
+    with sm.trace() as plain:
+        x.to_global(sbp=sm.sbp.broadcast)
+    with sm.trace() as t:
+        y = x.to_global(sbp=sm.sbp.broadcast)
+    np.testing.assert_array_equal(y.to_local(), a)
+    # the data moves exactly as without checked mode ...
+    checks.set_checking(False)
+    with sm.trace() as unchecked:
+        x.to_global(sbp=sm.sbp.broadcast)
+    assert _ops(t) == _ops(unchecked) == _ops(plain), (str(t), str(unchecked))
+    assert _ops(t) == ([] if size == 1 else ["all_gather"]), str(t)
+    # ... after one agreement exchange of 16 bytes (none for a single process)
+    want = [] if size == 1 else [("agreement", 16)]
+    assert [(r.op, r.nbytes) for r in t.agreements] == want, t.agreements
+    assert [(r.op, r.nbytes) for r in unchecked.agreements] == (want if check else [])
+    # a conversion that goes through several collectives: still one exchange
+    if size == 4:
+        mesh = sm.placement("cpu", [[0, 1], [2, 3]])
+        z = sm.tensor(a, placement=mesh, sbp=(sm.sbp.split(0), sm.sbp.split(1)))
+        checks.set_checking(True)
+        with sm.trace() as t:
+            w = z.to_global(sbp=(sm.sbp.broadcast, sm.sbp.broadcast))
+        assert len(t) >= 2 and len(t.agreements) == 1, (str(t), t.agreements)
+        np.testing.assert_array_equal(w.to_local(), a)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_box_and_numpy_in_checked_mode_make_one_exchange(checked):
+    a, x = _x()
+    for check in (True, False):
+        consistency.configure(check=check)
+        with sm.trace() as t:
+            y = sm.boxing.box(x, sbp=sm.sbp.broadcast)  # no consistency check of its own
+        assert len(t.agreements) == (size > 1), t.agreements
+        with sm.trace() as t:
+            got = y.to_global(sbp=sm.sbp.split(1)).numpy()
+        np.testing.assert_array_equal(got, a)
+        # to_global (local slicing) and numpy (an all-gather): one exchange each
+        assert len(t.agreements) == 2 * (size > 1), (check, t.agreements)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_checked_sm_comm_calls_agree_in_one_small_exchange(checked):
+    x = np.arange(3.0) + rank
+    with sm.trace() as t:
+        sm.comm.all_reduce(x)
+    assert (x == sum(np.arange(3.0) + r for r in range(size))).all()
+    assert _ops(t) == ["all_reduce"]
+    assert [(r.op, r.nbytes) for r in t.agreements] == ([("agreement", 16)] if size > 1 else [])
+    # all_to_all_v also needs every rank's counts: one more gather
+    out, src = np.zeros(size), np.arange(float(size))
+    with sm.trace() as t:
+        sm.comm.all_to_all_v(out, [1] * size, src, [1] * size)
+    assert [r.op for r in t.agreements] == (["agreement", "agreement_gather"] if size > 1 else [])
+    np.testing.assert_array_equal(out, np.full(size, float(rank)))
+
+
+# -- the decisions go through it too -------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_decisions_are_traced_as_agreements():
+    with sm.trace() as t:
+        assert consistency.all_ok(True)
+        assert consistency.decide_on_root(lambda: 7, "seven") == 7
+        consistency.raise_if_any(None, "nothing")
+    assert len(t) == 0
+    want = ["agreement", "agreement_broadcast", "agreement"] if size > 1 else []
+    assert [r.op for r in t.agreements] == want, t.agreements
+    assert all(r.group_ranks == tuple(range(size)) for r in t.agreements)
+    assert agreement.gather(rank, "ranks") == list(range(size))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_consistency_check_and_a_checked_comm_call_meet(checked):
+    # rank 0 converts a tensor, the others call sm.comm.all_reduce in checked mode: the
+    # same exchange on every rank, so every rank explains instead of hanging
+    consistency.configure(check=True)
+    a, x = _x()
+    checks.set_checking(True)
+
+    def step():
+        if rank == 0:
+            consistency.check_collective("x.numpy", (x,))
+        else:
+            sm.comm.all_reduce(np.zeros(2))
+
+    try:
+        step()
+        got = ("no error", "")
+    except Exception as e:
+        got = (type(e).__name__, str(e))
+    assert got[0] == "CollectiveMismatchError", got
+    assert "rank 0: x.numpy(tensor(" in got[1], got
+    others = "rank 1" if size == 2 else f"ranks {', '.join(map(str, range(1, size)))}"
+    assert f"{others}: all_reduce(dtype=<f8, size=2, op=SUM)" in got[1], got
+    assert_same_on_all_ranks(got[1].splitlines()[1:-1])  # the same lines everywhere
+    np.testing.assert_array_equal(x.numpy(), a)
+
+
+def test_fingerprints_and_helpers():
+    fp = agreement.fingerprint_of("add(1)")
+    assert 0 <= fp < 2**63 and fp == agreement.fingerprint_of("add(1)")
+    assert fp != agreement.fingerprint_of("add(1)", b"\x01" * 8)
+    assert agreement.covers_world(None)
+    assert agreement.members(None)[1] == tuple(range(size))
+    if size == 1:  # a group of one never communicates
+        assert agreement.agree(fp, "x", "x", lambda: 1 / 0) is None
+        assert agreement.all_ok(False) is False
