@@ -291,6 +291,7 @@ def failing_on_rank_1(write_blocks):
 def exchange_log(monkeypatch) -> list[str]:
     """The labels of the metadata exchanges from now on (each one runs under watchdog.watch;
     the MPI-IO calls' own watches are left out)."""
+    from sbpmpi.comm import agreement
     from sbpmpi.safety import watchdog
 
     labels: list[str] = []
@@ -302,18 +303,22 @@ def exchange_log(monkeypatch) -> list[str]:
         return watch(op, *args, **kwargs)
 
     monkeypatch.setattr(watchdog, "watch", counting)
+    monkeypatch.setattr(agreement, "watch", counting)  # the agreement exchanges
     return labels
 
 
 @pytest.mark.mpi(min_size=2)
-def test_one_exchange_per_decision(shared_dir, monkeypatch):
+def test_one_exchange_per_decision(shared_dir, monkeypatch, request):
     """Metadata exchanges per call, the same at any n >= 2. sm.save: 4 (the arguments agree,
     rank 0's temporary name, every rank wrote, rank 0's rename), also when a write fails on
     one rank (there were 5: all_ok then raise_if_any's own all-reduce for the same decision);
     sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
     save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
     tensor checked the arguments the state call had checked already)."""
-    monkeypatch.setenv("SBPMPI_CHECK", "1")
+    from sbpmpi.safety import consistency
+
+    prev = consistency.configure(check=True)
+    request.addfinalizer(lambda: consistency.configure(*prev))
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
     b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)
