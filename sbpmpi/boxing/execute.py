@@ -33,6 +33,10 @@ TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
 MAX_COUNT: int | None = max_count()
 
+# An all-to-all step whose largest shard (in the group) holds at least this many bytes
+# moves only the blocks for other ranks and copies its own in place (tests lower it).
+SELF_COPY_BYTES = 1 << 20
+
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
 Fn = Callable[[Any], Any]
@@ -90,39 +94,48 @@ def _full(xp: Any, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
     return out
 
 
-def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any) -> None:
-    """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``."""
+def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int = -1) -> None:
+    """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``,
+    leaving out block ``skip`` (none by default)."""
+    _blockwise(x, dim, sizes, flat, skip, True)
+
+
+def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any, skip: int = -1) -> None:
+    """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn
+    (block ``skip`` of ``out`` is left as it is)."""
+    _blockwise(out, dim, sizes, flat, skip, False)
+
+
+def _blockwise(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int, pack: bool) -> None:
+    """Copy the blocks of ``x`` along ``dim`` but ``skip`` to (``pack``) or from ``flat``,
+    where they lie one after another, each in C order."""
     shape = x.shape
     pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
     x3 = x.reshape(pre, n, post)
     p = len(sizes)
-    if n % p == 0 and all(s == n // p for s in sizes):
+    if n % p == 0 and all(s == n // p for s in sizes):  # one strided copy per run of blocks
         b = n // p
-        flat.reshape(p, pre, b, post)[...] = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        blocks = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        keep = p - (0 <= skip < p)
+        f4 = flat[:keep * pre * b * post].reshape(keep, pre, b, post)
+        runs = ((0, 0, p),) if keep == p else ((0, 0, skip), (skip, skip + 1, p))
+        for at, lo, hi in runs:
+            if hi > lo:
+                if pack:
+                    f4[at:at + hi - lo] = blocks[lo:hi]
+                else:
+                    blocks[lo:hi] = f4[at:at + hi - lo]
         return
     off = o = 0
-    for s in sizes:
-        cnt = pre * s * post
-        flat[off:off + cnt].reshape(pre, s, post)[...] = x3[:, o:o + s, :]
-        off += cnt
-        o += s
-
-
-def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any) -> None:
-    """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn."""
-    shape = out.shape
-    pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    o3 = out.reshape(pre, n, post)
-    p = len(sizes)
-    if n % p == 0 and all(s == n // p for s in sizes):
-        b = n // p
-        o3.reshape(pre, p, b, post)[...] = flat.reshape(p, pre, b, post).transpose(1, 0, 2, 3)
-        return
-    off = o = 0
-    for s in sizes:
-        cnt = pre * s * post
-        o3[:, o:o + s, :] = flat[off:off + cnt].reshape(pre, s, post)
-        off += cnt
+    for q, s in enumerate(sizes):
+        if q != skip:
+            cnt = pre * s * post
+            f3 = flat[off:off + cnt].reshape(pre, s, post)
+            if pack:
+                f3[...] = x3[:, o:o + s, :]
+            else:
+                x3[:, o:o + s, :] = f3
+            off += cnt
         o += s
 
 
@@ -235,7 +248,7 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
     s = _axis_setup(st, me)
     if s is None:
         return None
-    xp, group, p, _ = s
+    xp, group, p, k = s
     assert isinstance(st.frm, Split) and isinstance(st.to, Split)
     i, j = st.frm.dim, st.to.dim
     in_shape = st.src.local_shape(me)
@@ -246,11 +259,24 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
     out_counts = _counts(out_shape, i, si)
     # one decision for the whole group, from global metadata: every rank must make the
     # same MPI call (Alltoall or Alltoallv), even a rank whose own blocks look even
-    even = len({c for r in group.ranks for c in _counts(st.src.local_shape(r), j, sj)}) == 1
+    shards = [_counts(st.src.local_shape(r), j, sj) for r in group.ranks]
+    even = len({c for cs in shards for c in cs}) == 1
+    largest = max(sum(cs) for cs in shards)  # elements of the group's largest shard
     pack = math.prod(in_shape[:j]) > 1
     unpack = math.prod(out_shape[:i]) > 1
+    # large shards: this rank's own block is copied straight from the input into place
+    # and only the others travel (count 0 to itself): one copy of 1/p of the data instead
+    # of two (pack, then MPI's copy to itself), and the scratch buffers shrink by 1/p
+    own_in = (slice(None),) * j + (slice(sum(sj[:k]), sum(sj[:k + 1])),)
+    own_out = (slice(None),) * i + (slice(sum(si[:k]), sum(si[:k + 1])),)
+    send_counts = [0 if q == k else c for q, c in enumerate(in_counts)]
+    recv_counts = [0 if q == k else c for q, c in enumerate(out_counts)]
+    send_displs = _displs(send_counts if pack else in_counts)
+    recv_displs = _displs(recv_counts if unpack else out_counts)
+    n_send = sum(send_counts) if pack else sum(in_counts)
+    n_recv = sum(recv_counts)
 
-    def run(a: Any) -> Any:
+    def whole(a: Any) -> Any:
         src = _contiguous(xp, a)
         dt = src.dtype
         if pack:
@@ -267,7 +293,34 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
             _unpack(rbuf, i, si, out)
         return out
 
+    def run(a: Any) -> Any:
+        if largest * a.dtype.itemsize < SELF_COPY_BYTES:
+            return whole(a)
+        dt = a.dtype
+        out = backend.empty(xp, out_shape, dt)
+        if pack:
+            sbuf = backend.empty(xp, n_send, dt)
+            _pack(a, j, sj, sbuf, k)
+        else:
+            sbuf = _contiguous(xp, a).reshape(-1)
+        rbuf = backend.empty(xp, n_recv, dt) if unpack else out.reshape(-1)
+        comm.all_to_all_v(rbuf, recv_counts, sbuf, send_counts, recv_displs, send_displs,
+                          group)
+        out[own_out] = a[own_in]
+        if unpack:
+            _unpack(rbuf, i, si, out, k)
+        return out
+
     return run
+
+
+def _displs(counts: Sequence[int]) -> list[int]:
+    """Offsets of blocks of ``counts`` elements laid one after another."""
+    out, o = [], 0
+    for c in counts:
+        out.append(o)
+        o += c
+    return out
 
 
 def _local_slice(st: Step, me: int) -> Fn | None:
