@@ -307,15 +307,15 @@ def test_pack_and_unpack_leave_out_one_block(shape, dim, sizes):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("threshold", [0, None], ids=["own-block-in-place", "default"])
-def test_all_to_all_steps_against_numpy(monkeypatch, threshold):
-    """S(i) -> S(j) on 1-d and 2-d meshes, even and uneven, 2-d and 3-d tensors, with the
-    own block copied in place (threshold 0) and with the default choice; results are
-    compared with NumPy and held alive together."""
+@pytest.mark.parametrize("threshold", [0, None], ids=["own-block-local", "default"])
+def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshold):
+    """S(i) -> S(j) and P -> S(j) (sum, max, min) on 1-d and 2-d meshes, even and uneven,
+    2-d and 3-d tensors, with the own block handled locally (threshold 0) and with the
+    default choice; every result is compared with NumPy while all are held alive."""
     from sbpmpi.boxing import _fast, _programs, execute
 
     if threshold is not None:
-        monkeypatch.setattr(execute, "SELF_COPY_BYTES", threshold)
+        monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
     _fast.clear()
     _programs.clear()
     try:
@@ -325,9 +325,10 @@ def test_all_to_all_steps_against_numpy(monkeypatch, threshold):
         rng = np.random.default_rng(3)
         errors: list[str] = []
         held = []
+        shapes = [(4 * size, 6 * size), (2 * size + 1, 3 * size + 2), (3, 2 * size + 1, 5),
+                  (size + 1, 2, 2 * size)]
         for pl in meshes:
-            for shape in [(4 * size, 6 * size), (2 * size + 1, 3 * size + 2), (3, 2 * size + 1, 5),
-                          (size + 1, 2, 2 * size)]:
+            for shape in shapes:
                 value = rng.standard_normal(shape)
                 nd = len(shape)
                 for i in range(nd):
@@ -340,10 +341,22 @@ def test_all_to_all_steps_against_numpy(monkeypatch, threshold):
                             src = [sm.sbp.split(i), sm.sbp.split(j)]
                             dst = [sm.sbp.split(j), sm.sbp.split(i)]
                         x = sm.tensor(value, placement=pl, sbp=src)
-                        y = x.to_global(sbp=dst)
-                        held.append((y, value, f"{shape} {src} -> {dst} on {pl}"))
+                        held.append((x.to_global(sbp=dst), value, f"{shape} {src} -> {dst} {pl}"))
                         if not np.array_equal(x.to_local(), expected_local(x, value)):
                             errors.append(f"rank {rank}: input of {shape} {src} changed")
+                for j in range(nd):  # P -> S(j)
+                    if pl.ndim == 1:  # every rank holds a different part: a real reduction
+                        parts = [rng.integers(-50, 50, shape).astype(np.float64) for _ in range(size)]
+                        for kind, fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+                            x = sm.to_global(parts[rank].copy(), placement=pl,
+                                             sbp=sm.sbp.partial_sum if kind == "sum" else
+                                             getattr(sm.sbp, f"partial_{kind}"))
+                            held.append((x.to_global(sbp=[sm.sbp.split(j)]), fn(parts, axis=0),
+                                         f"{shape} P{kind} -> S({j}) {pl}"))
+                    else:  # a partial and a split mesh axis
+                        x = sm.tensor(value, placement=pl, sbp=[sm.sbp.partial_sum, sm.sbp.split(0)])
+                        held.append((x.to_global(sbp=[sm.sbp.split(j), sm.sbp.split(0)]), value,
+                                     f"{shape} (P, S(0)) -> (S({j}), S(0)) {pl}"))
         for y, want, ctx in held:
             if not np.array_equal(y.to_local(), expected_local(y, want)):
                 errors.append(f"rank {rank}: {ctx} is wrong")

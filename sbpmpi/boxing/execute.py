@@ -33,9 +33,10 @@ TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
 MAX_COUNT: int | None = max_count()
 
-# An all-to-all step whose largest shard (in the group) holds at least this many bytes
-# moves only the blocks for other ranks and copies its own in place (tests lower it).
-SELF_COPY_BYTES = 1 << 20
+# All-to-all and reduce-scatter steps whose largest shard in the group holds at least this
+# many bytes send only the blocks for other ranks (an all-to-all with nothing to itself)
+# and handle this rank's own block locally: one pass over it fewer (tests lower it).
+OWN_BLOCK_BYTES = 1 << 20
 
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
@@ -217,18 +218,30 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     s = _axis_setup(st, me)
     if s is None:
         return None
-    xp, group, p, _ = s
+    xp, group, p, k = s
     assert isinstance(st.frm, Partial) and isinstance(st.to, Split)
     op = _REDUCE[st.frm.op]
+    ufunc = reduction(st.frm.op).ufunc_of(xp)
     d = st.to.dim
-    in_shape = st.src.local_shape(me)
+    in_shape = st.src.local_shape(me)  # alike on every rank of the group (a partial axis)
     out_shape = st.dst.local_shape(me)
     sizes = _extents(st.dst, group.ranks, d)
     counts = _counts(in_shape, d, sizes)
     even = len(set(counts)) == 1
     direct = math.prod(in_shape[:d]) <= 1
+    # large shards (see OWN_BLOCK_BYTES): the blocks for other ranks travel in one
+    # all-to-all, and this rank reduces its own block with what it receives straight
+    # into the output (MPI's reduce-scatter would first copy the own block)
+    own = (slice(None),) * d + (slice(sum(sizes[:k]), sum(sizes[:k + 1])),)
+    send_counts = [0 if q == k else c for q, c in enumerate(counts)]
+    recv_counts = [0 if q == k else counts[k] for q in range(p)]
+    send_displs = _displs(send_counts if not direct else counts)
+    recv_displs = _displs(recv_counts)
+    n_send = sum(send_counts) if not direct else sum(counts)
+    n_recv = sum(recv_counts)
+    large = sum(counts)
 
-    def run(a: Any) -> Any:
+    def whole(a: Any) -> Any:
         src = _contiguous(xp, a)
         if not direct:
             tmp = backend.empty(xp, sum(counts), src.dtype)
@@ -239,6 +252,29 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
             comm.reduce_scatter(out.reshape(-1), src.reshape(-1), op, group)
         else:
             comm.reduce_scatter_v(out.reshape(-1), src.reshape(-1), counts, op, group)
+        return out
+
+    def run(a: Any) -> Any:
+        dt = a.dtype
+        if large * dt.itemsize < OWN_BLOCK_BYTES:
+            return whole(a)
+        if direct:
+            sbuf = _contiguous(xp, a).reshape(-1)
+        else:
+            sbuf = backend.empty(xp, n_send, dt)
+            _pack(a, d, sizes, sbuf, k)
+        rbuf = backend.empty(xp, n_recv, dt)
+        comm.all_to_all_v(rbuf, recv_counts, sbuf, send_counts, recv_displs, send_displs,
+                          group)
+        out = backend.empty(xp, out_shape, dt)
+        if p == 1:
+            out[...] = a[own]
+            return out
+        n = counts[k]
+        parts = [rbuf[o:o + n].reshape(out_shape) for q, o in enumerate(recv_displs) if q != k]
+        ufunc(a[own], parts[0], out=out)
+        for part in parts[1:]:
+            ufunc(out, part, out=out)
         return out
 
     return run
@@ -294,7 +330,7 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
         return out
 
     def run(a: Any) -> Any:
-        if largest * a.dtype.itemsize < SELF_COPY_BYTES:
+        if largest * a.dtype.itemsize < OWN_BLOCK_BYTES:
             return whole(a)
         dt = a.dtype
         out = backend.empty(xp, out_shape, dt)
