@@ -364,7 +364,11 @@ def _size_class(nbytes: int) -> int:
 
 
 class _HostPool:
-    """Idle host blocks by size class; see the comment above."""
+    """Idle host blocks by size class; see the comment above.
+
+    :func:`empty` and :meth:`give` run once or twice per conversion, right after large
+    memory traffic has pushed this code out of the CPU caches: they are kept short.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
@@ -398,15 +402,18 @@ class _HostPool:
 
     def give(self, entry: tuple[np.ndarray, int]) -> None:
         """Take back a block no array uses any more (dropped if over the limit)."""
-        size = entry[0].nbytes
+        size = entry[0].size  # bytes: blocks are uint8
         with self.lock:
-            limit = self.get_limit()
+            limit = self.limit if self.limit is not None else self.get_limit()
             if size > limit:
                 self.dropped += 1
                 return
-            blocks = self.free.setdefault(size, [])
+            blocks = self.free.get(size)
+            if blocks is None:
+                blocks = self.free[size] = []
+            else:
+                self.free.move_to_end(size)
             blocks.append(entry)
-            self.free.move_to_end(size)
             self.idle += size
             while self.idle > limit:
                 old, olds = next(iter(self.free.items()))
@@ -430,17 +437,29 @@ class _Lease:
 
     __slots__ = ("entry", "__array_interface__")
 
-    def __init__(self, entry: tuple[np.ndarray, int], shape: tuple[int, ...],
-                 typestr: str) -> None:
-        self.entry = entry
-        self.__array_interface__ = {"data": (entry[1], False), "shape": shape,
-                                    "typestr": typestr, "version": 3}
-
     def __del__(self) -> None:
         try:
             _POOL.give(self.entry)
         except Exception:  # interpreter shutdown: module state may already be gone
             pass
+
+
+# (shape, dtype) of a request -> (bytes, size class, shape tuple, typestr, plain number
+# type) or None for dtypes never pooled: parsed once, not on every call
+_Spec = tuple[int, int, tuple[int, ...], str, bool]
+_SPECS: dict[tuple[Any, Any], _Spec | None] = {}
+
+
+def _spec(shape: Any, dtype: Any) -> _Spec | None:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        return None
+    n = dt.itemsize
+    for s in shape:
+        n *= s
+    plain = dt.fields is None and dt.subdtype is None
+    return n, _size_class(n), shape, dt.str if plain else "|u1", plain
 
 
 def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
@@ -452,18 +471,27 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     """
     if xp is not np:
         return xp.empty(shape, dtype=dtype)
-    if isinstance(shape, int):
-        shape = (shape,)
-    dt = np.dtype(dtype)
-    n = dt.itemsize
-    for s in shape:
-        n *= s
-    if n < _POOL_MIN or dt.hasobject or not _POOL.get_limit():
-        return np.empty(shape, dtype=dt)
-    entry = _POOL.take(_size_class(n))
-    if dt.fields is None and dt.subdtype is None:  # a plain number type: one step
-        return np.asarray(_Lease(entry, tuple(shape), dt.str))
-    return np.asarray(_Lease(entry, (n,), "|u1")).view(dt).reshape(shape)
+    try:
+        spec = _SPECS[shape, dtype]
+    except KeyError:
+        spec = _spec(shape, dtype)
+        if len(_SPECS) > 1024:
+            _SPECS.clear()
+        _SPECS[shape, dtype] = spec
+    except TypeError:  # an unhashable shape (a list)
+        spec = _spec(shape, dtype)
+    pool = _POOL
+    if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
+        return np.empty(shape, dtype=dtype)
+    lease = _Lease()
+    lease.entry = entry = pool.take(spec[1])
+    if spec[4]:  # a plain number type: one step
+        lease.__array_interface__ = {"data": (entry[1], False), "shape": spec[2],
+                                     "typestr": spec[3], "version": 3}
+        return np.asarray(lease)
+    lease.__array_interface__ = {"data": (entry[1], False), "shape": (spec[0],),
+                                 "typestr": "|u1", "version": 3}
+    return np.asarray(lease).view(dtype).reshape(spec[2])
 
 
 def host_pool_limit() -> int:
