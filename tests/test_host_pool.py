@@ -8,6 +8,7 @@ stays right and that no two live shards share memory.
 from __future__ import annotations
 
 import gc
+import importlib
 import threading
 
 import numpy as np
@@ -282,14 +283,23 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
     all_ok(errors)
 
 
-# -- the all-to-all that copies its own block in place ----------------------------------------
+# -- all-to-all and reduce-scatter steps that handle their own block locally ------------------
+
+def executor():
+    """The boxing executor module (sbpmpi.boxing.execute, moving to sbpmpi.runtime.execute)."""
+    for name in ("sbpmpi.runtime.execute", "sbpmpi.boxing.execute"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("no boxing executor module")
+
 
 @pytest.mark.parametrize("shape,dim,sizes", [((3, 8, 5), 1, [4, 4]), ((3, 9, 5), 1, [3, 3, 3]),
                                              ((3, 10, 2), 1, [4, 3, 3]), ((7, 4), 0, [3, 2, 2]),
                                              ((2, 6), 1, [6]), ((4, 0, 3), 1, [0, 0])])
 def test_pack_and_unpack_leave_out_one_block(shape, dim, sizes):
-    from sbpmpi.boxing.execute import _pack, _unpack
-
+    _pack, _unpack = executor()._pack, executor()._unpack
     x = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
     starts = np.cumsum([0] + sizes)
     blocks = [np.take(x, range(starts[q], starts[q + 1]), axis=dim) for q in range(len(sizes))]
@@ -312,55 +322,47 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
     """S(i) -> S(j) and P -> S(j) (sum, max, min) on 1-d and 2-d meshes, even and uneven,
     2-d and 3-d tensors, with the own block handled locally (threshold 0) and with the
     default choice; every result is compared with NumPy while all are held alive."""
-    from sbpmpi.boxing import _fast, _programs, execute
-
-    if threshold is not None:
-        monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
-    _fast.clear()
-    _programs.clear()
-    try:
-        meshes = [sm.placement("cpu", list(range(size)))]
-        if size == 4:
-            meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))
-        rng = np.random.default_rng(3)
-        errors: list[str] = []
-        held = []
-        shapes = [(4 * size, 6 * size), (2 * size + 1, 3 * size + 2), (3, 2 * size + 1, 5),
-                  (size + 1, 2, 2 * size)]
-        for pl in meshes:
-            for shape in shapes:
-                value = rng.standard_normal(shape)
-                nd = len(shape)
-                for i in range(nd):
-                    for j in range(nd):
-                        if i == j:
-                            continue
-                        if pl.ndim == 1:
-                            src, dst = [sm.sbp.split(i)], [sm.sbp.split(j)]
-                        else:
-                            src = [sm.sbp.split(i), sm.sbp.split(j)]
-                            dst = [sm.sbp.split(j), sm.sbp.split(i)]
-                        x = sm.tensor(value, placement=pl, sbp=src)
-                        held.append((x.to_global(sbp=dst), value, f"{shape} {src} -> {dst} {pl}"))
-                        if not np.array_equal(x.to_local(), expected_local(x, value)):
-                            errors.append(f"rank {rank}: input of {shape} {src} changed")
-                for j in range(nd):  # P -> S(j)
-                    if pl.ndim == 1:  # every rank holds a different part: a real reduction
-                        parts = [rng.integers(-50, 50, shape).astype(np.float64) for _ in range(size)]
-                        for kind, fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
-                            x = sm.to_global(parts[rank].copy(), placement=pl,
-                                             sbp=sm.sbp.partial_sum if kind == "sum" else
-                                             getattr(sm.sbp, f"partial_{kind}"))
-                            held.append((x.to_global(sbp=[sm.sbp.split(j)]), fn(parts, axis=0),
-                                         f"{shape} P{kind} -> S({j}) {pl}"))
-                    else:  # a partial and a split mesh axis
-                        x = sm.tensor(value, placement=pl, sbp=[sm.sbp.partial_sum, sm.sbp.split(0)])
-                        held.append((x.to_global(sbp=[sm.sbp.split(j), sm.sbp.split(0)]), value,
-                                     f"{shape} (P, S(0)) -> (S({j}), S(0)) {pl}"))
-        for y, want, ctx in held:
-            if not np.array_equal(y.to_local(), expected_local(y, want)):
-                errors.append(f"rank {rank}: {ctx} is wrong")
-        all_ok(errors)
-    finally:
-        _fast.clear()
-        _programs.clear()
+    if threshold is not None:  # read by the compiled steps at every call
+        monkeypatch.setattr(executor(), "OWN_BLOCK_BYTES", threshold)
+    meshes = [sm.placement("cpu", list(range(size)))]
+    if size == 4:
+        meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))
+    rng = np.random.default_rng(3)
+    errors: list[str] = []
+    held = []
+    shapes = [(4 * size, 6 * size), (2 * size + 1, 3 * size + 2), (3, 2 * size + 1, 5),
+              (size + 1, 2, 2 * size)]
+    for pl in meshes:
+        for shape in shapes:
+            value = rng.standard_normal(shape)
+            nd = len(shape)
+            for i in range(nd):
+                for j in range(nd):
+                    if i == j:
+                        continue
+                    if pl.ndim == 1:
+                        src, dst = [sm.sbp.split(i)], [sm.sbp.split(j)]
+                    else:
+                        src = [sm.sbp.split(i), sm.sbp.split(j)]
+                        dst = [sm.sbp.split(j), sm.sbp.split(i)]
+                    x = sm.tensor(value, placement=pl, sbp=src)
+                    held.append((x.to_global(sbp=dst), value, f"{shape} {src} -> {dst} {pl}"))
+                    if not np.array_equal(x.to_local(), expected_local(x, value)):
+                        errors.append(f"rank {rank}: input of {shape} {src} changed")
+            for j in range(nd):  # P -> S(j)
+                if pl.ndim == 1:  # every rank holds a different part: a real reduction
+                    parts = [rng.integers(-50, 50, shape).astype(np.float64) for _ in range(size)]
+                    for kind, fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+                        x = sm.to_global(parts[rank].copy(), placement=pl,
+                                         sbp=sm.sbp.partial_sum if kind == "sum" else
+                                         getattr(sm.sbp, f"partial_{kind}"))
+                        held.append((x.to_global(sbp=[sm.sbp.split(j)]), fn(parts, axis=0),
+                                     f"{shape} P{kind} -> S({j}) {pl}"))
+                else:  # a partial and a split mesh axis
+                    x = sm.tensor(value, placement=pl, sbp=[sm.sbp.partial_sum, sm.sbp.split(0)])
+                    held.append((x.to_global(sbp=[sm.sbp.split(j), sm.sbp.split(0)]), value,
+                                 f"{shape} (P, S(0)) -> (S({j}), S(0)) {pl}"))
+    for y, want, ctx in held:
+        if not np.array_equal(y.to_local(), expected_local(y, want)):
+            errors.append(f"rank {rank}: {ctx} is wrong")
+    all_ok(errors)

@@ -5,8 +5,10 @@ slices and communicator worked out; running a plan then calls the closures in tu
 Outputs are allocated once and filled in place (large host outputs and scratch buffers
 reuse pooled memory, see ``backend.empty``); a block goes to MPI as it is whenever
 it is contiguous, and a split along a non-leading dim is packed (or unpacked) with one
-strided copy. Every step leaves its input untouched. The code is the same for NumPy
-and CuPy (``backend.get_xp``).
+strided copy. Large all-to-all and reduce-scatter steps (``OWN_BLOCK_BYTES``) send only
+the blocks meant for other ranks and handle the rank's own block locally, so it is not
+copied twice (once into a send buffer, once more by MPI to itself). Every step leaves its
+input untouched. The code is the same for NumPy and CuPy (``backend.get_xp``).
 """
 
 from __future__ import annotations
