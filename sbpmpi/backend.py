@@ -436,6 +436,8 @@ class _Lease:
     """The NumPy base of every array over one pooled block; returns the block when it dies."""
 
     __slots__ = ("entry", "__array_interface__")
+    entry: tuple[np.ndarray, int]
+    __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
         try:
