@@ -9,22 +9,29 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import abort as _abort
-from . import comm, env, sbp
-from . import exit_agreement as _exit_agreement
+from . import autograd as _autograd
+from . import comm, env, ops, protocols
+from . import tensor as _tensor
 from ._version import __version__
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .core import placement as _placement
+from .core import sbp
+from .core.layout import Layout
+from .core.placement import Placement, placement
+from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
-from .layout import Layout
-from .placement import Placement, placement
-from .random import manual_seed
+from .safety import abort as _abort
+from .safety import exit_agreement as _exit_agreement
+from .safety.trace import trace
 from .tensor import GlobalTensor
-from .trace import trace  # after comm, whose import of sbpmpi.trace binds the module name
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
-_abort.install()
+# Wiring of the layers (this package is the composition root):
+_placement.set_world_size_source(env.get_world_size)  # core.placement makes no MPI call
+_tensor.bind_layers_above(ops, _autograd, protocols)  # GlobalTensor's methods delegate to them
+_abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
-env.init()  # the node split is collective: every rank takes part now, not in a later call  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
+env.init()  # the node split is collective: every rank takes part now, not in a later call
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
@@ -41,8 +48,13 @@ _LAZY: dict[str, str] = {
     "save_state": "sbpmpi.checkpoint",
     "load_state": "sbpmpi.checkpoint",
 }
-_SUBMODULES = ("boxing", "ops", "testing", "launch", "backend", "layout", "checkpoint",
-               "autograd", "optim", "nn")
+# Public submodules, imported on first use: sm.<name> -> module.
+_SUBMODULES: dict[str, str] = {
+    "boxing": "sbpmpi.boxing", "testing": "sbpmpi.testing", "backend": "sbpmpi.backend",
+    "checkpoint": "sbpmpi.checkpoint", "optim": "sbpmpi.optim", "nn": "sbpmpi.nn",
+    "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
+    "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
+}
 
 __all__ = [
     "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
@@ -58,7 +70,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"sbpmpi.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'sbpmpi' has no attribute {name!r}")
 
 

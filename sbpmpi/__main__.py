@@ -1,8 +1,8 @@
-"""``python -m sbpmpi {info,bench,plot}`` and ``--version``: see :mod:`sbpmpi.cli`."""
+"""``python -m sbpmpi {info,bench,plot}`` and ``--version``: see :mod:`sbpmpi.tools.cli`."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

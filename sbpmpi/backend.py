@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "get_xp",
+    "check_device_available",
     "cupy_available",
     "cuda_device_count",
     "bind_device",
@@ -528,3 +529,11 @@ def host_pool_stats() -> dict[str, int]:
 def clear_host_pool() -> None:
     """Free every idle block of the host pool (arrays in use keep theirs)."""
     _POOL.clear()
+
+
+def check_device_available(placement: Any) -> None:
+    """Raise on every rank (not only members) when a "cuda" placement has no GPU backend."""
+    if placement.type == "cuda" and not cupy_available():
+        raise RuntimeError(
+            f"placement type 'cuda' needs CuPy and a GPU on every rank ({placement!r}): install "
+            "sbpmpi[cuda12] or sbpmpi[cuda13] and run on GPU nodes, or use placement type 'cpu'")

@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import backend, comm
-from . import random as _random
+from .core import random as _random
+from .core.layout import Layout
+from .core.placement import Placement
+from .core.reduction import identity_value
+from .core.sbp import SBP, Broadcast, Partial, Split
 from .env import get_rank, get_world_size
-from .layout import Layout
-from .placement import Placement
-from .reduction import identity_value
-from .sbp import SBP, Broadcast, Partial, Split
 from .tensor import GlobalTensor
 
 __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global"]
@@ -75,16 +75,8 @@ def _layout(shape: tuple[int, ...], placement: Any, sbp: Any) -> Layout:
         raise TypeError(f"placement must be an sm.placement, got {type(placement).__name__}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0) or sm.sbp.broadcast")
-    check_device_available(placement)
+    backend.check_device_available(placement)
     return Layout.make(shape, placement, sbp)
-
-
-def check_device_available(placement: Placement) -> None:
-    """Raise on every rank (not only members) when a "cuda" placement has no GPU backend."""
-    if placement.type == "cuda" and not backend.cupy_available():
-        raise RuntimeError(
-            f"placement type 'cuda' needs CuPy and a GPU on every rank ({placement!r}): install "
-            "sbpmpi[cuda12] or sbpmpi[cuda13] and run on GPU nodes, or use placement type 'cpu'")
 
 
 def _build(layout: Layout, dtype: np.dtype,
@@ -105,30 +97,34 @@ def _build(layout: Layout, dtype: np.dtype,
     return GlobalTensor(local.reshape(shape), layout, dtype)
 
 
-@_grad_option
-def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
-          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
-    """Standard normal values; depend only on the seed and the global index."""
+def _random_values(name: str, shape: Any, placement: Placement | None,
+                   sbp: SBP | Sequence[SBP] | None, dtype: Any,
+                   draw: Callable[..., Any]) -> GlobalTensor:
+    """randn and rand: ``draw(xp, shape, ranges, seed, call, dtype)`` from the next random
+    stream, in a floating dtype."""
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
     dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
     if dt.kind != "f":
-        raise TypeError(f"randn needs a floating dtype, got {dt}")
+        raise TypeError(f"{name} needs a floating dtype, got {dt}")
     seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: _random.normal(xp, shp, r, seed, call))
+    return _build(layout, dt, lambda xp, r: draw(xp, shp, r, seed, call, dt))
+
+
+@_grad_option
+def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
+          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
+    """Standard normal values; depend only on the seed and the global index."""
+    return _random_values("randn", shape, placement, sbp, dtype,
+                          lambda xp, shp, r, seed, call, dt: _random.normal(xp, shp, r, seed,
+                                                                             call))
 
 
 @_grad_option
 def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """Uniform values in [0, 1); depend only on the seed and the global index."""
-    shp = _shape_arg(shape)
-    layout = _layout(shp, placement, sbp)
-    dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
-    if dt.kind != "f":
-        raise TypeError(f"rand needs a floating dtype, got {dt}")
-    seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: _random.uniform(xp, shp, r, seed, call, dt))
+    return _random_values("rand", shape, placement, sbp, dtype, _random.uniform)
 
 
 @_grad_option
@@ -253,10 +249,10 @@ def to_global(local: Any, *, placement: Placement | None = None,
                         f"got {placement!r}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
-    from .consistency import check_collective
+    from .safety.consistency import check_collective
 
     check_collective("sm.to_global", (placement, sbp))
-    check_device_available(placement)
+    backend.check_device_available(placement)
     me = get_rank()
     member = me in placement
     arr = None
@@ -299,7 +295,7 @@ def to_global(local: Any, *, placement: Placement | None = None,
                          f"{[shapes[r] for r in placement.rank_list]} on ranks "
                          f"{list(placement.rank_list)}")
     ndim = ndims.pop()
-    from .sbp import normalize_nd_sbp
+    from .core.sbp import normalize_nd_sbp
     nd_sbp = normalize_nd_sbp(sbp, placement.ndim, ndim)
     dtype = np.dtype(dtypes[r0])
     for s in nd_sbp:  # partial_max/min of complex: the same error on every rank, now
@@ -343,11 +339,8 @@ def to_global(local: Any, *, placement: Placement | None = None,
 def _rebalance(arr: Any, layout: Layout, shapes: dict[int, tuple[int, ...]],
                dtype: np.dtype) -> GlobalTensor:
     """Uneven 1-D split shards: concatenate in placement order, then cut balanced."""
-    from .boxing.reference import slice_for
-
     pl = layout.placement
     counts = [int(np.prod(shapes[r])) if r in pl else 0 for r in range(get_world_size())]
-    me = get_rank()
     flat_local = (np.ascontiguousarray(backend.asnumpy(arr)).reshape(-1) if arr is not None
                   else np.empty(0, dtype=dtype))
     flat = np.empty(sum(counts), dtype=dtype)
@@ -356,5 +349,4 @@ def _rebalance(arr: Any, layout: Layout, shapes: dict[int, tuple[int, ...]],
     d = next(s.dim for s in layout.sbp if isinstance(s, Split))
     parts = [flat[offs[r]:offs[r + 1]].reshape(shapes[r]) for r in pl.rank_list]
     value = np.concatenate(parts, axis=d)
-    xp = backend.get_xp(pl.type) if me in pl else np
-    return GlobalTensor(slice_for(xp, xp.asarray(value), layout, me), layout, dtype)
+    return _build(layout, dtype, lambda xp, ranges: value[tuple(slice(a, b) for a, b in ranges)])

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .placement import Placement
-from .sbp import SBP
+from .core.placement import Placement
+from .core.sbp import SBP
 from .tensor import GlobalTensor
 
 __all__ = ["explain"]
@@ -55,6 +55,6 @@ def explain(op: Any, *args: Any, placement: Placement | None = None,
 
 def _conversion(x: GlobalTensor, placement: Placement | None,
                 sbp: SBP | Sequence[SBP] | None) -> Any:
-    from . import boxing
+    from .conversion import explain_conversion
 
-    return boxing.explain_conversion(x, placement=placement, sbp=sbp)
+    return explain_conversion(x, placement=placement, sbp=sbp)

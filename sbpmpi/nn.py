@@ -20,9 +20,9 @@ import numpy as np
 from . import ops
 from .autograd import losses
 from .autograd.mode import no_grad
+from .core.placement import Placement
+from .core.sbp import SBP, Broadcast, Partial, Split, broadcast, split
 from .creation import rand, tensor
-from .placement import Placement
-from .sbp import SBP, Broadcast, Partial, Split, broadcast, split
 from .tensor import GlobalTensor
 
 __all__ = ["Module", "Linear", "relu", "cross_entropy", "save_training_state",

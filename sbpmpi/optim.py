@@ -20,8 +20,8 @@ import numpy as np
 
 from . import backend
 from .autograd.mode import no_grad
+from .core.sbp import Partial, broadcast
 from .creation import full, tensor
-from .sbp import Partial, broadcast
 from .tensor import GlobalTensor
 
 __all__ = ["Optimizer", "SGD", "Adam"]

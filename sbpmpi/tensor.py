@@ -7,14 +7,27 @@ from typing import Any
 
 import numpy as np
 
+from .core.layout import Layout
+from .core.placement import Placement
+from .core.sbp import SBP, NdSbp
 from .env import get_rank
-from .layout import Layout
-from .placement import Placement
-from .sbp import SBP, NdSbp
+from .safety.consistency import check_broadcast_shards, check_collective
 
-__all__ = ["GlobalTensor"]
+__all__ = ["GlobalTensor", "bind_layers_above"]
 
-_OPS: dict[str, Any] = {}  # operator name -> sbpmpi.ops op, filled on first use
+# The layers above this one, which GlobalTensor's methods delegate to: the ops
+# (operators and methods), autograd (requires_grad, backward) and the NumPy protocols.
+# They import this module, so they are bound here by ``sbpmpi/__init__`` at import
+# (:func:`bind_layers_above`) instead of being imported from below.
+_ops: Any = None
+_autograd: Any = None
+_protocols: Any = None
+
+
+def bind_layers_above(ops: Any, autograd: Any, protocols: Any) -> None:
+    """Bind the modules GlobalTensor's methods delegate to (called once by ``sbpmpi``)."""
+    global _ops, _autograd, _protocols
+    _ops, _autograd, _protocols = ops, autograd, protocols
 
 
 class GlobalTensor:
@@ -92,8 +105,7 @@ class GlobalTensor:
 
     def numpy(self) -> np.ndarray:
         """The whole global value as a NumPy array, on every rank (collective)."""
-        from .boxing import gather_global
-        from .consistency import check_collective
+        from .conversion import gather_global
 
         check_collective("x.numpy", (self,))
         return gather_global(self)
@@ -102,16 +114,13 @@ class GlobalTensor:
         self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None
     ) -> GlobalTensor:
         """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
-        from .boxing import box
-        from .consistency import check_broadcast_shards, check_collective
+        from .conversion import box
 
         check_collective("x.to_global", (self, placement, sbp))
         check_broadcast_shards(self, "x.to_global input")
         out = box(self, placement=placement, sbp=sbp)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
-            from .autograd.tape import record_conversion
-
-            out = record_conversion(self, out)
+            out = _autograd.tape.record_conversion(self, out)
         return out
 
     def item(self) -> Any:
@@ -122,44 +131,28 @@ class GlobalTensor:
 
     # -- Python and NumPy protocols (sbpmpi.protocols; collective where they read data) ----
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        from .protocols import array
-
-        return array(self, dtype, copy)
+        return _protocols.array(self, dtype, copy)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        from .protocols import array_ufunc
-
-        return array_ufunc(ufunc, method, *inputs, **kwargs)
+        return _protocols.array_ufunc(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        from .protocols import array_function
-
-        return array_function(func, types, args, kwargs)
+        return _protocols.array_function(func, types, args, kwargs)
 
     def __bool__(self) -> bool:
-        from .protocols import to_bool
-
-        return to_bool(self)
+        return _protocols.to_bool(self)
 
     def __float__(self) -> float:
-        from .protocols import to_scalar
-
-        return to_scalar(self, float)  # type: ignore[no-any-return]
+        return _protocols.to_scalar(self, float)  # type: ignore[no-any-return]
 
     def __int__(self) -> int:
-        from .protocols import to_scalar
-
-        return to_scalar(self, int)  # type: ignore[no-any-return]
+        return _protocols.to_scalar(self, int)  # type: ignore[no-any-return]
 
     def __complex__(self) -> complex:
-        from .protocols import to_scalar
-
-        return to_scalar(self, complex)  # type: ignore[no-any-return]
+        return _protocols.to_scalar(self, complex)  # type: ignore[no-any-return]
 
     def __index__(self) -> int:
-        from .protocols import to_index
-
-        return to_index(self)
+        return _protocols.to_index(self)
 
     def __repr__(self) -> str:
         sbp = ", ".join(repr(s) for s in self.sbp)
@@ -180,9 +173,7 @@ class GlobalTensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> GlobalTensor:
         """Set ``requires_grad`` on a leaf (floating dtypes only); returns ``self``."""
-        from .autograd.tape import set_requires_grad
-
-        set_requires_grad(self, requires_grad)
+        _autograd.tape.set_requires_grad(self, requires_grad)
         return self
 
     @property
@@ -192,9 +183,7 @@ class GlobalTensor:
 
     @grad.setter
     def grad(self, value: GlobalTensor | None) -> None:
-        from .autograd.tape import check_grad_value
-
-        self._grad = check_grad_value(self, value)
+        self._grad = _autograd.tape.check_grad_value(self, value)
 
     @property
     def is_leaf(self) -> bool:
@@ -212,18 +201,11 @@ class GlobalTensor:
 
     def backward(self, gradient: GlobalTensor | None = None) -> None:
         """Accumulate gradients into the ``.grad`` of the leaves (collective)."""
-        from .autograd import backward
-
-        backward(self, gradient)
+        _autograd.backward(self, gradient)
 
     # -- operators: computed by sbpmpi.ops -----------------------------------------
     def _op(self, name: str, *args: Any, **kw: Any) -> Any:
-        op = _OPS.get(name)
-        if op is None:  # first use: sbpmpi.ops imports this module, so look it up late
-            from . import ops
-
-            op = _OPS[name] = getattr(ops, name)
-        return op(*args, **kw)
+        return getattr(_ops, name)(*args, **kw)
 
     def __add__(self, o: Any) -> Any: return self._op("add", self, o)
     def __radd__(self, o: Any) -> Any: return self._op("add", o, self)

@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
+from .core.layout import Layout, balanced_range
+from .core.placement import Placement
+from .core.reduction import REDUCTIONS
+from .core.sbp import PARTIALS, Broadcast, NdSbp, Partial, Split, broadcast
 from .env import get_rank, get_world_size
-from .layout import Layout, balanced_range
-from .placement import Placement
-from .sbp import Broadcast, NdSbp, Partial, Split, broadcast, partial_max, partial_min, partial_sum
 from .tensor import GlobalTensor
 
 __all__ = ["Input", "CheckReport", "check_op", "check_grad", "numeric_grad",
@@ -91,9 +92,8 @@ def input_sbps(placement: Placement, ndim: int, dtype: Any = np.float64) -> list
     Per mesh axis: broadcast, partial_sum, partial_max and partial_min (not for complex
     dtypes, which have no order), split of each dim.
     """
-    one: list[Any] = [broadcast, partial_sum]
-    if np.dtype(dtype).kind != "c":
-        one += [partial_max, partial_min]
+    one: list[Any] = [broadcast]
+    one += [PARTIALS[n] for n, r in REDUCTIONS.items() if r.defined_for(dtype)]
     one += [Split(d) for d in range(ndim)]
     return list(itertools.product(one, repeat=placement.ndim))
 

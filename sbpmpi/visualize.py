@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from .layout import Layout
-from .sbp import Broadcast, Partial, Split
+from .core.layout import Layout
+from .core.sbp import Broadcast, Partial, Split
 
 __all__ = ["visualize", "render", "block_owners"]
 

@@ -21,8 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 from sbpmpi import comm as C
-from sbpmpi.boxing.bench import NOISY_MIN_REPEATS, NOISY_SPREAD
 from sbpmpi.comm.info import library_line
+from sbpmpi.tools.bench import NOISY_MIN_REPEATS, NOISY_SPREAD
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
 from sbpmpi.boxing import planner  # noqa: E402
-from sbpmpi.layout import Layout  # noqa: E402
+from sbpmpi.core.layout import Layout  # noqa: E402
 from sbpmpi.ops import inference  # noqa: E402
 from sbpmpi.tensor import GlobalTensor  # noqa: E402
 

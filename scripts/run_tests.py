@@ -5,7 +5,7 @@
     python scripts/run_tests.py --mpiexec-args "--bind-to none"
 
 Runs on any MPI: it detects the family of the mpiexec (MPICH/Hydra, Intel MPI, Open MPI
-4 or 5, srun; sbpmpi/launcher_family.py) and sets what it needs in the environment of
+4 or 5, srun; sbpmpi/tools/launcher_family.py) and sets what it needs in the environment of
 every run, so that mpiexec calls made by the tests get it too: under Open MPI as root
 OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1, and oversubscription when the sizes exceed the
 cores. Extra mpiexec arguments come from --mpiexec-args and $SBPMPI_MPIEXEC_ARGS (which
@@ -42,9 +42,9 @@ def mpiexec_cmd() -> str:
 
 
 def launcher_family():  # noqa: ANN201 - a module
-    """sbpmpi/launcher_family.py, loaded by path: importing the sbpmpi package would
+    """sbpmpi/tools/launcher_family.py, loaded by path: importing the sbpmpi package would
     start MPI in this process, which only starts mpiexec."""
-    path = ROOT / "sbpmpi" / "launcher_family.py"
+    path = ROOT / "sbpmpi" / "tools" / "launcher_family.py"
     spec = importlib.util.spec_from_file_location("_sbpmpi_launcher_family", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sbpmpi import boxing
-from sbpmpi.layout import Layout
-from sbpmpi.sbp import Partial, broadcast
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.sbp import Partial, broadcast
 from sbpmpi.tensor import GlobalTensor
 
 

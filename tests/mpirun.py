@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sbpmpi import launch, launcher_family
+from sbpmpi.tools import launch, launcher_family
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.sbp import Partial, broadcast, partial_max, partial_min, partial_sum, split
+from sbpmpi.core.sbp import Partial, broadcast, partial_max, partial_min, partial_sum, split
 from sbpmpi.testing import Input, check_grad, default_placements
 
 size = MPI.COMM_WORLD.Get_size()

@@ -20,9 +20,9 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.boxing.plan import meaningful
 from sbpmpi.boxing.reference import assemble
-from sbpmpi.layout import Layout
-from sbpmpi.reduction import identity_value
-from sbpmpi.sbp import Partial
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.reduction import identity_value
+from sbpmpi.core.sbp import Partial
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -330,14 +330,13 @@ def test_calibrate_gives_the_same_table_everywhere():
 
 @pytest.mark.mpi(min_size=2)
 def test_long_messages_are_split_where_mpi_lacks_large_counts():
-    from sbpmpi.boxing import _fast, _programs, execute
     from sbpmpi.boxing.plan import Plan
     from sbpmpi.boxing.planner import send_recv_step
+    from sbpmpi.runtime import execute, redistribution
 
     old = execute.MAX_COUNT
     execute.MAX_COUNT = 7  # as if one message could hold 7 elements
-    _fast.clear()
-    _programs.clear()
+    redistribution.clear_cache()
     try:
         chk = Checker()
         value = value_of((5, 9), np.int64)
@@ -356,8 +355,7 @@ def test_long_messages_are_split_where_mpi_lacks_large_counts():
         chk.done()
     finally:
         execute.MAX_COUNT = old
-        _fast.clear()
-        _programs.clear()
+        redistribution.clear_cache()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -16,8 +16,8 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi.boxing.plan import meaningful
 from sbpmpi.boxing.reference import assemble
-from sbpmpi.layout import Layout
-from sbpmpi.sbp import Partial
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.sbp import Partial
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

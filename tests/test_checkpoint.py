@@ -19,8 +19,9 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend, checkpoint
+from sbpmpi.comm import file_io
+from sbpmpi.core.layout import Layout
 from sbpmpi.errors import CheckpointError
-from sbpmpi.layout import Layout
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -260,6 +261,82 @@ def test_save_errors_before_any_write(shared_dir):
     got = errors_of(lambda: checkpoint.save(x, shared_dir))
     assert got[0] == "IsADirectoryError", got
     assert os.listdir(shared_dir) == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_write_failing_on_one_rank_fails_everywhere_and_keeps_the_old_file(shared_dir,
+                                                                              monkeypatch):
+    pl = sm.placement("cpu", list(range(size)))
+    path = os.path.join(shared_dir, "w.npy")
+    old = np.arange(2.0 * size).reshape(size, 2)
+    checkpoint.save(sm.tensor(old, placement=pl, sbp=sm.sbp.split(0)), path)
+    monkeypatch.setattr(file_io, "write_blocks", failing_on_rank_1(file_io.write_blocks))
+    x = sm.tensor(old + 1, placement=pl, sbp=sm.sbp.split(0))
+    got = errors_of(lambda: checkpoint.save(x, path))
+    assert got == ("OSError", f"sm.save {path!r}: rank 1: simulated: disk full"), got
+    comm.Barrier()
+    assert os.listdir(shared_dir) == ["w.npy"]  # the temporary file is gone
+    np.testing.assert_array_equal(np.load(path), old)
+
+
+def failing_on_rank_1(write_blocks):
+    """``file_io.write_blocks`` that writes (the collective completes), then fails on rank 1."""
+    def write(*args, **kwargs):
+        write_blocks(*args, **kwargs)
+        if rank == 1:
+            raise OSError("simulated: disk full")
+    return write
+
+
+def exchange_log(monkeypatch) -> list[str]:
+    """The labels of the metadata exchanges from now on (each one runs under watchdog.watch;
+    the MPI-IO calls' own watches are left out)."""
+    from sbpmpi.safety import watchdog
+
+    labels: list[str] = []
+    watch = watchdog.watch
+
+    def counting(op, *args, **kwargs):
+        if not op.startswith("MPI-IO"):
+            labels.append(op)
+        return watch(op, *args, **kwargs)
+
+    monkeypatch.setattr(watchdog, "watch", counting)
+    return labels
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_exchange_per_decision(shared_dir, monkeypatch):
+    """Metadata exchanges per call, the same at any n >= 2. sm.save: 4 (the arguments agree,
+    rank 0's temporary name, every rank wrote, rank 0's rename), also when a write fails on
+    one rank (there were 5: all_ok then raise_if_any's own all-reduce for the same decision);
+    sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
+    save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
+    tensor checked the arguments the state call had checked already)."""
+    monkeypatch.setenv("SBPMPI_CHECK", "1")
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
+    b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)
+    path = os.path.join(shared_dir, "x.npy")
+    log = exchange_log(monkeypatch)
+
+    def count(fn):
+        log.clear()
+        errors_of(fn)
+        return len(log), list(log)
+
+    assert count(lambda: checkpoint.save(x, path))[0] == 4
+    assert count(lambda: checkpoint.load(path, placement=pl, sbp=sm.sbp.broadcast))[0] == 3
+    state = os.path.join(shared_dir, "state")
+    n, labels = count(lambda: checkpoint.save_state({"x": x, "b": b}, state))
+    assert n == 3 + 3 * 2 and labels.count("consistency check before sm.save_state") == 1, labels
+    assert "consistency check before sm.save" not in labels, labels
+    n, labels = count(lambda: checkpoint.load_state(state))
+    assert n == 2 + 2 * 2 and "consistency check before sm.load" not in labels, labels
+    with monkeypatch.context() as m:
+        m.setattr(file_io, "write_blocks", failing_on_rank_1(file_io.write_blocks))
+        n, labels = count(lambda: checkpoint.save(x, path))
+    assert n == 4 and labels.count("collective decision") == 1, labels
 
 
 # -- across world sizes and crashes (serial tests, own mpiexec) ----------------------------------

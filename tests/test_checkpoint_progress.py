@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import checkpoint
+from sbpmpi.checkpoint.progress import Progress
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -76,7 +77,7 @@ def test_progress_bar_when_stderr_is_a_terminal(monkeypatch):
             return True
     out = Tty()
     monkeypatch.setattr(sys, "stderr", out)
-    p = checkpoint._Progress("sm.save_state d", 1000, 2, True)
+    p = Progress("sm.save_state d", 1000, 2, True)
     assert isinstance(p.bar, tqdm.tqdm)
     p.tensor("a", (100,), np.dtype(np.float32), 0.1)
     p.tensor("b", (150,), np.dtype(np.float32), 0.1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mpirun import job_env, mpiexec
 
-from sbpmpi import benchplot, cli
+from sbpmpi.tools import benchplot, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 180
@@ -128,7 +128,7 @@ def test_version():
 
 
 def test_noisy_flag_and_note():
-    from sbpmpi.boxing import bench as bb
+    from sbpmpi.tools import bench as bb
 
     def result(repeats, spread):
         return bb.Result("S(0)->B", 1.0, (4, 240), "p", 1.0, 1.1, 1.1, 2, "Allgather",
@@ -145,7 +145,7 @@ def test_noisy_flag_and_note():
 
 def test_rows_are_reported_as_they_are_measured(capsys):
     """run() hands each row to on_result before the next is measured (one rank here)."""
-    from sbpmpi.boxing import bench as bb
+    from sbpmpi.tools import bench as bb
 
     seen = []
     printer = bb.printer(0)
@@ -263,19 +263,6 @@ def test_bench_without_matplotlib_writes_json_and_csv_and_says_how(tmp_path, mon
     assert not (tmp_path / "sbpmpi-bench.png").exists()
     assert "pip install 'sbpmpi[plot]'" in out
     assert "python -m sbpmpi plot sbpmpi-bench.json --out sbpmpi-bench.png" in out
-
-
-def test_bench_device_needs_support_in_the_benchmark():
-    def run_cpu_only(sizes, repeats, warmup, dtype=None, overhead_repeats=1):
-        return [], []
-
-    def run_any(sizes, repeats, warmup, dtype=None, overhead_repeats=1, device_type="cpu"):
-        return [], []
-
-    assert cli._bench_run_kwargs(run_cpu_only, "cpu") == {}
-    with pytest.raises(ValueError, match="'cpu' placements only"):
-        cli._bench_run_kwargs(run_cpu_only, "cuda")
-    assert cli._bench_run_kwargs(run_any, "cuda") == {"device_type": "cuda"}
 
 
 def test_bench_rejects_bad_arguments(tmp_path):

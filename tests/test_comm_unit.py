@@ -18,7 +18,7 @@ from sbpmpi.comm.buffers import PinnedPool, Stager, describe
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
-trace = importlib.import_module("sbpmpi.trace")  # the module; sm.trace is the class
+trace = importlib.import_module("sbpmpi.safety.trace")  # the module; sm.trace is the class
 
 # ----------------------------------------------------------------------------- CUDA-awareness
 

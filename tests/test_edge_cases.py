@@ -176,7 +176,7 @@ def test_to_global_refuses_complex_partial_max_min_at_creation(kind):
 # -- 11: signature choice on large meshes ---------------------------------------------------------
 
 def _fake(shape, sbp, mesh, dtype=np.float64):
-    from sbpmpi.layout import Layout
+    from sbpmpi.core.layout import Layout
     from sbpmpi.tensor import GlobalTensor
 
     lay = Layout.make(shape, sm.placement("cpu", mesh, world_size=8), sbp)

@@ -14,7 +14,7 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.boxing.plan import meaningful
-from sbpmpi.layout import Layout
+from sbpmpi.core.layout import Layout
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

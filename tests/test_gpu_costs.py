@@ -10,22 +10,23 @@ import pytest
 import sbpmpi as sm
 from sbpmpi.boxing import cost
 from sbpmpi.comm.gpu import select
+from sbpmpi.runtime import cost_table
 
-cal = importlib.import_module("sbpmpi.boxing.calibrate")  # sm.boxing.calibrate is the function
+cal = importlib.import_module("sbpmpi.runtime.calibrate")  # sm.boxing.calibrate is the function
 
 
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
     monkeypatch.delenv("SBPMPI_GPU_TRANSPORT", raising=False)
-    monkeypatch.setattr(cost.backend, "cupy_available", lambda: True)  # as on a GPU node
+    monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: True)  # as on a GPU node
     monkeypatch.setenv("SBPMPI_COST_CACHE", str(tmp_path / "costs.json"))
-    prev_installed = cost._installed
-    prev = cost._current
-    cost.set_cost_table(None)
+    prev_installed = cost_table._installed
+    prev = cost_table._current
+    cost_table.set_cost_table(None)
     yield monkeypatch
     monkeypatch.undo()
     select.set_gpu_transport(None)
-    cost.set_cost_table(prev if prev_installed else None)
+    cost_table.set_cost_table(prev if prev_installed else None)
 
 
 def test_default_device_row_follows_the_transport(clean):
@@ -35,13 +36,13 @@ def test_default_device_row_follows_the_transport(clean):
         assert t.device == cost.GPU_TRANSPORT_COSTS[name] and t.host == cost.DEFAULT_TABLE.host
         assert (name in t.source) or name == "mpi"
     select.set_gpu_transport("ipc")
-    ipc = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    ipc = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda", cost_table.get_cost_table())
     select.set_gpu_transport("staged")
-    staged = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda")
+    staged = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda", cost_table.get_cost_table())
     assert staged > 50 * ipc  # the planner sees why staged steps are dear
-    assert cost.step_seconds("cuda") == cost.GPU_TRANSPORT_COSTS["staged"].step
+    assert cost.step_seconds("cuda", cost_table.get_cost_table()) == cost.GPU_TRANSPORT_COSTS["staged"].step
     mine = cost.table_for_transport("ipc")
-    cost.set_cost_table(mine)
+    cost_table.set_cost_table(mine)
     select.set_gpu_transport("staged")
     assert sm.boxing.get_cost_table() is mine  # an installed table wins
     with pytest.raises(ValueError, match="transport 'nccl' is not one of"):
@@ -79,13 +80,13 @@ def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
     assert row is not None and row[0] == t.device and "cached" in row[1]
     other = "ipc" if name != "ipc" else "staged"
     assert cal.cached_device_row(other) is None  # another transport's entry does not count
-    cost.set_cost_table(None)
+    cost_table.set_cost_table(None)
     assert sm.boxing.get_cost_table().device == t.device
     assert "cached" in sm.boxing.get_cost_table().source
 
 
 def test_bench_table_has_the_device_copy_proxy():
-    from sbpmpi.boxing.bench import Result, _received_share, format_tables
+    from sbpmpi.tools.bench import Result, _received_share, format_tables
 
     assert _received_share("S(0)->B", 2) == 0.5 and _received_share("P->B", 4) == 1.5
     assert _received_share("S(0)->S(1)", 4) == 3 / 16 and _received_share("B->S(0)", 4) == 0
@@ -101,11 +102,11 @@ def test_bench_table_has_the_device_copy_proxy():
 
 
 def test_without_a_gpu_the_plain_defaults(monkeypatch):
-    monkeypatch.setattr(cost.backend, "cupy_available", lambda: False)
+    monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: False)
     monkeypatch.setenv("SBPMPI_GPU_TRANSPORT", "ipc")
-    prev_installed, prev = cost._installed, cost._current
-    cost.set_cost_table(None)
+    prev_installed, prev = cost_table._installed, cost_table._current
+    cost_table.set_cost_table(None)
     try:
         assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
     finally:
-        cost.set_cost_table(prev if prev_installed else None)
+        cost_table.set_cost_table(prev if prev_installed else None)

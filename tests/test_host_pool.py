@@ -8,7 +8,6 @@ stays right and that no two live shards share memory.
 from __future__ import annotations
 
 import gc
-import importlib
 import threading
 
 import numpy as np
@@ -17,6 +16,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
+from sbpmpi.runtime import execute
 
 MIB = 1 << 20
 
@@ -285,21 +285,13 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
 
 # -- all-to-all and reduce-scatter steps that handle their own block locally ------------------
 
-def executor():
-    """The boxing executor module (sbpmpi.boxing.execute, moving to sbpmpi.runtime.execute)."""
-    for name in ("sbpmpi.runtime.execute", "sbpmpi.boxing.execute"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("no boxing executor module")
 
 
 @pytest.mark.parametrize("shape,dim,sizes", [((3, 8, 5), 1, [4, 4]), ((3, 9, 5), 1, [3, 3, 3]),
                                              ((3, 10, 2), 1, [4, 3, 3]), ((7, 4), 0, [3, 2, 2]),
                                              ((2, 6), 1, [6]), ((4, 0, 3), 1, [0, 0])])
 def test_pack_and_unpack_leave_out_one_block(shape, dim, sizes):
-    _pack, _unpack = executor()._pack, executor()._unpack
+    _pack, _unpack = execute._pack, execute._unpack
     x = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
     starts = np.cumsum([0] + sizes)
     blocks = [np.take(x, range(starts[q], starts[q + 1]), axis=dim) for q in range(len(sizes))]
@@ -323,7 +315,7 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
     2-d and 3-d tensors, with the own block handled locally (threshold 0) and with the
     default choice; every result is compared with NumPy while all are held alive."""
     if threshold is not None:  # read by the compiled steps at every call
-        monkeypatch.setattr(executor(), "OWN_BLOCK_BYTES", threshold)
+        monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
     meshes = [sm.placement("cpu", list(range(size)))]
     if size == 4:
         meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))

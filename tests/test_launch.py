@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sbpmpi import launch
+from sbpmpi.tools import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120  # seconds for any launched job; MPIEXEC_TIMEOUT ends it a little earlier
@@ -240,7 +240,7 @@ def test_bad_mpiexec_args_are_refused(tmp_path):
 def test_dry_run_shows_what_open_mpi_needs(capsys, tmp_path, monkeypatch):
     """An Open MPI 5 mpiexec (a stand-in that only answers --version) gets the root
     permission as root and oversubscription for more ranks than cores."""
-    from sbpmpi import launcher_family
+    from sbpmpi.tools import launcher_family
 
     for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
               "PRTE_MCA_rmaps_default_mapping_policy", "SLURM_JOB_ID", "PBS_JOBID"):

@@ -1,4 +1,4 @@
-"""sbpmpi.launcher_family: the MPI launcher family from ``mpiexec --version`` text
+"""sbpmpi.tools.launcher_family: the MPI launcher family from ``mpiexec --version`` text
 (captured from each family), and what each needs to run N ranks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from sbpmpi import launcher_family as lf
+from sbpmpi.tools import launcher_family as lf
 
 MPICH = """HYDRA build details:
     Version:                                 5.0.2

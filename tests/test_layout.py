@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import sbpmpi as sm
-from sbpmpi.layout import Layout, balanced_range, balanced_sizes
-from sbpmpi.sbp import broadcast, partial_max, partial_sum, split
+from sbpmpi.core.layout import Layout, balanced_range, balanced_sizes
+from sbpmpi.core.sbp import broadcast, partial_max, partial_sum, split
 
 SHAPES = [(0,), (1,), (5,), (4, 5), (3, 0), (2, 7), (7, 3, 2), (1, 1, 9)]
 MESHES = [(1,), (2,), (3,), (4,), (5,), (2, 2), (1, 3), (3, 2), (2, 2, 2)]
@@ -80,3 +80,37 @@ def test_identity_op_is_that_of_the_innermost_nonzero_partial_axis():
     assert [lay.identity_op(r) for r in range(4)] == [None, None, "sum", "sum"]
     lay = Layout.make((4,), pl, (partial_max, partial_sum))
     assert [lay.identity_op(r) for r in range(4)] == [None, "sum", "max", "sum"]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_axis_groups_against_coordinates(mesh):
+    """Placement.axis_groups/axis_group (the one computation of mesh-axis communicators):
+    a group over axes a..a+span-1 is the ranks whose coordinates agree elsewhere, in
+    row-major order over those axes."""
+    pl = sm.placement("cpu", np.arange(int(np.prod(mesh)))[::-1].reshape(mesh).tolist(),
+                      world_size=int(np.prod(mesh)))
+    nd = len(mesh)
+    for axis in range(nd):
+        for span in range(1, nd - axis + 1):
+            axes = range(axis, axis + span)
+            want = {}
+            for r in pl.rank_list:
+                c = pl.coord_of(r)
+                key = tuple(x for i, x in enumerate(c) if i not in axes)
+                want.setdefault(key, []).append((tuple(c[i] for i in axes), r))
+            groups = pl.axis_groups(axis, span)
+            assert sorted(groups) == sorted(tuple(r for _, r in sorted(v))
+                                            for v in want.values())
+            for g in groups:
+                for r in g:
+                    assert pl.axis_group(r, axis, span) == g
+        assert pl.axis_groups(axis - nd) == pl.axis_groups(axis)
+    with pytest.raises(ValueError, match="is not in"):
+        pl.axis_group(pl.size, 0)
+
+
+def test_block_starts():
+    from sbpmpi.core.layout import block_starts
+
+    assert block_starts([]) == []
+    assert block_starts([3, 0, 2, 5]) == [0, 3, 3, 5]

@@ -14,7 +14,6 @@ import pytest
 
 import sbpmpi as sm
 from sbpmpi.boxing import conversion_cost
-from sbpmpi.boxing.calibrate import _fit
 from sbpmpi.boxing.cost import (
     DEFAULT_TABLE,
     AlphaBeta,
@@ -34,8 +33,8 @@ from sbpmpi.boxing.plan import (
 )
 from sbpmpi.boxing.planner import candidate_plans, plan_conversion
 from sbpmpi.boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
-from sbpmpi.layout import Layout
-from sbpmpi.sbp import (
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.sbp import (
     Broadcast,
     Partial,
     Split,
@@ -45,6 +44,7 @@ from sbpmpi.sbp import (
     partial_sum,
     split,
 )
+from sbpmpi.runtime.calibrate import _fit
 
 W = 8  # world size assumed by the placements below (no MPI needed)
 

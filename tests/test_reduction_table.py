@@ -1,4 +1,4 @@
-"""The one reduction table (sbpmpi.reduction) agrees with the layouts and comm."""
+"""The one reduction table (sbpmpi.core.reduction) agrees with the layouts and comm."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sbpmpi import comm
-from sbpmpi.reduction import REDUCTIONS, identity_value, reduction
-from sbpmpi.sbp import Partial
+from sbpmpi.core.reduction import REDUCTIONS, identity_value, reduction
+from sbpmpi.core.sbp import Partial
 
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
@@ -46,3 +46,17 @@ def test_unknown_and_unordered():
     with pytest.raises(TypeError, match="no ordering"):
         identity_value("max", np.complex64)
     assert identity_value("sum", np.complex64) == 0
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduce_and_order_columns(name):
+    r = reduction(name)
+    a = np.array([[3, -1], [2, 7]])
+    assert r.reduce_of(np) is getattr(np, name)
+    np.testing.assert_array_equal(r.reduce_of(np)(a, axis=0), r.ufunc_of(np).reduce(a, axis=0))
+    assert r.ordered == (name != "sum")
+    assert r.defined_for(np.float32) and r.defined_for(np.bool_)
+    assert r.defined_for(np.complex64) == (name == "sum")
+    if not r.defined_for(np.complex64):
+        with pytest.raises(TypeError, match="no ordering"):
+            r.identity(np.complex64)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sbpmpi import launcher_family
+from sbpmpi.tools import launcher_family
 
 ROOT = Path(__file__).resolve().parent.parent
 OMPI5 = "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import boxing
-from sbpmpi.sbp import Partial, broadcast, split
+from sbpmpi.core.sbp import Partial, broadcast, split
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

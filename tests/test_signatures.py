@@ -16,7 +16,8 @@ from cost_oracle import independent_total
 import sbpmpi as sm
 from sbpmpi import boxing
 from sbpmpi.boxing.reference import assemble
-from sbpmpi.layout import Layout
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.sbp import Broadcast, Partial, Split, broadcast, partial_sum, split
 from sbpmpi.ops import infer
 from sbpmpi.ops.elementwise import ADD, MUL, NEG
 from sbpmpi.ops.linalg import MATMUL
@@ -34,7 +35,6 @@ from sbpmpi.ops.signature import (
     format_table,
     resolve,
 )
-from sbpmpi.sbp import Broadcast, Partial, Split, broadcast, partial_sum, split
 from sbpmpi.tensor import GlobalTensor
 from sbpmpi.testing import input_sbps, make_shards, sbp_combos, tolerance
 

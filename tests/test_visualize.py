@@ -1,7 +1,7 @@
 """sm.visualize: the text grid names, for every block, exactly the ranks that hold it.
 
 The reference cuts index arrays with np.array_split mesh axis by mesh axis, independently
-of sbpmpi.layout; the rendered text is parsed back and compared cell by cell.
+of sbpmpi.core.layout; the rendered text is parsed back and compared cell by cell.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import sbpmpi as sm
-from sbpmpi.layout import Layout
-from sbpmpi.placement import Placement
+from sbpmpi.core.layout import Layout
+from sbpmpi.core.placement import Placement
 from sbpmpi.visualize import render, visualize
 
 S, B = sm.sbp.split, sm.sbp.broadcast

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
+from ..core.sbp import Partial, broadcast
 from ..creation import full
-from ..sbp import Partial, broadcast
 from ..tensor import GlobalTensor
 from .mode import no_grad
 from .rules import RULES

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from ..ops.call import OpCall
-from ..ops.inference import GlobalOp
+from ..ops.op import GlobalOp
 from ..ops.signature import B, P, S, Signature
 from ..tensor import GlobalTensor
 

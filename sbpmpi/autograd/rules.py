@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..core.sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..creation import zeros
 from ..ops.call import OpCall, norm_dim, norm_dims
-from ..ops.inference import GlobalOp
 from ..ops.linalg import MATMUL, batch_matches
+from ..ops.op import GlobalOp
 from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
-from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..tensor import GlobalTensor
 from .losses import cross_entropy_grad
 from .tape import Node

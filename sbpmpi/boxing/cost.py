@@ -23,23 +23,17 @@ copy            bytes copied locally        1 (per step)        1
 
 Host (``"cpu"``) and device (``"cuda"``) buffers have separate parameters. The table
 in use must be the same on every rank (plans are computed independently on each rank);
-:func:`sbpmpi.boxing.calibrate` measures one and installs it everywhere.
+:func:`sbpmpi.runtime.calibrate` measures one and installs it everywhere.
 
-The device row depends on the GPU transport (:mod:`sbpmpi.comm.gpu`): until a table is
-installed, :func:`get_cost_table` returns, where CuPy sees a GPU, the defaults with the
-device row of the transport in use (:data:`GPU_TRANSPORT_COSTS`), or, on a single-node
-job, the device row cached by an earlier :func:`sbpmpi.boxing.calibrate` on this machine
-(:mod:`.calibrate`). The transport is decided from the environment and the MPI library
-only, so every rank gets the same table.
+This module is pure: functions take the table to use (``None``: :data:`DEFAULT_TABLE`).
+The table *in use* on this rank (installed, calibrated, or the defaults with the device
+row of the GPU transport in use) is kept by :mod:`sbpmpi.runtime.cost_table`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-
-from .. import backend
-from ..comm.gpu import select as _select
 
 __all__ = [
     "PRIMITIVES",
@@ -52,8 +46,6 @@ __all__ = [
     "primitive_seconds",
     "copy_seconds",
     "step_seconds",
-    "get_cost_table",
-    "set_cost_table",
     "GPU_TRANSPORT_COSTS",
     "table_for_transport",
 ]
@@ -194,53 +186,6 @@ def table_for_transport(transport: str, table: CostTable = DEFAULT_TABLE) -> Cos
     return CostTable(table.host, row, source=f"{table.source}; device row: {transport} defaults")
 
 
-_current: CostTable = DEFAULT_TABLE
-_installed = False
-_auto: dict[str, CostTable] = {}
-
-
-def _default_table() -> CostTable:
-    """The defaults for the GPU transport in use (or its cached calibration), cached.
-
-    Without a GPU (no "cuda" placement can run) the plain defaults, with no detection.
-    """
-    if not backend.cupy_available():
-        return DEFAULT_TABLE
-    name = (_select._decision or _select.gpu_transport()).name
-    hit = _auto.get(name)
-    if hit is None:
-        from .calibrate import cached_device_row
-
-        row = cached_device_row(name)
-        if row is not None:
-            hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
-        else:
-            hit = table_for_transport(name)
-        _auto[name] = hit
-    return hit
-
-
-def get_cost_table() -> CostTable:
-    """The table in use."""
-    if _installed:
-        return _current
-    return _default_table()
-
-
-def set_cost_table(table: CostTable | None) -> CostTable:
-    """Install ``table`` (the defaults for None) on this rank; returns the previous one.
-
-    Every rank must install the same table, or plans may differ between ranks.
-    """
-    global _current, _installed
-    if table is not None and not isinstance(table, CostTable):
-        raise TypeError(f"table must be a CostTable or None, got {type(table).__name__}")
-    prev = get_cost_table()
-    _current, _installed = (DEFAULT_TABLE if table is None else table), table is not None
-    _auto.clear()
-    return prev
-
-
 def _log2(p: int) -> int:
     return (p - 1).bit_length()  # ceil(log2 p) for p >= 1
 
@@ -280,7 +225,7 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
     For ``p2p``, ``p`` is the number of messages of the busiest rank and ``nbytes`` the
     bytes it sends or receives.
     """
-    ab = (table or get_cost_table()).params(device_type).get(primitive)
+    ab = (table or DEFAULT_TABLE).params(device_type).get(primitive)
     if primitive != "p2p" and p <= 1:
         return 0.0
     return ab.alpha * rounds(primitive, p) + ab.beta * factor(primitive, p) * float(nbytes)
@@ -288,11 +233,11 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
 
 def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> float:
     """The fixed cost of one plan step."""
-    return (table or get_cost_table()).params(device_type).step
+    return (table or DEFAULT_TABLE).params(device_type).step
 
 
 def copy_seconds(nbytes: float, device_type: str = "cpu", table: CostTable | None = None,
                  ops: int = 1) -> float:
     """Modelled seconds of ``ops`` local steps copying or filling ``nbytes`` bytes in all."""
-    ab = (table or get_cost_table()).params(device_type).copy
+    ab = (table or DEFAULT_TABLE).params(device_type).copy
     return ab.alpha * ops + ab.beta * float(nbytes)

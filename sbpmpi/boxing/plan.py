@@ -33,11 +33,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial, Split
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 
 __all__ = [
     "STEP_KINDS",
@@ -77,21 +75,10 @@ def max_local_extents(layout: Layout) -> tuple[int, ...]:
     return tuple(ext)
 
 
-@functools.lru_cache(maxsize=1024)
-def _axis_groups(pl: Placement, axis: int, span: int = 1) -> tuple[tuple[int, ...], ...]:
-    """The communicators of mesh axes ``axis .. axis + span - 1`` (row-major over them)."""
-    if span == 1:
-        return pl.axis_groups(axis)
-    r = pl.ranks
-    moved = np.moveaxis(r, list(range(axis, axis + span)),
-                        list(range(r.ndim - span, r.ndim)))
-    flat = moved.reshape(-1, math.prod(pl.hierarchy[axis:axis + span]))
-    return tuple(tuple(int(x) for x in row) for row in flat)
-
-
 def group_of(pl: Placement, rank: int, axis: int, span: int = 1) -> tuple[int, ...]:
-    """The ranks ``rank`` communicates with in a step on ``axis .. axis + span - 1``."""
-    return next(g for g in _axis_groups(pl, axis, span) if rank in g)
+    """The ranks ``rank`` communicates with in a step on ``axis .. axis + span - 1``
+    (:meth:`Placement.axis_group`)."""
+    return pl.axis_group(rank, axis, span)
 
 
 def _later_split(sbp: NdSbp, axis: int, dim: int) -> bool:

@@ -16,23 +16,15 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial, Split
-from .cost import (
-    CostTable,
-    copy_seconds,
-    factor,
-    get_cost_table,
-    primitive_seconds,
-    step_seconds,
-)
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
+from .cost import DEFAULT_TABLE, CostTable, copy_seconds, factor, primitive_seconds, step_seconds
 from .plan import (
     AXIS_KINDS,
     Plan,
     PlanChoice,
     Step,
-    _axis_groups,
     _ops,
     check_conversion,
     max_local_extents,
@@ -94,11 +86,11 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
             op = to.op
             copy = n_out
         secs = copy_seconds(copy, dev, table) + step_seconds(dev, table)
-        return Step(kind, src, dst, axis, frm, to, op, None, _axis_groups(pl, axis), 0, 0, copy,
+        return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis), 0, 0, copy,
                     0, secs, span)
     secs += copy_seconds(copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(moved))
-    return Step(kind, src, dst, axis, frm, to, op, None, _axis_groups(pl, axis, span), nb, nb,
+    return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis, span), nb, nb,
                 copy, 0, secs, span)
 
 
@@ -115,7 +107,7 @@ def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
     kind = transition_kind(src.sbp, src.placement.hierarchy, axis, to)
     if kind is None:
         return None
-    return _axis_step(kind, src, axis, to, itemsize, table or get_cost_table()).seconds
+    return _axis_step(kind, src, axis, to, itemsize, table or DEFAULT_TABLE).seconds
 
 
 def _cross_device(src: Layout, dst: Layout) -> str:
@@ -371,7 +363,7 @@ def candidate_plans(src: Layout, dst: Layout, itemsize: int,
     """
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize <= 0:
         raise ValueError(f"itemsize must be a positive int, got {itemsize!r}")
-    return _choice(src, dst, itemsize, table or get_cost_table())
+    return _choice(src, dst, itemsize, table or DEFAULT_TABLE)
 
 
 def plan_conversion(src: Layout, dst: Layout, itemsize: int,

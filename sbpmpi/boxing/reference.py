@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..layout import Layout
-from ..reduction import identity_value, reduction
-from ..sbp import Broadcast, Partial, Split
+from ..core.layout import Layout
+from ..core.reduction import identity_value, reduction
+from ..core.sbp import Broadcast, Partial, Split
 
 __all__ = ["assemble", "slice_for"]
 
@@ -20,10 +20,7 @@ def _reduce(xp: ModuleType, op: str, parts: list[Any]) -> Any:
     out = parts[0].copy()
     f = reduction(op).ufunc_of(xp)
     for p in parts[1:]:
-        if op == "sum" and out.dtype == bool:
-            out = xp.logical_or(out, p)
-        else:
-            f(out, p, out=out)
+        f(out, p, out=out)  # the sum of bools is "or" (NumPy's and CuPy's add)
     return out
 
 

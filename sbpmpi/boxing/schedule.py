@@ -10,7 +10,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..layout import Layout
+from ..core.layout import Layout
 from .plan import Box
 
 __all__ = ["Transfer", "transfer_schedule", "slots_of", "is_contiguous_box", "relative",

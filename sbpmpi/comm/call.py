@@ -14,9 +14,7 @@ A buffer call is written as::
     red = c.nan_safe(red, op, m[0], arr)  #    NaN-propagating MAX/MIN
     with stager(m[3]) as st:              # 4. stage; copy back on success; 7. release
         buf = st.out(arr, m, copy_in=True)
-        if ACTIVE:                        # 5. trace note
-            c.note(nbytes, m[0], None, m[3], st.staged)
-        with watch(c.name, c.ranks):      # 6. watch
+        with c.mpi_call(nbytes, m[0], None, m[3], st.staged):  # 5. trace note, 6. watch
             c.comm.Allreduce(...)
 
 so tracing, agreement, the watchdog, staging, the GPU hooks and NaN-safe MAX/MIN are
@@ -33,12 +31,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
-from .reduce_op import MPIReduction, ReduceOp
-from .tracing import note
+from .reduce_op import ORDERED, UFUNCS, MPIReduction, ReduceOp, user_op
+from .tracing import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 
@@ -75,7 +73,7 @@ class Call:
     def nan_safe(self, red: MPIReduction, op: ReduceOp, dtype: np.dtype,
                  inputs: Any) -> MPIReduction:
         """:func:`nan_safe` on this call's group."""
-        if op not in _MAX_MIN:
+        if op not in ORDERED:
             return red
         return nan_safe(red, op, dtype, inputs, self.comm, self.g.ranks)
 
@@ -84,6 +82,20 @@ class Call:
         """Note the call in the active traces (callers test ``if ACTIVE:`` first, so the
         arguments are computed only while tracing)."""
         note(self.name, nbytes, self.g, dtype, peer, device, staged)
+
+    def mpi_call(self, nbytes: int | Callable[[], int] = 0, dtype: Any = "",
+                 peer: int | None = None, device: bool = False, staged: bool = False) -> Any:
+        """Steps 5 and 6: note the call in the active traces (``nbytes`` may be a function,
+        called only while tracing) and return the watchdog's context for the MPI call
+        itself, so that no call of the group runs unwatched::
+
+            with c.mpi_call(nbytes, dtype, peer, device, st.staged):
+                c.comm.Allreduce(...)
+        """
+        if ACTIVE:
+            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
+                 device, staged)
+        return watch(self.name, self.ranks)
 
 
 def host_only(red: MPIReduction, a: Any, m: tuple[Any, ...]) -> bool:
@@ -120,8 +132,6 @@ def call(name: str, group: Group | None) -> Call:
 
 # -- NaN-safe MAX/MIN ---------------------------------------------------------------------------
 
-_MAX_MIN = (ReduceOp.MAX, ReduceOp.MIN)
-
 _NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
 
 
@@ -130,14 +140,7 @@ def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
     key = (op, dtype.str)
     red = _NAN_OPS.get(key)
     if red is None:
-        ufunc = np.maximum if op is ReduceOp.MAX else np.minimum
-
-        def apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
-            a = np.frombuffer(inbuf, dtype=dtype)
-            b = np.frombuffer(inoutbuf, dtype=dtype)
-            ufunc(a, b, out=b)
-
-        red = _NAN_OPS[key] = MPIReduction(MPI.Op.Create(apply, commute=True), host_only=True)
+        red = _NAN_OPS[key] = MPIReduction(user_op(UFUNCS[op], dtype), host_only=True)
     return red
 
 
@@ -155,7 +158,7 @@ def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm
     microseconds); only when some rank holds a NaN does the reduction run as a
     user-defined op with NumPy's semantics. Collective over ``comm``.
     """
-    if op not in _MAX_MIN or dtype.kind != "f" or red.host_only:
+    if op not in ORDERED or dtype.kind != "f" or red.host_only:
         return red
     arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
     flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..watchdog import watch
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .call import Call, average, call, host_only
@@ -22,7 +21,6 @@ from .gpu import route as _gpu
 from .group import Group, root_rank
 from .listbufs import gather_list_in, list_metas, scatter_list_out
 from .reduce_op import ReduceOp, mpi_reduction
-from .tracing import ACTIVE
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
@@ -35,9 +33,7 @@ def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
 def barrier(group: Group | None = None) -> None:
     """Block until every rank of ``group`` has called barrier."""
     c = call("barrier", group)
-    if ACTIVE:
-        c.note(0)
-    with watch(c.name, c.ranks):
+    with c.mpi_call(0):
         c.comm.Barrier()
 
 
@@ -57,9 +53,7 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     me = c.comm.Get_rank()
     with stager(m[3]) as st:
         buf = st.out(arr, m, copy_in=me == root)
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged):
             c.comm.Bcast([buf, m[1], t], root=root)
 
 
@@ -88,9 +82,7 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
         else:
             buf = st.inp(arr, m)
             sbuf, rbuf = [buf, m[1], info.mpi], None
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
             c.comm.Reduce(sbuf, rbuf, op=red.op, root=root)
         if me == root and red.average:
             average(buf, c.g.size)
@@ -112,9 +104,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     red = c.nan_safe(red, op, m[0], arr)
     with stager(m[3], host_only(red, arr, m)) as st:
         buf = st.out(arr, m, copy_in=True)
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
             c.comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
         if red.average:
             average(buf, c.g.size)
@@ -132,6 +122,15 @@ def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bo
 
 def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
+
+
+def _blocks(x: Any, p: int, m: ArrayMeta, list_arg: str, arg: str, ref: str, op: str,
+            output: bool) -> tuple[list[ArrayMeta] | None, ArrayMeta | None]:
+    """Checks of ``x``, ``p`` blocks shaped like ``ref`` (meta ``m``): a list of arrays gives
+    (their metas, None), one array (None, its meta)."""
+    if _is_list(x):
+        return list_metas(x, p, m, list_arg, ref, op, output=output), None
+    return None, _whole(x, p, m, arg, ref, op, output)
 
 
 def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
@@ -152,9 +151,7 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
             return m, t, root, me, p, None, None
         if x is None:
             raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
-        if _is_list(x):
-            return m, t, root, me, p, list_metas(x, p, m, arg, "arr", op, output=to_root), None
-        return m, t, root, me, p, None, _whole(x, p, m, arg, "arr", op, to_root)
+        return (m, t, root, me, p, *_blocks(x, p, m, arg, arg, "arr", op, to_root))
     except (TypeError, ValueError) as e:
         c.refuse(e)
 
@@ -165,24 +162,41 @@ def gather(arr: Any, gather_list: Any = None, dst: int = 0, group: Group | None 
     On ``dst``, ``gather_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    c = call("gather", group)
-    m, t, root, me, p, metas, mo = _rooted(c, arr, gather_list, "gather_list", "dst",
-                                           dst, True)
+    _gather_scatter("gather", arr, gather_list, "gather_list", "dst", dst, group)
+
+
+def _gather_scatter(name: str, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
+                    group: Group | None) -> None:
+    """gather (every rank's ``arr`` goes to block i of the root's ``x``) and scatter
+    (block i of the root's ``x`` goes to ``arr`` on group rank i): one body."""
+    to_root = name == "gather"
+    c = call(name, group)
+    m, t, root, me, p, metas, mx = _rooted(c, arr, x, arg, root_arg, root_world, to_root)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], dst=dst))
-    with stager(m[3] or (mo is not None and mo[3])) as st:
-        sbuf = st.inp(arr, m)
-        rbuf: Any = None
-        if mo is not None:
-            rbuf = st.out(gather_list, mo)
-        elif metas is not None:
-            rbuf = np.empty(p * m[1], dtype=m[0])
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        with watch(c.name, c.ranks):
-            c.comm.Gather([sbuf, m[1], t], None if rbuf is None else [rbuf, m[1], t], root=root)
-        if metas is not None:
-            scatter_list_out(rbuf, gather_list, metas)
+        c.agree(_sig(m, size=m[1], **{root_arg: root_world}))
+    with stager(m[3] or (mx is not None and mx[3])) as st:
+        whole: Any = None  # the root's blocks as one flat buffer; None elsewhere
+        if to_root:
+            mine = st.inp(arr, m)
+            if mx is not None:
+                whole = st.out(x, mx)
+            elif metas is not None:
+                whole = np.empty(p * m[1], dtype=m[0])
+        else:
+            if mx is not None:
+                whole = st.inp(x, mx)
+            elif metas is not None:
+                whole = gather_list_in(x, metas, m[0])
+            mine = st.out(arr, m)
+        blocks = None if whole is None else [whole, m[1], t]
+        sent = m[1] if to_root else p * m[1] if me == root else 0
+        with c.mpi_call(sent * m[0].itemsize, m[0], root_world, m[3], st.staged):
+            if to_root:
+                c.comm.Gather([mine, m[1], t], blocks, root=root)
+            else:
+                c.comm.Scatter(blocks, [mine, m[1], t], root=root)
+        if to_root and metas is not None:
+            scatter_list_out(whole, x, metas)
 
 
 def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> None:
@@ -198,11 +212,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
         m = describe(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         p = c.g.size
-        metas = mo = None
-        if _is_list(out):
-            metas = list_metas(out, p, m, "out_list", "arr", op, output=True)
-        else:
-            mo = _whole(out, p, m, "out", "arr", op, True)
+        metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -212,9 +222,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     with stager(m[3] or (mo is not None and mo[3])) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], None, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
             c.comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
@@ -226,25 +234,7 @@ def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | Non
     On ``src``, ``scatter_list`` is a list of group-size arrays shaped like ``arr``, or one
     array of group size x ``arr.size`` elements; it is ignored on other ranks.
     """
-    c = call("scatter", group)
-    m, t, root, me, p, metas, mi = _rooted(c, arr, scatter_list, "scatter_list", "src",
-                                           src, False)
-    if checks._enabled:
-        c.agree(_sig(m, size=m[1], src=src))
-    with stager(m[3] or (mi is not None and mi[3])) as st:
-        sbuf = None
-        if me == root:
-            if mi is not None:
-                sbuf = st.inp(scatter_list, mi)
-            else:
-                assert metas is not None
-                sbuf = gather_list_in(scatter_list, metas, m[0])
-        rbuf = st.out(arr, m)
-        if ACTIVE:
-            c.note(p * m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged)
-        with watch(c.name, c.ranks):
-            c.comm.Scatter(None if sbuf is None else [sbuf, m[1], t], [rbuf, m[1], t],
-                           root=root)
+    _gather_scatter("scatter", arr, scatter_list, "scatter_list", "src", src, group)
 
 
 def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
@@ -262,11 +252,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
         p = c.g.size
-        metas = mi = None
-        if _is_list(x):
-            metas = list_metas(x, p, m, "in_list", "out", name, output=False)
-        else:
-            mi = _whole(x, p, m, "input", "out", name, False)
+        metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
@@ -281,9 +267,8 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
             assert metas is not None
             sbuf = gather_list_in(x, metas, m[0])
         rbuf = st.out(out, m)
-        if ACTIVE:
-            c.note(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]), st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]),
+                        st.staged):
             c.comm.Reduce_scatter_block([sbuf, m[1], info.mpi], [rbuf, m[1], info.mpi],
                                         op=red.op)
         if red.average:
@@ -300,7 +285,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
     name = c.name
     try:
         p = c.g.size
-        out_metas = in_metas = mo = mi = None
+        out_metas = mo = None
         if _is_list(out):
             if len(out) != p or not out:
                 raise ValueError(f"{name}: out has {len(out)} arrays, expected one per rank "
@@ -313,10 +298,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
                 raise ValueError(f"{name}: out has {mo[1]} elements, not divisible by the "
                                  f"group size {p}")
             m = (mo[0], mo[1] // p, True, mo[3])
-        if _is_list(in_):
-            in_metas = list_metas(in_, p, m, "in", "out block", name, output=False)
-        else:
-            mi = _whole(in_, p, m, "in", "out block", name, False)
+        in_metas, mi = _blocks(in_, p, m, "in", "in", "out block", name, False)
         t = dtype_info(m[0]).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
@@ -332,10 +314,8 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
             assert in_metas is not None
             sbuf = gather_list_in(in_, in_metas, m[0])
         rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        if ACTIVE:
-            c.note(p * m[1] * m[0].itemsize, m[0], None,
-                   bool((mo and mo[3]) or (mi and mi[3])), st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(p * m[1] * m[0].itemsize, m[0], None,
+                   bool((mo and mo[3]) or (mi and mi[3])), st.staged):
             c.comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
         if out_metas is not None:
             scatter_list_out(rbuf, out, out_metas)

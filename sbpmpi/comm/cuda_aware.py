@@ -144,10 +144,7 @@ _decision: CudaAwareness | None = None
 
 def cuda_awareness() -> CudaAwareness:
     """The cached decision (made on first call)."""
-    global _decision
-    if _decision is None:
-        _decision = detect()
-    return _decision
+    return _decision if _decision is not None else set_cuda_aware(None)
 
 
 def is_cuda_aware() -> bool:

@@ -13,23 +13,36 @@ bytes land on disk exactly as in memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import watchdog
-from .group import WORLD, Group
+from ..safety import watchdog
+from .call import call
+from .group import Group
 
 __all__ = ["write_blocks", "read_blocks"]
 
 
-def _comm(group: Group | None) -> tuple[Group, Any]:
-    g = WORLD if group is None else group
-    if g.comm is None:
-        raise ValueError(f"this rank is not a member of {g!r}")
-    return g, g.comm
+@contextlib.contextmanager
+def _opened(name: str, group: Group | None, path: str, amode: int,
+            purpose: str) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """Open ``path`` collectively over ``group`` (WORLD for None) for ``purpose``; yields
+    (file, the call, a list for the MPI types to free). The file is closed on every rank,
+    and the types freed, before an error of the block is raised on the rank of the error."""
+    c = call(name, group)
+    with watchdog.watch(f"MPI-IO open {path!r} for {purpose}", c.ranks):
+        fh = MPI.File.Open(c.comm, path, amode)
+    types: list[Any] = []
+    try:
+        yield fh, c, types
+    finally:
+        with watchdog.watch(f"MPI-IO close {path!r}", c.ranks):
+            fh.Close()
+        _free(*types)
 
 
 def _types(itemsize: int, global_shape: Sequence[int], local_shape: Sequence[int],
@@ -83,7 +96,6 @@ def write_blocks(path: str, header: bytes, local: np.ndarray | None,
 
     A failure raises on the rank where it happened, after every rank has closed the file.
     """
-    g, comm = _comm(group)
     dt = np.dtype(dtype)
     if local is None:
         local = np.empty((0,) * max(len(global_shape), 1), dtype=dt)
@@ -91,29 +103,17 @@ def write_blocks(path: str, header: bytes, local: np.ndarray | None,
     if local.dtype != dt:
         raise TypeError(f"block dtype {local.dtype} differs from the file dtype {dt}")
     nbytes = int(np.prod(global_shape, dtype=np.int64)) * dt.itemsize
-    peers = g.ranks
     amode = MPI.MODE_WRONLY | MPI.MODE_CREATE
-    with watchdog.watch(f"MPI-IO open {path!r} for writing", peers):
-        fh = MPI.File.Open(comm, path, amode)
-    error: BaseException | None = None
-    elem = ftype = MPI.DATATYPE_NULL
-    try:
-        with watchdog.watch(f"MPI-IO write {path!r}", peers):
-            if comm.Get_rank() == 0:
+    with _opened("write_blocks", group, path, amode, "writing") as (fh, c, types):
+        with watchdog.watch(f"MPI-IO write {path!r}", c.ranks):
+            if c.comm.Get_rank() == 0:
                 fh.Write_at(0, np.frombuffer(header, dtype=np.uint8))
             if nbytes:
                 elem, ftype = _types(dt.itemsize, global_shape, local.shape, starts, False)
+                types += (elem, ftype)
                 fh.Set_view(len(header), elem, ftype)
                 fh.Write_at_all(0, [_bytes_view(local), local.size, elem])
             fh.Sync()
-    except Exception as e:  # close on every rank before reporting
-        error = e
-    finally:
-        with watchdog.watch(f"MPI-IO close {path!r}", peers):
-            fh.Close()
-        _free(elem, ftype)
-    if error is not None:
-        raise error
 
 
 def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
@@ -124,22 +124,17 @@ def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
     ``starts`` None (or an empty ``local_shape``) reads nothing: the rank only joins the
     collective. Returns a C-contiguous array of ``local_shape`` and ``dtype``.
     """
-    g, comm = _comm(group)
     dt = np.dtype(dtype)
     lshape = tuple(int(n) for n in local_shape)
     count = int(np.prod(lshape, dtype=np.int64)) if starts is not None else 0
     buf = np.empty(lshape if count else (0,), dtype=dt, order="F" if fortran_order else "C")
     total = int(np.prod(global_shape, dtype=np.int64))
-    peers = g.ranks
-    with watchdog.watch(f"MPI-IO open {path!r} for reading", peers):
-        fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
-    error: BaseException | None = None
-    elem = ftype = MPI.DATATYPE_NULL
-    try:
+    with _opened("read_blocks", group, path, MPI.MODE_RDONLY, "reading") as (fh, c, types):
         if total:
-            with watchdog.watch(f"MPI-IO read {path!r}", peers):
+            with watchdog.watch(f"MPI-IO read {path!r}", c.ranks):
                 elem, ftype = _types(dt.itemsize, global_shape, lshape if count else (0,),
                                      starts or (), fortran_order)
+                types += (elem, ftype)
                 fh.Set_view(int(offset), elem, ftype)
                 status = MPI.Status()
                 fh.Read_at_all(0, [_bytes_view(buf), count, elem], status)
@@ -147,14 +142,6 @@ def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
                 if got != count:
                     raise OSError(f"read {got} of {count} elements of {path!r}: the file is "
                                   f"shorter than its header says")
-    except Exception as e:
-        error = e
-    finally:
-        with watchdog.watch(f"MPI-IO close {path!r}", peers):
-            fh.Close()
-        _free(elem, ftype)
-    if error is not None:
-        raise error
     if not count:
         return np.empty(lshape, dtype=dt)
     return _c_order(buf)

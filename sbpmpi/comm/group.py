@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..placement import Placement
+from ..core.placement import Placement
 
 __all__ = ["Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups",
            "resolve", "root_rank"]

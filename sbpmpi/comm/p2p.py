@@ -10,7 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..watchdog import watch
+from ..safety.watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
 from .call import Call, call
 from .dtypes import dtype_info
@@ -126,9 +126,7 @@ def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     c, m, t, peer = _prepare("send", arr, dst, tag, group, False, True)
     with stager(m[3]) as st:
         buf = st.inp(arr, m)
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
             c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
 
 
@@ -138,9 +136,7 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
     with stager(m[3]) as st:
         buf = st.out(arr, m)
         status = MPI.Status()
-        if ACTIVE:
-            c.note(0, m[0], src, m[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(0, m[0], src, m[3], st.staged):
             c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
@@ -153,27 +149,27 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
 
 def isend(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``arr`` to world rank ``dst``; do not modify ``arr`` before ``wait()``."""
-    c, m, t, peer = _prepare("isend", arr, dst, tag, group, False, False)
-    st = stager(m[3])
-    try:
-        buf = st.inp(arr, m)
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        return Work(c.comm.Isend([buf, m[1], t], dest=peer, tag=tag), st, buf, None, c.g)
-    except BaseException:
-        st.release()
-        raise
+    return _post("isend", arr, dst, tag, group, False)
 
 
 def irecv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving into ``arr`` from world rank ``src`` (any if None); read it after ``wait()``."""
-    c, m, t, peer = _prepare("irecv", arr, src, tag, group, True, False)
+    return _post("irecv", arr, src, tag, group, True)
+
+
+def _post(name: str, arr: Any, rank: int | None, tag: int, group: Group | None,
+          receive: bool) -> Work:
+    """isend (``receive`` False) and irecv: post the message, return its :class:`Work`."""
+    c, m, t, peer = _prepare(name, arr, rank, tag, group, receive, False)
     st = stager(m[3])
     try:
-        buf = st.out(arr, m)
+        buf = st.out(arr, m) if receive else st.inp(arr, m)
         if ACTIVE:
-            c.note(0, m[0], src, m[3], st.staged)
-        return Work(c.comm.Irecv([buf, m[1], t], source=peer, tag=tag), st, buf, (m, t), c.g)
+            c.note(0 if receive else m[1] * m[0].itemsize, m[0], rank, m[3], st.staged)
+        if receive:
+            return Work(c.comm.Irecv([buf, m[1], t], source=peer, tag=tag), st, buf, (m, t),
+                        c.g)
+        return Work(c.comm.Isend([buf, m[1], t], dest=peer, tag=tag), st, buf, None, c.g)
     except BaseException:
         st.release()
         raise

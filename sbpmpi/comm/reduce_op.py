@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..core.reduction import REDUCTIONS
 from .dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, DtypeInfo
 
 __all__ = ["ReduceOp", "MPIReduction", "mpi_reduction"]
@@ -59,11 +60,16 @@ _BUILTIN = {ReduceOp.SUM: MPI.SUM, ReduceOp.PROD: MPI.PROD, ReduceOp.MAX: MPI.MA
             ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
 _LOGICAL = {ReduceOp.SUM: MPI.LOR, ReduceOp.PROD: MPI.LAND, ReduceOp.MAX: MPI.LOR,
             ReduceOp.MIN: MPI.LAND}
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,
-           ReduceOp.MIN: np.minimum}
+# The partial kinds' ufuncs come from the reduction table; PROD is comm's own.
+UFUNCS = {ReduceOp.PROD: np.multiply,
+          **{ReduceOp[r.reduce_op]: r.ufunc_of(np) for r in REDUCTIONS.values()}}
+# The ops that compare values (MAX, MIN): undefined for complex, and NaN needs care.
+ORDERED = tuple(ReduceOp[r.reduce_op] for r in REDUCTIONS.values() if r.ordered)
 
 
-def _user_op(ufunc: np.ufunc, dtype: np.dtype) -> MPI.Op:
+def user_op(ufunc: np.ufunc, dtype: np.dtype) -> MPI.Op:
+    """A commutative MPI op that applies ``ufunc`` to host buffers of ``dtype``."""
+
     def apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
         a = np.frombuffer(inbuf, dtype=dtype)
         b = np.frombuffer(inoutbuf, dtype=dtype)
@@ -91,7 +97,7 @@ def _build(op: ReduceOp, info: DtypeInfo) -> MPIReduction:
     if cat == FLOAT:
         return MPIReduction(_BUILTIN[op], average=avg)
     if cat == COMPLEX:
-        if op in (ReduceOp.MAX, ReduceOp.MIN):
+        if op in ORDERED:
             raise TypeError(f"ReduceOp.{op.name} is not defined for complex dtype {dt} "
                             "(complex numbers are not ordered)")
         return MPIReduction(_BUILTIN[op], average=avg)
@@ -99,7 +105,7 @@ def _build(op: ReduceOp, info: DtypeInfo) -> MPIReduction:
         if avg:  # the SUM op, then a division
             return MPIReduction(mpi_reduction(ReduceOp.SUM, info).op, average=True,
                                 host_only=True)
-        mop = _user_op(_UFUNCS[op], dt)
+        mop = user_op(UFUNCS[op], dt)
         _user_ops.append(mop)
         return MPIReduction(mop, average=avg, host_only=True)
     raise TypeError(f"cannot reduce arrays of dtype {dt}: reductions need a numeric dtype "

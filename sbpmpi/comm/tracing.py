@@ -1,8 +1,8 @@
-"""Appending comm calls to the active :mod:`sbpmpi.trace` traces."""
+"""Appending comm calls to the active :mod:`sbpmpi.safety.trace` traces."""
 
 from __future__ import annotations
 
-from ..trace import ACTIVE, CommRecord, record
+from ..safety.trace import ACTIVE, CommRecord, record
 from .group import Group
 
 __all__ = ["ACTIVE", "note"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..watchdog import watch
+from ..core.layout import block_starts
 from . import checks
 from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
 from .call import Call, average, call, host_only
@@ -19,7 +19,6 @@ from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
 from .reduce_op import ReduceOp, mpi_reduction
-from .tracing import ACTIVE
 
 __all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
 
@@ -43,14 +42,17 @@ def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
     """(counts, displs, elements a buffer needs); displs default to the packed layout."""
     c = _counts(counts, p, carg, op)
     if displs is None:
-        d = []
-        total = 0
-        for ci in c:
-            d.append(total)
-            total += ci
-        return c, d, total
+        return c, block_starts(c), sum(c)
     d = _counts(displs, p, darg, op)
     return c, d, max((di + ci for ci, di in zip(c, d) if ci), default=0)
+
+
+def _arr_out(arr: Any, out: Any, op: str) -> tuple[ArrayMeta, ArrayMeta]:
+    """(meta of the input ``arr``, meta of the output ``out``), of one dtype."""
+    m = describe(arr, "arr", op)
+    mo = describe_out(out, "out", op)
+    check_same_dtype(mo, m, "out", "arr", op)
+    return m, mo
 
 
 def _check_extent(m: ArrayMeta, need: int, arg: str, what: str, op: str) -> None:
@@ -98,9 +100,7 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
     op = c.name
     try:
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe(arr, "arr", op)
-        mo = describe_out(out, "out", op)
-        check_same_dtype(mo, m, "out", "arr", op)
+        m, mo = _arr_out(arr, out, op)
         cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
         _check_mine(m, cs, me, "arr", "counts", op)
         _check_extent(mo, need, "out", "counts and displs", op)
@@ -114,9 +114,7 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
     with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
             c.comm.Allgatherv([sbuf, m[1], t], [rbuf, (cs, d), t])
 
 
@@ -126,18 +124,7 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
-    c = call("gather_v", group)
-    m, root, cs, d, need, mo, t = _rooted_v(c, arr, out, counts, displs, "dst", dst, True)
-    if checks._enabled:
-        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("dst", dst)])
-    with stager(m[3] or (mo is not None and mo[3])) as st:
-        sbuf = st.inp(arr, m)
-        rbuf = None if mo is None else [
-            st.out(out, mo, copy_in=need < mo[1] or displs is not None), (cs, d), t]
-        if ACTIVE:
-            c.note(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged)
-        with watch(c.name, c.ranks):
-            c.comm.Gatherv([sbuf, m[1], t], rbuf, root=root)
+    _gather_scatter_v("gather_v", arr, out, counts, displs, "dst", dst, group)
 
 
 def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -146,19 +133,34 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
 
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
-    c = call("scatter_v", group)
-    m, root, cs, d, need, mi, t = _rooted_v(c, arr, in_, counts, displs, "src", src,
-                                          False)
+    _gather_scatter_v("scatter_v", arr, in_, counts, displs, "src", src, group)
+
+
+def _gather_scatter_v(name: str, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str,
+                      root_world: int, group: Group | None) -> None:
+    """gather_v (every rank's ``arr`` goes to its block of the root's ``x``) and scatter_v
+    (the root's ``x`` is cut into every rank's ``arr``): one body."""
+    to_root = name == "gather_v"
+    c = call(name, group)
+    m, root, cs, d, need, mx, t = _rooted_v(c, arr, x, counts, displs, root_arg, root_world,
+                                           to_root)
     if checks._enabled:
-        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), ("src", src)])
-    with stager(m[3] or (mi is not None and mi[3])) as st:
-        sbuf = None if mi is None else st.inp(in_, mi)
-        rbuf = st.out(arr, m)
-        if ACTIVE:
-            c.note(0 if mi is None else mi[1] * m[0].itemsize, m[0], src, m[3], st.staged)
-        with watch(c.name, c.ranks):
-            c.comm.Scatterv(None if sbuf is None else [sbuf, (cs, d), t], [rbuf, m[1], t],
-                            root=root)
+        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), (root_arg, root_world)])
+    with stager(m[3] or (mx is not None and mx[3])) as st:
+        if to_root:
+            mine = st.inp(arr, m)
+            whole = None if mx is None else st.out(x, mx, copy_in=need < mx[1] or
+                                                   displs is not None)  # keep the gaps
+        else:
+            whole = None if mx is None else st.inp(x, mx)
+            mine = st.out(arr, m)
+        blocks = None if whole is None else [whole, (cs, d), t]
+        sent = m[1] if to_root else 0 if mx is None else mx[1]
+        with c.mpi_call(sent * m[0].itemsize, m[0], root_world, m[3], st.staged):
+            if to_root:
+                c.comm.Gatherv([mine, m[1], t], blocks, root=root)
+            else:
+                c.comm.Scatterv(blocks, [mine, m[1], t], root=root)
 
 
 def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = ReduceOp.SUM,
@@ -171,9 +173,7 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
     name = c.name
     try:
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe_out(out, "out", name)
-        mi = describe(arr, "arr", name)
-        check_same_dtype(mi, m, "arr", "out", name)
+        mi, m = _arr_out(arr, out, name)
         cs = _counts(counts, p, "counts", name)
         _check_mine(m, cs, me, "out", "counts", name)
         if mi[1] != sum(cs):
@@ -190,9 +190,7 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
     with stager(m[3] or mi[3], host_only(red, out, m)) as st:
         sbuf = st.inp(arr, mi)
         rbuf = st.out(out, m)
-        if ACTIVE:
-            c.note(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged):
             c.comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], cs,
                                   op=red.op)
         if red.average:
@@ -209,9 +207,7 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     op = c.name
     try:
         p = c.g.size
-        m = describe(arr, "arr", op)
-        mo = describe_out(out, "out", op)
-        check_same_dtype(mo, m, "out", "arr", op)
+        m, mo = _arr_out(arr, out, op)
         oc, od, oneed = _layout(out_counts, out_displs, p, "out_counts", "out_displs", op)
         ic, idd, ineed = _layout(in_counts, in_displs, p, "in_counts", "in_displs", op)
         _check_extent(mo, oneed, "out", "out_counts and out_displs", op)
@@ -232,7 +228,5 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
     with stager(m[3] or mo[3]) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
-        if ACTIVE:
-            c.note(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged)
-        with watch(c.name, c.ranks):
+        with c.mpi_call(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
             c.comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])

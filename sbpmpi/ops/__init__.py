@@ -1,8 +1,9 @@
 """Global ops: computed on local shards, with SBP signature inference and automatic boxing.
 
 Each op declares its valid signatures in a table next to it (``sm.ops.matmul.table``);
-:mod:`sbpmpi.ops.inference` picks the cheapest for the operands' layouts, boxes the
-operands, runs the op on the local shards and labels the result. ``sm.explain(op,
+:mod:`sbpmpi.ops.inference` picks the cheapest for the operands' layouts (pure);
+:mod:`sbpmpi.ops.op` boxes the operands, runs the op on the local shards and labels the
+result, and :mod:`sbpmpi.ops.dispatch` short-cuts calls seen before. ``sm.explain(op,
 *args)`` shows the candidates and their costs.
 """
 
@@ -33,8 +34,9 @@ from .elementwise import (
     tanh,
     where,
 )
-from .inference import Candidate, GlobalOp, Inference, execute, infer
+from .inference import Candidate, Inference, infer
 from .linalg import matmul
+from .op import GlobalOp, execute
 from .reduction import log_softmax, mean, softmax
 from .reduction import max_ as max
 from .reduction import min_ as min

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..autograd.tape import record_op
-from ..consistency import check_enabled, debug_enabled, note_step_digest, step_digest
-from ..layout import Layout
+from ..core.layout import Layout
+from ..safety.consistency import check_enabled, debug_enabled, note_step_digest, step_digest
 from ..tensor import GlobalTensor
 
 __all__ = ["Fast", "key", "lookup", "remember", "clear", "SIZE"]

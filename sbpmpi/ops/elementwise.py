@@ -22,7 +22,7 @@ import numpy as np
 
 from ..tensor import GlobalTensor
 from .call import OpCall, operand, probe_dtype, tensor_arg
-from .inference import GlobalOp
+from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
 __all__ = [

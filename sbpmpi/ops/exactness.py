@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sbp import Broadcast, Partial
+from ..core.sbp import Broadcast, Partial
 from ..tensor import GlobalTensor
 from .signature import Resolved
 

@@ -1,4 +1,4 @@
-"""Signature inference: pick the cheapest valid signature for an op call, box, run, label.
+"""Signature inference: pick the cheapest valid signature for an op call (no data, no MPI).
 
 For every placement an input lives on (in argument order) and every combination of
 the op's resolved signatures over the mesh axes (one per axis, axis 0 outermost), a
@@ -23,25 +23,23 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .. import backend
-from ..autograd.tape import record_op
-from ..env import get_rank
-from ..layout import Layout
-from ..placement import Placement
-from ..sbp import SBP, Broadcast, NdSbp, Partial
+from ..boxing.plan import meaningful
+from ..boxing.planner import axis_change_seconds, send_recv_step
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import SBP, Broadcast, NdSbp, Partial
+from ..runtime import conversion_cost, cost_table
 from ..tensor import GlobalTensor
 from . import dispatch
 from .call import OpCall
-from .exactness import exact, partners_finite, risky_partners, scalar_class
+from .exactness import exact, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
-__all__ = ["Candidate", "Inference", "infer", "execute", "GlobalOp",
+__all__ = ["Candidate", "Inference", "infer",
            "TIE_RTOL", "choose", "clear_cache"]
 
 #: Totals within this relative distance of the cheapest count as ties.
@@ -56,7 +54,7 @@ def _reduced(out: Layout) -> Layout:
 _COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
-_table: list[Any] = [None]  # the cost table the caches were filled under
+_table: list[Any] = [None]  # the cost-table version the caches were filled under
 
 
 def clear_cache() -> None:
@@ -66,19 +64,12 @@ def clear_cache() -> None:
     dispatch.clear()
 
 
-_get_table: list[Callable[[], Any]] = []  # boxing.get_cost_table, bound on first use
-
-
 def _check_table() -> None:
-    """Clear the caches when the boxing cost table in use is another object than before."""
-    if not _get_table:
-        from ..boxing import get_cost_table
-
-        _get_table.append(get_cost_table)
-    table = _get_table[0]()
-    if table is not _table[0]:
+    """Clear the caches when the cost table in use has changed (a new version)."""
+    v = cost_table.version()
+    if v != _table[0]:
         clear_cache()
-        _table[0] = table  # held, so its id cannot be reused by a new table
+        _table[0] = v
 
 
 class _Costs:
@@ -86,8 +77,6 @@ class _Costs:
     share many); the memo is cleared when the cost table changes."""
 
     def __init__(self, device_type: str) -> None:
-        from ..boxing import conversion_cost
-
         self._f = conversion_cost
         self._dt = device_type
 
@@ -310,32 +299,30 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
     step makes is costed through broadcast on that axis, or as one general point-to-point
     redistribution. Pure and deterministic: every rank chooses alike.
     """
-    from ..boxing.cost import get_cost_table
-    from ..boxing.plan import meaningful
-    from ..boxing.planner import axis_change_seconds, send_recv_step
 
+    table = cost_table.get_cost_table()
     ops = call.operands
     nd = pl.ndim
     tens = [i for i, t in enumerate(is_t) if t]
 
     def change(lay: Layout, a: int, to: SBP, item: int) -> float:
-        v = axis_change_seconds(lay, a, to, item)
+        v = axis_change_seconds(lay, a, to, item, table)
         if v is not None:
             return v
         # no single step: through broadcast on that axis, else one general redistribution
         # (a valid plan, so an upper bound of the planner's optimum)
         dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
         mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
-        v1 = axis_change_seconds(lay, a, Broadcast(), item)
-        v2 = axis_change_seconds(mid, a, to, item)
+        v1 = axis_change_seconds(lay, a, Broadcast(), item, table)
+        v2 = axis_change_seconds(mid, a, to, item, table)
         if v1 is not None and v2 is not None:
             return v1 + v2
         if meaningful(lay, dst) is not None:
             return float("inf")
-        return send_recv_step(lay, dst, item, get_cost_table()).seconds
+        return send_recv_step(lay, dst, item, table).seconds
 
     def reduce_on(lay: Layout, a: int, item: int) -> float:
-        v = axis_change_seconds(lay, a, Broadcast(), item)
+        v = axis_change_seconds(lay, a, Broadcast(), item, table)
         return 0.0 if v is None else v
 
     # per (axis, row): estimated seconds per operand, and the partial-output charge
@@ -392,101 +379,3 @@ def choose(cands: Sequence[Candidate]) -> int:
     tol = TIE_RTOL * abs(best) + 1e-15
     tied = [k for k, c in enumerate(cands) if c.total <= best + tol]
     return min(tied, key=lambda k: (cands[k].n_boxed, cands[k].order))
-
-
-def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
-    """Run ``call``: infer, box the operands, compute local shards, label the output.
-
-    ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
-    runs on local shards only, it is remembered for the dispatch fast path.
-    """
-    from ..boxing import box
-    from ..consistency import (
-        _step_text,
-        all_ok,
-        check_broadcast_shards,
-        check_collective,
-        debug_enabled,
-        note_step,
-    )
-
-    inf = infer(call)
-    best = inf.best
-    meta = (call.operands, call.params)
-    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
-    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
-    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
-    if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
-                       for o, lay in zip(call.operands, best.inputs)):
-        check_collective(call.name, meta)  # data moves: all ranks must agree now
-    else:
-        note_step(call.name, meta)  # local only: verified at the next check
-        if fast is not None and not debug_enabled():
-            out = best.output
-            me = get_rank()
-            xp = backend.get_xp(out.placement.type) if me in out.placement else None
-            dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
-                              call.out_dtype, out.local_shape(me), _step_text(call.name, meta),
-                              call.name)
-    if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
-        best = infer(call, exact_only=True).best
-    for o in call.operands:
-        if isinstance(o, GlobalTensor):
-            check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
-    args: list[Any] = []
-    for o, lay in zip(call.operands, best.inputs):
-        if isinstance(o, GlobalTensor):
-            assert lay is not None
-            if o.layout != lay:
-                o = box(o, placement=lay.placement, sbp=lay.sbp)
-            args.append(o.to_local())
-        else:
-            args.append(o)
-    out = best.output
-    me = get_rank()
-    shape = out.local_shape(me)
-    if me not in out.placement:
-        return GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
-    xp = backend.get_xp(out.placement.type)
-    res = xp.asarray(call.kernel(xp, args, shape))
-    if res.dtype != call.out_dtype:
-        res = res.astype(call.out_dtype)
-    if not res.flags.c_contiguous:
-        res = res.copy()
-    if tuple(res.shape) != shape:
-        raise RuntimeError(f"{call.name}: internal error: local result has shape "
-                           f"{tuple(res.shape)}, layout {out} expects {shape} on rank {me}")
-    return GlobalTensor(res, out, call.out_dtype)
-
-
-class GlobalOp:
-    """A global op: calling it runs the op; ``.build`` makes the :class:`OpCall` only.
-
-    ``.table`` is the op's signature table (plain data).
-    """
-
-    def __init__(self, name: str, build: Callable[..., OpCall], table: Any,
-                 doc: str | None = None, fast: bool = True) -> None:
-        self.__name__ = name
-        self.__qualname__ = name
-        self.__doc__ = doc or build.__doc__
-        self.name = name
-        self.build = build
-        self.table = table
-        #: whether repeated local-only calls take the dispatch fast path (the builder's
-        #: kernel and operands then depend on the keyed arguments only: see .dispatch)
-        self.fast = fast
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        k = dispatch.key(self, args, kwargs) if self.fast else None
-        if k is not None:
-            _check_table()  # a new cost table empties the caches
-            hit = dispatch.lookup(k)
-            if hit is not None:  # seen before: lookup, local compute, wrap
-                return hit.run(args, kwargs)
-        call = self.build(*args, **kwargs)
-        out = execute(call, None if k is None else (k, args, kwargs))
-        return record_op(self.name, call.operands, args, kwargs, out)  # autograd
-
-    def __repr__(self) -> str:
-        return f"<sbpmpi op {self.name}>"

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..tensor import GlobalTensor
 from .call import OpCall, describe, probe_dtype
-from .inference import GlobalOp
+from .op import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
 __all__ = ["MATMUL", "matmul", "batch_matches"]

@@ -9,43 +9,41 @@ from typing import Any
 
 import numpy as np
 
-from ..reduction import identity_value
+from ..core.reduction import REDUCTIONS, identity_value
+from ..core.sbp import PARTIALS, Partial
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
-from .inference import GlobalOp
-from .signature import PMAX, PMIN, S_D, AnySplit, B, DimMatch, P, Signature
+from .op import GlobalOp
+from .signature import S_D, AnySplit, B, DimMatch, Signature
 
 __all__ = ["SUM", "MEAN", "MAX", "MIN", "SOFTMAX", "sum_", "mean", "max_", "min_", "softmax",
            "log_softmax"]
 
 S_R = AnySplit("r")  # a reduced dim; S_D is a kept dim
 
-SUM = (
-    Signature((S_D,), S_D),      # split of a kept dim passes through
-    Signature((S_R,), P),        # split of a reduced dim: partial sums
-    Signature((B,), B),
-    Signature((P,), P),          # sum is linear
-)
+
+
+def _table(p: Partial) -> tuple[Signature, ...]:
+    """The signatures of the reduction whose partial kind is ``p`` (sum, max or min)."""
+    return (
+        Signature((S_D,), S_D),  # split of a kept dim passes through
+        Signature((S_R,), p),    # split of a reduced dim: partial results
+        Signature((B,), B),
+        Signature((p,), p),      # reducing operands of the same reduction
+    )
+
+
+SUM, MAX, MIN = (_table(PARTIALS[n]) for n in ("sum", "max", "min"))
 MEAN = SUM                       # local sum / global count
-MAX = (
-    Signature((S_D,), S_D),
-    Signature((S_R,), PMAX),     # max over a split dim: partial max
-    Signature((B,), B),
-    Signature((PMAX,), PMAX),
-)
-MIN = (
-    Signature((S_D,), S_D),
-    Signature((S_R,), PMIN),
-    Signature((B,), B),
-    Signature((PMIN,), PMIN),
-)
 SOFTMAX = (                      # softmax, log_softmax: S(d) for d other than the softmax dim
     Signature((S_D,), S_D),
     Signature((B,), B),
 )
 
 
-_NUMPY: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max,
-                                         "min": np.min}
+_NUMPY: dict[str, Callable[..., Any]] = {
+    "mean": np.mean, **{name: r.reduce_of(np) for name, r in REDUCTIONS.items()}}
+# Reductions whose ufunc has no identity (max, min): NumPy refuses them over an empty dim.
+_NO_IDENTITY = frozenset(n for n, r in REDUCTIONS.items() if r.ufunc_of(np).identity is None)
 
 
 def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
@@ -58,7 +56,7 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
             raise TypeError(f"{name}: keepdim must be a bool, got {type(keepdim).__name__} "
                             f"{keepdim!r}")
         keepdim = bool(keepdim)
-        if kind in ("max", "min"):
+        if kind in _NO_IDENTITY:
             for d in axes:
                 if x.shape[d] == 0:
                     raise ValueError(f"{name}: cannot reduce over dim {d} of size 0 in a tensor "
@@ -77,16 +75,14 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
 
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
             a = local[0]
-            if kind == "sum":
-                return xp.sum(a, axis=axes, keepdims=keepdim)
             if kind == "mean":
                 acc = np.float32 if dtype == np.float16 else dtype
                 s = xp.sum(a, axis=axes, keepdims=keepdim, dtype=acc)
                 return (s / count).astype(dtype)
-            if any(a.shape[d] == 0 for d in axes):  # this rank holds none of a split dim
+            if kind in _NO_IDENTITY and any(a.shape[d] == 0 for d in axes):
+                # this rank holds none of a split dim: the partial's identity
                 return xp.full(shape, identity_value(kind, dtype), dtype=dtype)
-            g = xp.max if kind == "max" else xp.min
-            return g(a, axis=axes, keepdims=keepdim)
+            return REDUCTIONS[kind].reduce_of(xp)(a, axis=axes, keepdims=keepdim)
 
         params = f"dim={dim!r}" + (", keepdim=True" if keepdim else "")
         return OpCall(name, (x,), table, dims, out_shape, dtype, kernel, params=params,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..tensor import GlobalTensor
 from .call import OpCall, describe, norm_dim, tensor_arg
-from .inference import GlobalOp
+from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
 __all__ = ["MOVE", "ASTYPE", "CAT", "transpose", "reshape", "getitem", "astype", "cat",

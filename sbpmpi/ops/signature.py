@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sbp import SBP, Broadcast, Partial, Split, broadcast, partial_max, partial_min, partial_sum
+from ..core.reduction import reduction
+from ..core.sbp import PARTIALS, SBP, Broadcast, Partial, Split, broadcast
 
 __all__ = [
     "AnySplit",
@@ -52,9 +53,7 @@ Pattern = Split | Broadcast | Partial | AnySplit
 
 #: Short names used by the tables.
 B = broadcast
-P = partial_sum
-PMAX = partial_max
-PMIN = partial_min
+P, PMAX, PMIN = PARTIALS["sum"], PARTIALS["max"], PARTIALS["min"]
 S_D = AnySplit("d")
 
 
@@ -199,9 +198,9 @@ def admissible(r: Resolved, in_dtypes: Sequence[np.dtype | None], out_dtype: np.
     integer "+"). Rows marked ``float`` need floating partial inputs and output;
     ``P(max)``/``P(min)`` rows need ordered (not complex) dtypes.
     """
-    ordered = [np.dtype(d) for d in (*in_dtypes, out_dtype) if d is not None]
-    if any(isinstance(s, Partial) and s.op != "sum" for s in (*r.inputs, r.output)) and \
-            any(d.kind == "c" for d in ordered):
+    dts = [np.dtype(d) for d in (*in_dtypes, out_dtype) if d is not None]
+    if any(isinstance(s, Partial) and not all(map(reduction(s.op).defined_for, dts))
+           for s in (*r.inputs, r.output)):
         return False  # partial_max/min need ordered dtypes
     for s, dt in zip(r.inputs, in_dtypes):
         if isinstance(s, Partial) and dt is not None:

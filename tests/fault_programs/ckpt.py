@@ -18,8 +18,10 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi import abort, checkpoint
+from sbpmpi import checkpoint
+from sbpmpi.checkpoint import atomic_write
 from sbpmpi.comm import file_io
+from sbpmpi.safety import abort
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 abort.install(force=True)
@@ -93,7 +95,7 @@ def main() -> None:
                 print("rank 0: temporary file complete, dying before the rename", flush=True)
                 os._exit(9)
 
-            checkpoint._commit = dying_commit  # type: ignore[assignment]
+            atomic_write.commit = dying_commit  # type: ignore[assignment]
         checkpoint.save(x, os.path.join(d, "x.npy"))
         print(f"rank {rank}: save returned (should not happen)", flush=True)
     else:

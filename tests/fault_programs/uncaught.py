@@ -18,7 +18,7 @@ import time
 from mpi4py import MPI
 
 import sbpmpi
-from sbpmpi import abort
+from sbpmpi.safety import abort
 
 mode = sys.argv[1]
 world = MPI.COMM_WORLD

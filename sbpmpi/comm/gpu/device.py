@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ... import backend
-from ..reduce_op import ReduceOp
+from ..reduce_op import UFUNCS, ReduceOp
 
 __all__ = ["Allocation", "Device", "CupyDevice", "HANDLE_BYTES", "ufunc_name"]
 
@@ -27,8 +27,8 @@ HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 # ReduceOp -> the elementwise function done on the device. On bool, add/multiply/maximum/
 # minimum are or/and/or/and: what the MPI path does (LOR, LAND). AVG sums, then divides.
-_UFUNC = {ReduceOp.SUM: "add", ReduceOp.AVG: "add", ReduceOp.PROD: "multiply",
-          ReduceOp.MAX: "maximum", ReduceOp.MIN: "minimum"}
+# (The names come from comm's ufunc table, whose sum/max/min rows are core.reduction's.)
+_UFUNC = {ReduceOp.AVG: "add", **{op: u.__name__ for op, u in UFUNCS.items()}}
 
 
 def ufunc_name(op: ReduceOp) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ...core.layout import block_starts
 from ..buffers import POOL
 from ..dtypes import dtype_info
 from ..reduce_op import ReduceOp, mpi_reduction
@@ -181,7 +182,7 @@ class Hierarchical:
                     self.device.copy(h.ctypes.data, ptrs["in"], nbytes[me])
                     self.device.synchronize()
                 send = h[:nbytes[me]].copy()
-                self.cross.Allgatherv([send, MPI.BYTE], [h, (sizes, _packed(sizes)), MPI.BYTE])
+                self.cross.Allgatherv([send, MPI.BYTE], [h, (sizes, block_starts(sizes)), MPI.BYTE])
                 off = 0
                 for r, n in zip(mine, sizes):
                     if n:
@@ -196,11 +197,3 @@ class Hierarchical:
         return self.node.run(name, {"in": Buffer(in_ptr, nbytes[mine[self.cross.Get_rank()]]),
                                     "out": Buffer(out_ptr, out_nbytes)}, ok,
                              lambda _: sched, (), None, None, ("out",), {0: cross_leg})
-
-
-def _packed(sizes: Sequence[int]) -> list[int]:
-    out, s = [], 0
-    for n in sizes:
-        out.append(s)
-        s += n
-    return out

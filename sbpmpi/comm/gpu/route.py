@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import backend
-from ...watchdog import watch
+from ...safety.watchdog import watch
 from ..group import Group
 from ..reduce_op import ReduceOp
 from ..tracing import ACTIVE, note

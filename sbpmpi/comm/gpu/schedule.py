@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...core.layout import block_starts
+
 __all__ = ["Move", "Schedule", "COPY", "REDUCE", "blocks", "all_gather_v", "reduce_scatter_v",
            "all_reduce", "all_reduce_direct", "all_to_all_v", "broadcast", "exchange", "P2P"]
 
@@ -79,14 +81,6 @@ def blocks(n: int, p: int) -> list[tuple[int, int]]:
     return out
 
 
-def _packed(counts: Sequence[int]) -> list[int]:
-    out, s = [], 0
-    for c in counts:
-        out.append(s)
-        s += c
-    return out
-
-
 def all_gather_v(p: int, me: int, nbytes: Sequence[int], displs: Sequence[int]) -> Schedule:
     """Rank k's ``in`` (``nbytes[k]``) goes to ``out[displs[k]:]`` on every rank."""
     _check(p, me)
@@ -102,7 +96,7 @@ def reduce_scatter_v(p: int, me: int, nbytes: Sequence[int]) -> Schedule:
     reduction over the stacked inputs.
     """
     _check(p, me)
-    off, n = _packed(nbytes)[me], nbytes[me]
+    off, n = block_starts(nbytes)[me], nbytes[me]
     if not n:
         return Schedule(())
     ph = (Move(COPY, 0, "in", off, "out", 0, n),) + tuple(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,24 @@ import numpy as np
 __all__ = ["Placement", "placement", "DEVICE_TYPES"]
 
 DEVICE_TYPES = ("cpu", "cuda")
+
+
+_world_size_source: list[Callable[[], int]] = []
+
+
+def set_world_size_source(source: Callable[[], int]) -> None:
+    """Where a placement built without ``world_size=`` learns the world size.
+
+    ``sbpmpi`` sets it to :func:`sbpmpi.env.get_world_size` at import; this module makes
+    no MPI call itself.
+    """
+    _world_size_source[:] = [source]
+
+
+def _world_size() -> int:
+    if not _world_size_source:
+        raise RuntimeError("placement: the world size is unknown here; pass world_size=")
+    return _world_size_source[0]()
 
 
 class Placement:
@@ -26,7 +45,7 @@ class Placement:
         Bound for the ranks; the current world size by default.
     """
 
-    __slots__ = ("_type", "_ranks", "_key", "_index")
+    __slots__ = ("_type", "_ranks", "_key", "_index", "_groups")
 
     def __init__(self, type: str, ranks: Any, *, world_size: int | None = None) -> None:
         if not isinstance(type, str) or type not in DEVICE_TYPES:
@@ -49,9 +68,7 @@ class Placement:
                 )
         arr = arr.astype(np.int64)
         if world_size is None:
-            from .env import get_world_size
-
-            world_size = get_world_size()
+            world_size = _world_size()
         bad = [int(r) for r in arr.flat if not 0 <= r < world_size]
         if bad:
             hint = (f"; run under mpiexec -n {max(bad) + 1} (was mpiexec forgotten?)"
@@ -72,13 +89,14 @@ class Placement:
         self._ranks = arr
         self._key = (type, arr.shape, tuple(int(r) for r in arr.flat))
         self._index = {int(r): i for i, r in enumerate(arr.flat)}
+        # (axis, span) -> (the groups along those mesh axes, each rank's group)
+        self._groups: dict[tuple[int, int], tuple[tuple[tuple[int, ...], ...],
+                                                  dict[int, tuple[int, ...]]]] = {}
 
     @classmethod
     def all(cls, type: str) -> Placement:
         """Return the 1-D placement over every rank of the world."""
-        from .env import get_world_size
-
-        return cls(type, list(range(get_world_size())))
+        return cls(type, list(range(_world_size())))
 
     @property
     def type(self) -> str:
@@ -115,10 +133,6 @@ class Placement:
     def __contains__(self, rank: object) -> bool:
         return rank in self._index
 
-    def index_of(self, rank: int) -> int | None:
-        """Row-major position of ``rank`` in the mesh, or None if it is not in the placement."""
-        return self._index.get(rank)
-
     def coord_of(self, rank: int) -> tuple[int, ...] | None:
         """Mesh coordinate of ``rank``, or None if it is not in the placement."""
         i = self._index.get(rank)
@@ -130,19 +144,33 @@ class Placement:
         """World rank at mesh coordinate ``coord``."""
         return int(self._ranks[tuple(coord)])
 
-    def axis_group(self, rank: int, axis: int) -> tuple[int, ...]:
-        """Ranks that share every mesh coordinate with ``rank`` except along ``axis``."""
-        c = self.coord_of(rank)
-        if c is None:
-            raise ValueError(f"rank {rank} is not in {self!r}")
-        idx = list(c)
-        idx[axis] = slice(None)  # type: ignore[call-overload]
-        return tuple(int(r) for r in self._ranks[tuple(idx)])
+    def axis_groups(self, axis: int, span: int = 1) -> tuple[tuple[int, ...], ...]:
+        """All groups of ranks along mesh axes ``axis .. axis + span - 1``: each holds the
+        ranks that share every other mesh coordinate, row-major over those axes (for one
+        axis, a row or column of the mesh). The communicators of a step on those axes."""
+        return self._axis_groups(axis, span)[0]
 
-    def axis_groups(self, axis: int) -> tuple[tuple[int, ...], ...]:
-        """All groups of ranks along mesh ``axis`` (each a row/column of the mesh)."""
-        moved = np.moveaxis(self._ranks, axis, -1).reshape(-1, self.hierarchy[axis])
-        return tuple(tuple(int(r) for r in row) for row in moved)
+    def axis_group(self, rank: int, axis: int, span: int = 1) -> tuple[int, ...]:
+        """The group of :meth:`axis_groups` that holds ``rank``: the ranks that share every
+        mesh coordinate with ``rank`` except along ``axis .. axis + span - 1``."""
+        group = self._axis_groups(axis, span)[1].get(rank)
+        if group is None:
+            raise ValueError(f"rank {rank} is not in {self!r}")
+        return group
+
+    def _axis_groups(self, axis: int, span: int) -> tuple[tuple[tuple[int, ...], ...],
+                                                          dict[int, tuple[int, ...]]]:
+        got = self._groups.get((axis, span))
+        if got is None:
+            if -self.ndim <= axis < 0:
+                return self._axis_groups(axis + self.ndim, span)
+            r = self._ranks
+            moved = np.moveaxis(r, list(range(axis, axis + span)),
+                                list(range(r.ndim - span, r.ndim)))
+            rows = moved.reshape(-1, math.prod(self.hierarchy[axis:axis + span]))
+            groups = tuple(tuple(int(x) for x in row) for row in rows)
+            got = self._groups[axis, span] = (groups, {x: g for g in groups for x in g})
+        return got
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Placement) and self._key == other._key

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .reduction import REDUCTIONS
+from .reduction import NAMES, REDUCTIONS
 
 __all__ = [
     "SBP",
@@ -59,7 +59,7 @@ class Partial:
 
     def __post_init__(self) -> None:
         if self.op not in tuple(REDUCTIONS):
-            raise ValueError(f"partial op {self.op!r} is not one of 'sum', 'max', 'min'")
+            raise ValueError(f"partial op {self.op!r} is not one of {NAMES}")
 
     def __repr__(self) -> str:
         return f"partial_{self.op}"
@@ -72,9 +72,9 @@ SBP = Split | Broadcast | Partial
 NdSbp = tuple[SBP, ...]
 
 broadcast = Broadcast()
-partial_sum = Partial("sum")
-partial_max = Partial("max")
-partial_min = Partial("min")
+#: One Partial per row of the reduction table, in its order (sum, max, min).
+PARTIALS: dict[str, Partial] = {name: Partial(name) for name in REDUCTIONS}
+partial_sum, partial_max, partial_min = PARTIALS["sum"], PARTIALS["max"], PARTIALS["min"]
 
 
 def split(dim: int) -> Split:

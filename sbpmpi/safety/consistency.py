@@ -41,12 +41,12 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.sbp import Broadcast, Partial, Split
+from ..errors import CollectiveMismatchError
 from . import exit_agreement, watchdog
-from .errors import CollectiveMismatchError
-from .layout import Layout
-from .placement import Placement
-from .sbp import Broadcast, Partial, Split
-from .tensor import GlobalTensor
+from .exit_agreement import group_lines
 
 __all__ = [
     "CHECK_ENV",
@@ -121,8 +121,9 @@ def describe(obj: Any) -> str:
     """
     if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, slice)):
         return repr(obj)
-    if isinstance(obj, GlobalTensor):
-        return _describe_tensor(obj.layout, obj.dtype)
+    layout = getattr(obj, "layout", None)
+    if isinstance(layout, Layout) and not isinstance(obj, type):  # a GlobalTensor
+        return _describe_tensor(layout, obj.dtype)
     if isinstance(obj, (Split, Broadcast, Partial)):
         return str(obj)
     if isinstance(obj, Placement):
@@ -188,20 +189,6 @@ def _comm_of(group: Any) -> Any:
 
 def _ranks_of(group: Any, size: int) -> tuple[int, ...]:
     return tuple(group.ranks) if group is not None else tuple(range(size))
-
-
-def _group_lines(texts: list[str], ranks: tuple[int, ...], limit: int = 8) -> list[str]:
-    """``rank(s) R: text`` lines, ranks with the same text merged, in rank order."""
-    order: dict[str, list[int]] = {}
-    for r, t in zip(ranks, texts):
-        order.setdefault(t, []).append(r)
-    lines = []
-    for t, rs in order.items():
-        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
-        lines.append(f"  {who}: {t}")
-    if len(lines) > limit:
-        lines = lines[:limit] + [f"  ... and {len(lines) - limit} more"]
-    return lines
 
 
 def _step_text(what: str, meta: Any) -> str:
@@ -305,7 +292,7 @@ def check_collective(what: str, meta: Any = (), group: Any = None) -> None:
         texts = comm.allgather(text + local)
     if world:
         _reset_pending()
-    lines = _group_lines(texts, ranks)
+    lines = group_lines(texts, ranks)
     raise CollectiveMismatchError(
         "ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must call "
         "the same operations, on tensors of the same shape, dtype, SBP and placement, in the "
@@ -314,7 +301,7 @@ def check_collective(what: str, meta: Any = (), group: Any = None) -> None:
 
 
 def _shard_hash(local: Any) -> int:
-    from . import backend
+    from .. import backend
 
     a = np.ascontiguousarray(backend.asnumpy(local))
     h = hashlib.blake2b(digest_size=8)

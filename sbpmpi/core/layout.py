@@ -17,6 +17,7 @@ from .sbp import SBP, NdSbp, Partial, Split, normalize_nd_sbp
 __all__ = [
     "balanced_range",
     "balanced_sizes",
+    "block_starts",
     "shard_ranges",
     "shard_slices",
     "shard_shape",
@@ -65,6 +66,16 @@ def shard_shape(
     return tuple(b - a for a, b in shard_ranges(shape, hierarchy, nd_sbp, coord))
 
 
+def block_starts(sizes: Sequence[int]) -> list[int]:
+    """Where each block starts when blocks of ``sizes`` lie one after another (the packed
+    displacements of a v-collective: exclusive prefix sums)."""
+    starts, s = [], 0
+    for n in sizes:
+        starts.append(s)
+        s += n
+    return starts
+
+
 def empty_shape(ndim: int) -> tuple[int, ...]:
     """Shape of the empty shard held by a rank outside the placement."""
     return (0,) * max(ndim, 1)
@@ -83,6 +94,23 @@ class Layout:
         """Validate and normalise ``sbp`` against ``shape`` and ``placement``."""
         shape = tuple(int(n) for n in shape)
         return cls(shape, placement, normalize_nd_sbp(sbp, placement.ndim, len(shape)))
+
+    def converted(self, placement: Placement | None = None,
+                  sbp: SBP | Sequence[SBP] | None = None) -> Layout:
+        """The layout ``x.to_global(placement=placement, sbp=sbp)`` gives a tensor laid out
+        as ``self``: the same shape; an omitted placement or sbp is kept (sbp is required
+        when the mesh's number of dims changes)."""
+        if placement is None:
+            placement = self.placement
+        if not isinstance(placement, Placement):
+            raise TypeError(f"placement must be an sm.placement, got {type(placement).__name__}")
+        if sbp is None:
+            if placement.ndim != self.placement.ndim:
+                raise ValueError(
+                    f"sbp is required when the mesh changes from {self.placement.ndim}-d to "
+                    f"{placement.ndim}-d")
+            sbp = self.sbp
+        return Layout.make(self.shape, placement, sbp)
 
     def __hash__(self) -> int:
         # immutable, so hashed once: layouts key every cache of the op and boxing paths

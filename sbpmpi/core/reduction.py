@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Reduction", "REDUCTIONS", "reduction", "identity_value"]
+__all__ = ["Reduction", "REDUCTIONS", "NAMES", "reduction", "identity_value"]
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,21 @@ class Reduction:
     ufunc: str       # name of the array-module ufunc (numpy/cupy): "add", "maximum", ...
     reduce_op: str   # member name of sbpmpi.comm.ReduceOp: "SUM", "MAX", "MIN"
     idempotent: bool  # op(x, x) == x (max, min): duplicates do not change the result
+    ordered: bool    # needs ordered values (max, min): not defined for complex dtypes
+    reduce: str      # array-module function reducing along axes: "sum", "max", "min"
 
     def ufunc_of(self, xp: ModuleType = np) -> Any:
         """The elementwise ufunc of ``xp`` (numpy or cupy) that combines two operands."""
         return getattr(xp, self.ufunc)
+
+    def reduce_of(self, xp: ModuleType = np) -> Any:
+        """The function of ``xp`` (numpy or cupy) that reduces an array along axes."""
+        return getattr(xp, self.reduce)
+
+    def defined_for(self, dtype: Any) -> bool:
+        """Whether this reduction is defined for ``dtype`` (max and min need an order, so
+        not complex)."""
+        return not self.ordered or np.dtype(dtype).kind != "c"
 
     def identity(self, dtype: Any) -> Any:
         """The value ``e`` with ``op(x, e) == x`` for every ``x`` of ``dtype``.
@@ -52,10 +63,15 @@ class Reduction:
 
 
 REDUCTIONS: dict[str, Reduction] = {
-    "sum": Reduction("sum", "P", "add", "SUM", idempotent=False),
-    "max": Reduction("max", "P(max)", "maximum", "MAX", idempotent=True),
-    "min": Reduction("min", "P(min)", "minimum", "MIN", idempotent=True),
+    "sum": Reduction("sum", "P", "add", "SUM", idempotent=False, ordered=False, reduce="sum"),
+    "max": Reduction("max", "P(max)", "maximum", "MAX", idempotent=True, ordered=True,
+                     reduce="max"),
+    "min": Reduction("min", "P(min)", "minimum", "MIN", idempotent=True, ordered=True,
+                     reduce="min"),
 }
+
+#: The names of the table, as error messages list them: "'sum', 'max', 'min'".
+NAMES = ", ".join(map(repr, REDUCTIONS))
 
 
 def reduction(op: str) -> Reduction:
@@ -63,7 +79,7 @@ def reduction(op: str) -> Reduction:
     try:
         return REDUCTIONS[op]
     except (KeyError, TypeError):
-        raise ValueError(f"reduction {op!r} is not one of 'sum', 'max', 'min'") from None
+        raise ValueError(f"reduction {op!r} is not one of {NAMES}") from None
 
 
 def identity_value(op: str, dtype: Any) -> Any:

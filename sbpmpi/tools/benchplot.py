@@ -1,7 +1,7 @@
 """The boxing benchmark's results as CSV and as a matplotlib plot.
 
 ``python -m sbpmpi bench`` writes a JSON document of its results (see
-:func:`sbpmpi.cli.bench`); this module turns that plain data into a CSV table and a
+:func:`sbpmpi.tools.cli.bench`); this module turns that plain data into a CSV table and a
 PNG of bandwidth (global tensor bytes / time) against size: one colour per
 conversion, a solid line for sbpmpi and a dashed line for the raw MPI call moving the
 same data, byte-size ticks, and a title naming the ranks, the device, the MPI library
@@ -48,7 +48,7 @@ def bandwidth_series(rows: Sequence[Mapping[str, Any]], itemsize: int,
                      ) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """conversion -> {"sbpmpi": [(bytes, GB/s), ...], "MPI": [...]}, sorted by bytes.
 
-    ``rows`` are the benchmark's results as plain data (``sbpmpi.boxing.bench.as_dict``).
+    ``rows`` are the benchmark's results as plain data (``sbpmpi.tools.bench.as_dict``).
     Conversions that move no data (a local slice) are left out.
     """
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}

@@ -3,7 +3,7 @@
 A rank that reaches interpreter exit (the end of the script, ``sys.exit``, or an
 uncaught exception with abort off) sends a "finished" notice to every other rank and
 waits, without burning a core, until every rank has finished. A rank waiting in a
-consistency check (:func:`sbpmpi.consistency.check_collective`, which runs before
+consistency check (:func:`sbpmpi.safety.consistency.check_collective`, which runs before
 every op, conversion, ``x.numpy()``, save and load) polls for these notices while its
 exchange is in flight; when a rank of its group has finished, the check can never
 complete, so it tells the others what it was doing, collects what every rank of the
@@ -61,6 +61,20 @@ _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before thi
 # check numbered above the finished rank's count for the group never can.
 _checks: dict[str, int] = {}
 _peer_checks: dict[int, dict[str, int] | None] = {}
+
+
+def group_lines(texts: list[str], ranks: tuple[int, ...], limit: int = 8) -> list[str]:
+    """``rank(s) R: text`` lines, ranks with the same text merged, in rank order."""
+    order: dict[str, list[int]] = {}
+    for r, t in zip(ranks, texts):
+        order.setdefault(t, []).append(r)
+    lines = []
+    for t, rs in order.items():
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
+        lines.append(f"  {who}: {t}")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"  ... and {len(lines) - limit} more"]
+    return lines
 
 
 def init() -> None:
@@ -147,10 +161,9 @@ def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = Fals
 
 
 def _compose(texts: dict[int, str], ranks: Sequence[int]) -> str:
-    from .consistency import _group_lines
 
     rs = tuple(ranks)
-    lines = _group_lines([texts.get(r, "did not answer (busy outside sbpmpi's checks, e.g. "
+    lines = group_lines([texts.get(r, "did not answer (busy outside sbpmpi's checks, e.g. "
                                        "in an sm.comm call or computing)") for r in rs], rs)
     return ("ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must "
             "call the same operations, on tensors of the same shape, dtype, SBP and placement, "

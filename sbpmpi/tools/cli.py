@@ -4,10 +4,10 @@
 GPUs each rank sees and is bound to, and the boxing cost table. Run it alone or under
 ``mpiexec -n N`` (rank 0 prints one row per rank).
 
-``bench`` runs the boxing benchmark (:mod:`sbpmpi.boxing.bench`) under ``mpiexec``: it
+``bench`` runs the boxing benchmark (:mod:`sbpmpi.tools.bench`) under ``mpiexec``: it
 times SBP conversions against the raw mpi4py call that moves the same data, prints each
 row as it is measured, and writes JSON, CSV and (with matplotlib, the ``plot`` extra) a
-PNG of bandwidth against size (:mod:`sbpmpi.benchplot`). ``plot`` redraws the PNG from
+PNG of bandwidth against size (:mod:`sbpmpi.tools.benchplot`). ``plot`` redraws the PNG from
 a saved JSON file.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import inspect
 import json
 import math
 import os
@@ -41,7 +40,7 @@ def _version(module: str) -> str:
 
 def _rank_info() -> dict[str, Any]:
     """What this rank sees: host, local rank, visible GPUs, the GPU it is bound to."""
-    from . import backend, env
+    from .. import backend, env
 
     row: dict[str, Any] = {
         "rank": env.get_rank(),
@@ -69,7 +68,7 @@ def _rank_info() -> dict[str, Any]:
 
 
 def _comm_info() -> dict[str, Any]:
-    from . import comm
+    from .. import comm
 
     try:
         return dict(comm.info())
@@ -79,7 +78,7 @@ def _comm_info() -> dict[str, Any]:
 
 def _cost_table(calibrate: bool) -> str:
     """The boxing cost table as text (``calibrate`` measures it now: collective)."""
-    from . import boxing
+    from .. import boxing
 
     if calibrate:
         return str(boxing.calibrate())
@@ -91,7 +90,8 @@ def _cost_table(calibrate: bool) -> str:
 
 def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
     """Gather the report on rank 0 (collective over the world); None on other ranks."""
-    from . import __version__, comm, env, launch
+    from .. import __version__, comm, env
+    from . import launch
 
     rows = comm.all_gather_object(_rank_info())
     cinfo = _comm_info()
@@ -181,7 +181,7 @@ def info(argv: Sequence[str] = ()) -> int:
     ap.add_argument("--calibrate", action="store_true",
                     help="measure the boxing cost table now (collective) instead of showing "
                          "the stored one, and refresh this machine's entry in the cache file "
-                         "(sbpmpi.boxing.calibrate.cache_path())")
+                         "(sbpmpi.runtime.calibrate.cache_path())")
     a = ap.parse_args(list(argv))
     d = collect_info(calibrate=a.calibrate)
     if d is not None:
@@ -217,18 +217,6 @@ def format_size(n: float) -> str:
     return f"{int(n)}"
 
 
-def _bench_run_kwargs(run: Any, device: str) -> dict[str, Any]:
-    """The device argument for the boxing benchmark's ``run``, if it takes one."""
-    params = inspect.signature(run).parameters
-    for name in ("device_type", "device"):
-        if name in params:
-            return {name: device}
-    if device != "cpu":
-        raise ValueError(f"--device {device}: the boxing benchmark in this build measures "
-                         f"'cpu' placements only")
-    return {}
-
-
 def format_bandwidth(results: Sequence[Any], itemsize: int) -> str:
     """Bandwidth table (global bytes / time) of boxing benchmark results."""
     rows = []
@@ -255,11 +243,11 @@ def bench(argv: Sequence[str] = ()) -> int:
     """``python -m sbpmpi bench [--sizes ...] [--out plot.png] [--json f] [--csv f]``."""
     import numpy as np
 
-    from . import env
+    from .. import env
 
     ap = argparse.ArgumentParser(
         prog="python -m sbpmpi bench",
-        description="Run the boxing benchmark (sbpmpi.boxing.bench): each SBP conversion "
+        description="Run the boxing benchmark (sbpmpi.tools.bench): each SBP conversion "
                     "against the raw mpi4py call moving the same data, in the same run. "
                     "Prints each row as it is measured, flags noisy ratios, and writes a PNG "
                     "of bandwidth against size (matplotlib: the 'plot' extra), JSON and CSV. "
@@ -292,13 +280,8 @@ def bench(argv: Sequence[str] = ()) -> int:
         if v < (0 if name == "warmup" else 1):
             ap.error(f"--{name.replace('_', '-')} must be "
                      f"{'>= 0' if name == 'warmup' else 'positive'}, got {v}")
-    from .boxing import bench as boxing_bench
-
-    try:
-        extra = _bench_run_kwargs(boxing_bench.run, a.device)
-    except ValueError as e:
-        ap.error(str(e))
-    from . import benchplot
+    from . import bench as boxing_bench
+    from . import benchplot, launch
 
     rank, world = env.get_rank(), env.get_world_size()
     dtype = np.dtype(np.float32)
@@ -306,17 +289,15 @@ def bench(argv: Sequence[str] = ()) -> int:
         if world == 1:
             print("note: one rank: conversions move no data; run under mpiexec -n 2 or more",
                   file=sys.stderr)
-        try:
-            from .consistency import check_enabled
+        from ..safety.consistency import check_enabled
 
-            checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
-        except Exception:  # pragma: no cover - trees without the checks
-            checks = "n/a"
-        print(f"{world} ranks, {a.device}, {dtype}, {_mpi_library_name()}; consistency "
+        checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
+        print(f"{world} ranks, {a.device}, {dtype}, {launch.mpi_library().vendor}; consistency "
               f"checks {checks}; {a.repeats} repeats per size", flush=True)
     results, small = boxing_bench.run([s / (1 << 20) for s in sizes], a.repeats, a.warmup,
                                       dtype=dtype, overhead_repeats=a.overhead_repeats,
-                                      **extra, **_progress_kwargs(boxing_bench, rank))
+                                      device_type=a.device,
+                                      on_result=boxing_bench.printer(rank))
     if rank != 0:
         return 0
     note = boxing_bench.noisy_note(results)
@@ -324,10 +305,10 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(note, flush=True)
     print("\nbandwidth = global tensor bytes / time", flush=True)
     print(format_bandwidth(results, dtype.itemsize), flush=True)
-    from .comm.info import library_line
+    from ..comm.info import library_line
 
     doc = {"world_size": world, "device": a.device, "dtype": str(dtype),
-           "itemsize": dtype.itemsize, "mpi_library": _mpi_library_name(),
+           "itemsize": dtype.itemsize, "mpi_library": launch.mpi_library().vendor,
            "mpi": library_line(), "host": socket.gethostname(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "results": [boxing_bench.as_dict(r) for r in results],
@@ -350,14 +331,6 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(f"no plot: matplotlib is not installed; {benchplot.INSTALL_HINT}, then "
               f"python -m sbpmpi plot {json_path} --out {a.out}", flush=True)
     return 0
-
-
-def _progress_kwargs(boxing_bench: Any, rank: int) -> dict[str, Any]:
-    """Stream rows as they are measured when the benchmark can (rank 0 prints); a
-    benchmark without ``on_result`` gets its tables printed at the end instead."""
-    if "on_result" in inspect.signature(boxing_bench.run).parameters:
-        return {"on_result": boxing_bench.printer(rank)}
-    return {}
 
 
 def _gpu_name() -> str:
@@ -401,19 +374,6 @@ def plot(argv: Sequence[str] = ()) -> int:
     return 0
 
 
-def _mpi_library_name() -> str:
-    """The MPI library as ``"MPICH 5.0.2"`` / ``"Open MPI 5.0.11"``."""
-    from mpi4py import MPI
-
-    from .comm.info import library_line
-
-    try:
-        name, ver = MPI.get_vendor()
-        return f"{name} {'.'.join(str(v) for v in ver)}"
-    except Exception:
-        return library_line()
-
-
 # -- entry point -----------------------------------------------------------------------------
 
 _COMMANDS = {"info": info, "bench": bench, "plot": plot}
@@ -424,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
-        from ._version import __version__
+        from .._version import __version__
 
         print(f"sbpmpi {__version__}")
         return 0

@@ -9,7 +9,7 @@ table reports medians and the ratio sbpmpi / raw. Both sides allocate their outp
 as user code converting a layout must. A second table measures the per-conversion
 Python overhead on tiny tensors: the best repeat of sbpmpi minus the best repeat of
 the raw call (minima, because scheduling noise on a shared machine only adds time);
-its last row goes through ``x.to_global``, which adds ``sbpmpi.consistency``'s
+its last row goes through ``x.to_global``, which adds ``sbpmpi.safety.consistency``'s
 cross-rank check (``SBPMPI_CHECK=0`` turns it off).
 
 Rank 0 prints each row as soon as it is measured. A ratio is flagged ``noisy`` when it
@@ -139,9 +139,10 @@ class _Raw:
 
     def __init__(self, xp: Any, dtype: np.dtype) -> None:
         from .. import backend, comm
+        from ..comm.dtypes import dtype_info
 
         self.xp = xp
-        self.t = MPI._typedict[dtype.char]  # type: ignore[attr-defined]
+        self.t = dtype_info(dtype).mpi  # the datatype sm.comm sends ``dtype`` as
         self.gpu = xp is not np
         self.direct = not self.gpu or comm.is_cuda_aware()
         self._sync = backend.synchronize
@@ -181,7 +182,7 @@ def _cases(nbytes: int, dtype: np.dtype, device_type: str = "cpu",
     def plan_of(x: Any, placement: Any = None, sbp: Any = None) -> str:
         return sm.boxing.plan_for(x, placement, sbp).summary()
 
-    box = sm.boxing.box  # the engine itself; x.to_global adds sbpmpi.consistency's check
+    box = sm.boxing.box  # the engine itself; x.to_global adds sbpmpi.safety.consistency's check
 
     # S(0) -> B: Allgather
     xs = sm.to_global(full[:r].copy(), placement=pl, sbp=sm.sbp.split(0))
@@ -393,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sizes = [float(s) for s in a.sizes_mib.split(",") if s]
     if a.calibrate:
-        from . import calibrate
+        from ..runtime import calibrate
 
         table = calibrate()
         if MPI.COMM_WORLD.Get_rank() == 0:

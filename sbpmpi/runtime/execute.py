@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from .. import backend, comm
+from ..boxing.plan import Box, Plan, Step, group_of
+from ..boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
 from ..comm.info import max_count
-from ..layout import Layout, balanced_range, empty_shape
-from ..reduction import REDUCTIONS, identity_value, reduction
-from ..sbp import Partial, Split
-from .plan import Box, Plan, Step, group_of
-from .schedule import is_contiguous_box, slots_of, transfer_schedule
+from ..core.layout import Layout, balanced_range, empty_shape
+from ..core.reduction import REDUCTIONS, identity_value, reduction
+from ..core.sbp import Partial, Split
 
 __all__ = ["Program", "compile_plan", "TAG"]
 
@@ -100,16 +100,16 @@ def _full(xp: Any, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
 def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int = -1) -> None:
     """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``,
     leaving out block ``skip`` (none by default)."""
-    _blockwise(x, dim, sizes, flat, skip, True)
+    _blocks(x, dim, sizes, flat, skip, True)
 
 
 def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any, skip: int = -1) -> None:
     """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn
     (block ``skip`` of ``out`` is left as it is)."""
-    _blockwise(out, dim, sizes, flat, skip, False)
+    _blocks(out, dim, sizes, flat, skip, False)
 
 
-def _blockwise(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int, pack: bool) -> None:
+def _blocks(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int, pack: bool) -> None:
     """Copy the blocks of ``x`` along ``dim`` but ``skip`` to (``pack``) or from ``flat``,
     where they lie one after another, each in C order."""
     shape = x.shape

@@ -23,16 +23,15 @@ from typing import Any
 import numpy as np
 
 from .. import backend, comm
-from .cost import (
+from ..boxing.cost import (
     PRIMITIVES,
     AlphaBeta,
     CostTable,
     DeviceCosts,
     factor,
-    get_cost_table,
     rounds,
-    set_cost_table,
 )
+from .cost_table import get_cost_table, set_cost_table
 
 __all__ = ["calibrate", "cache_path", "cache_key", "cached_device_row", "read_cache",
            "write_cache_entry"]

@@ -1,0 +1,162 @@
+"""One tensor, one ``.npy`` file: ``sm.save`` and ``sm.load`` with MPI-IO.
+
+``sm.save`` writes the global value: rank 0 writes the header, every rank holding a
+block writes it in one collective call (:mod:`sbpmpi.comm.file_io`), no rank gathers
+the whole tensor, and the file is renamed into place once every rank has succeeded
+(:mod:`.atomic_write`). ``sm.load`` reads any ``.npy`` file into any placement and
+SBP, each rank only its own slice, after rank 0 has checked the header
+(:mod:`.header`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ..comm import file_io
+from ..core.layout import Layout
+from ..core.placement import Placement
+from ..core.reduction import identity_value
+from ..core.sbp import SBP, Broadcast, Partial, Split
+from ..env import get_rank
+from ..safety import consistency
+from ..tensor import GlobalTensor
+from . import atomic_write
+from .arguments import path_arg, placement_arg, sbp_arg, tensor_arg
+from .header import native, npy_header, read_header
+
+__all__ = ["save", "load", "write_tensor", "read_tensor"]
+
+
+def save(x: GlobalTensor, path: str | os.PathLike[str]) -> None:
+    """Write the global value of ``x`` to ``path`` as a ``.npy`` file (collective).
+
+    Each rank writes its own block with MPI-IO in one collective call; the file appears
+    under ``path`` only once every rank has written its part (atomic rename).
+
+    Parameters
+    ----------
+    x : GlobalTensor
+        Any placement and SBP; partial tensors are reduced first.
+    path : str or PathLike
+        The file to create or replace; ``numpy.load(path)`` returns ``x.numpy()``.
+    """
+    x = tensor_arg(x, "sm.save")
+    p = path_arg(path)
+    consistency.check_collective("sm.save", (p, x))
+    write_tensor(x, p)
+
+
+def write_tensor(x: GlobalTensor, path: str) -> None:
+    """:func:`save` after its argument checks and consistency check (collective).
+
+    For callers that have checked ``x`` and ``path`` and agreed on them across ranks
+    already (``sm.save_state``), so that one tensor costs no exchange of its own for that.
+    """
+    y = _reduced(x)
+    layout = y.layout
+
+    def write(tmp: str) -> None:
+        header = npy_header(y.dtype, y.shape)
+        local = None
+        starts: Sequence[int] = ()
+        me = get_rank()
+        if _writes(layout, me):
+            ranges = layout.local_ranges(me)
+            assert ranges is not None
+            starts = [a for a, _ in ranges]
+            local = np.asarray(backend.asnumpy(y.to_local()))
+        file_io.write_blocks(tmp, header, local, y.shape, starts, y.dtype)
+
+    atomic_write.write_collectively(path, "sm.save", write)
+
+
+def _reduced(x: GlobalTensor) -> GlobalTensor:
+    """``x`` without partial mesh axes: each becomes a split of the largest dim (or broadcast)."""
+    if not any(isinstance(s, Partial) for s in x.sbp):
+        return x
+    repl: SBP = Split(int(np.argmax(x.shape))) if x.ndim else Broadcast()
+    return x.to_global(sbp=tuple(repl if isinstance(s, Partial) else s for s in x.sbp))
+
+
+def _writes(layout: Layout, rank: int) -> bool:
+    """True when ``rank`` writes its shard: in the placement, at index 0 of broadcast axes."""
+    c = layout.placement.coord_of(rank)
+    return c is not None and all(c[a] == 0 for a, s in enumerate(layout.sbp)
+                                 if isinstance(s, Broadcast))
+
+
+def load(path: str | os.PathLike[str], *, placement: Placement | None = None,
+         sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """Read a ``.npy`` file into a global tensor with ``placement`` and ``sbp`` (collective).
+
+    Any world size, mesh or SBP works, whatever wrote the file. Each rank reads only its
+    own slice; under a partial SBP the first rank of each partial axis holds the value
+    and the others the reduction's identity. Big-endian files are converted to native
+    byte order.
+
+    Raises
+    ------
+    FileNotFoundError
+        On every rank, when ``path`` does not exist.
+    CheckpointError
+        On every rank, when the file is not a valid ``.npy`` file or is truncated.
+    """
+    p = path_arg(path)
+    pl = placement_arg(placement, "sm.load")
+    sbp = sbp_arg(sbp, "sm.load")
+    consistency.check_collective("sm.load", (p, pl, sbp))
+    return read_tensor(p, pl, sbp)
+
+
+def read_tensor(path: str, pl: Placement, sbp: Any) -> GlobalTensor:
+    """:func:`load` after its argument checks and consistency check (collective).
+
+    For callers that have checked the arguments and agreed on them across ranks already
+    (``sm.load_state``). Two exchanges: rank 0's verdict on the header, and one on
+    whether every rank read its slice.
+    """
+    shape, dtype, fortran, offset = consistency.decide_on_root(lambda: read_header(path),
+                                                               "sm.load")
+    layout = Layout.make(shape, pl, sbp)
+    nat = native(dtype)
+    _check_identities(layout, nat, "sm.load")
+    me = get_rank()
+    member = me in pl
+    op = layout.identity_op(me) if member else None
+    reads = member and op is None
+    ranges = layout.local_ranges(me) if reads else None
+    lshape = layout.local_shape(me)
+    error: BaseException | None = None
+    local: Any = None
+    try:
+        buf = file_io.read_blocks(path, offset, dtype, shape,
+                                  None if ranges is None else [a for a, _ in ranges],
+                                  lshape if reads else (0,), fortran)
+        if not member:
+            local = np.empty(lshape, dtype=nat)
+        elif op is not None:
+            xp = backend.get_xp(pl.type)
+            local = xp.full(lshape, identity_value(op, nat), dtype=nat)
+        else:
+            if buf.dtype != nat:
+                buf = buf.astype(nat)
+            local = backend.to_device(buf, pl.type)
+    except Exception as e:
+        error = e
+    consistency.raise_if_any(error, f"sm.load {path!r}")
+    return GlobalTensor(local, layout, nat)
+
+
+def _check_identities(layout: Layout, dtype: np.dtype, what: str) -> None:
+    for a in layout.partial_axes():
+        s = layout.sbp[a]
+        assert isinstance(s, Partial)
+        try:
+            identity_value(s.op, dtype)
+        except TypeError as e:
+            raise TypeError(f"{what}: cannot lay out dtype {dtype} as {s!r}: {e}") from None

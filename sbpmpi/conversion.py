@@ -1,0 +1,114 @@
+"""Converting a global tensor's layout: ``sm.boxing.box``, ``gather_global``, and the
+plans and explanations of a conversion (no communication for those two).
+
+The tensor-level face of :func:`sbpmpi.runtime.redistribute`: the destination layout is
+derived from ``placement=``/``sbp=`` by :meth:`sbpmpi.core.layout.Layout.converted`,
+checked on every rank before any communication, and the local shard is converted by the
+runtime. ``x.to_global`` adds the cross-rank consistency check (``SBPMPI_CHECK``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import backend, comm
+from .boxing.explanation import Explanation
+from .boxing.plan import Plan
+from .core.layout import Layout
+from .core.placement import Placement
+from .core.sbp import SBP, Broadcast
+from .env import get_world_size
+from .runtime import explain_layouts, plan_for_layouts, program_for
+from .tensor import GlobalTensor
+
+__all__ = ["box", "gather_global", "plan_for", "explain_conversion", "destination"]
+
+
+def destination(x: GlobalTensor, placement: Placement | None,
+                sbp: SBP | Sequence[SBP] | None) -> Layout:
+    """The layout of ``x.to_global(placement=placement, sbp=sbp)``, checked on every rank."""
+    if not isinstance(x, GlobalTensor):
+        raise TypeError(f"x must be a GlobalTensor, got {type(x).__name__}")
+    dst = x.layout.converted(placement, sbp)
+    backend.check_device_available(dst.placement)  # on every rank, not only the members
+    return dst
+
+
+_destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) -> checked dst
+
+
+def box(x: GlobalTensor, placement: Placement | None = None,
+        sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """Return ``x`` converted to ``placement`` and ``sbp`` (collective over the world).
+
+    Every rank must make the same call. Arguments are checked before any communication,
+    so an invalid conversion raises the same error on every rank. The result may share
+    memory with ``x`` where a shard is unchanged (a view, as NumPy slicing gives).
+    """
+    key: tuple[Any, ...] | None = None
+    dst = None
+    if type(x) is GlobalTensor:  # a repeated call: same arguments, same checked layout
+        key = (x.layout, placement, tuple(sbp) if type(sbp) is list else sbp)
+        try:
+            dst = _destinations.get(key)
+        except TypeError:  # unhashable arguments: the full path explains
+            key = None
+    if dst is None:
+        dst = destination(x, placement, sbp)
+        if key is not None:
+            if len(_destinations) >= 4096:
+                _destinations.clear()
+            _destinations[key] = dst
+    src = x.layout
+    if dst is src or dst == src:
+        return x
+    if comm.checking():
+        _agree(src, dst, x.dtype)
+    prog = program_for(src, dst, x.dtype)
+    return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
+
+
+def _agree(src: Layout, dst: Layout, dtype: np.dtype) -> None:
+    """Checked mode: every rank must ask for the same conversion."""
+    sig = (str(src), str(dst), dtype.str)
+    sigs = comm.all_gather_object(sig)
+    for r, s in enumerate(sigs):
+        if s != sigs[0]:
+            raise ValueError(f"box: ranks disagree on the conversion: rank 0 converts "
+                             f"{sigs[0][0]} to {sigs[0][1]} ({np.dtype(sigs[0][2])}) but rank "
+                             f"{r} converts {s[0]} to {s[1]} ({np.dtype(s[2])})")
+
+
+@functools.lru_cache(maxsize=8)
+def _world(size: int) -> Placement:
+    return Placement("cpu", list(range(size)))
+
+
+def gather_global(x: GlobalTensor) -> np.ndarray:
+    """The whole value of ``x`` as a new NumPy array on every world rank (collective)."""
+    world = _world(get_world_size())
+    y = box(x, world, (Broadcast(),))
+    out = y.to_local()
+    local = x.to_local()
+    if isinstance(local, np.ndarray) and np.may_share_memory(out, local):
+        out = out.copy()
+    return out  # type: ignore[no-any-return]
+
+
+def plan_for(x: GlobalTensor, placement: Placement | None = None,
+             sbp: SBP | Sequence[SBP] | None = None) -> Plan:
+    """The plan ``box(x, placement, sbp)`` runs (no communication)."""
+    return plan_for_layouts(x.layout, destination(x, placement, sbp), x.dtype)
+
+
+def explain_conversion(x: GlobalTensor, placement: Placement | None = None,
+                       sbp: SBP | Sequence[SBP] | None = None) -> Explanation:
+    """The plan ``x.to_global(placement=..., sbp=...)`` would run, and the rejected ones.
+
+    No communication; ``str()`` of the result is a readable table.
+    """
+    return explain_layouts(x.layout, destination(x, placement, sbp), x.dtype)

@@ -1,0 +1,123 @@
+"""Running a global op: :class:`GlobalOp` (what ``sm.add`` and the others are) and
+:func:`execute` (infer, box the operands, compute the local shards, wrap).
+
+Inference (:mod:`.inference`) only chooses; this module acts on the choice: it runs the
+consistency check when data moves (and notes a local step otherwise), converts each
+operand with :func:`sbpmpi.runtime.redistribute`, calls the op's kernel on the local
+shards and records the call for autograd. Repeated local-only calls take the dispatch
+fast path (:mod:`.dispatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ..autograd.tape import record_op
+from ..env import get_rank
+from ..runtime import redistribute
+from ..tensor import GlobalTensor
+from . import dispatch
+from .call import OpCall
+from .exactness import partners_finite, risky_partners
+from .inference import _check_table, infer
+
+__all__ = ["GlobalOp", "execute"]
+
+
+def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
+    """Run ``call``: infer, box the operands, compute local shards, label the output.
+
+    ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
+    runs on local shards only, it is remembered for the dispatch fast path.
+    """
+    from ..safety.consistency import (
+        _step_text,
+        all_ok,
+        check_broadcast_shards,
+        check_collective,
+        debug_enabled,
+        note_step,
+    )
+
+    inf = infer(call)
+    best = inf.best
+    meta = (call.operands, call.params)
+    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
+    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
+    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
+                       for o, lay in zip(call.operands, best.inputs)):
+        check_collective(call.name, meta)  # data moves: all ranks must agree now
+    else:
+        note_step(call.name, meta)  # local only: verified at the next check
+        if fast is not None and not debug_enabled():
+            out = best.output
+            me = get_rank()
+            xp = backend.get_xp(out.placement.type) if me in out.placement else None
+            dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
+                              call.out_dtype, out.local_shape(me), _step_text(call.name, meta),
+                              call.name)
+    if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
+        best = infer(call, exact_only=True).best
+    for o in call.operands:
+        if isinstance(o, GlobalTensor):
+            check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
+    args: list[Any] = []
+    for o, lay in zip(call.operands, best.inputs):
+        if isinstance(o, GlobalTensor):
+            assert lay is not None
+            args.append(redistribute(o.to_local(), o.layout, lay, o.dtype))
+        else:
+            args.append(o)
+    out = best.output
+    me = get_rank()
+    shape = out.local_shape(me)
+    if me not in out.placement:
+        return GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
+    xp = backend.get_xp(out.placement.type)
+    res = xp.asarray(call.kernel(xp, args, shape))
+    if res.dtype != call.out_dtype:
+        res = res.astype(call.out_dtype)
+    if not res.flags.c_contiguous:
+        res = res.copy()
+    if tuple(res.shape) != shape:
+        raise RuntimeError(f"{call.name}: internal error: local result has shape "
+                           f"{tuple(res.shape)}, layout {out} expects {shape} on rank {me}")
+    return GlobalTensor(res, out, call.out_dtype)
+
+
+class GlobalOp:
+    """A global op: calling it runs the op; ``.build`` makes the :class:`OpCall` only.
+
+    ``.table`` is the op's signature table (plain data).
+    """
+
+    def __init__(self, name: str, build: Callable[..., OpCall], table: Any,
+                 doc: str | None = None, fast: bool = True) -> None:
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__doc__ = doc or build.__doc__
+        self.name = name
+        self.build = build
+        self.table = table
+        #: whether repeated local-only calls take the dispatch fast path (the builder's
+        #: kernel and operands then depend on the keyed arguments only: see .dispatch)
+        self.fast = fast
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        k = dispatch.key(self, args, kwargs) if self.fast else None
+        if k is not None:
+            _check_table()  # a new cost table empties the caches
+            hit = dispatch.lookup(k)
+            if hit is not None:  # seen before: lookup, local compute, wrap
+                return hit.run(args, kwargs)
+        call = self.build(*args, **kwargs)
+        out = execute(call, None if k is None else (k, args, kwargs))
+        return record_op(self.name, call.operands, args, kwargs, out)  # autograd
+
+    def __repr__(self) -> str:
+        return f"<sbpmpi op {self.name}>"

@@ -1,0 +1,23 @@
+"""The runtime: conversions run on local arrays.
+
+:func:`redistribute` is the one function that runs a conversion, with one plan cache;
+:mod:`.execute` compiles plans into programs of :mod:`sbpmpi.comm` calls;
+:mod:`.cost_table` keeps the cost table in use and :func:`calibrate` measures one.
+Nothing here knows ``GlobalTensor``.
+"""
+
+from __future__ import annotations
+
+from .calibrate import calibrate
+from .cost_table import get_cost_table, set_cost_table
+from .redistribution import (
+    check_dtype,
+    conversion_cost,
+    explain_layouts,
+    plan_for_layouts,
+    program_for,
+    redistribute,
+)
+
+__all__ = ["redistribute", "program_for", "plan_for_layouts", "explain_layouts",
+           "conversion_cost", "check_dtype", "calibrate", "get_cost_table", "set_cost_table"]

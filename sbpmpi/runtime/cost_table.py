@@ -1,0 +1,73 @@
+"""The cost table in use on this rank, and its version.
+
+Until a table is installed (:func:`set_cost_table`, or :func:`sbpmpi.runtime.calibrate`),
+:func:`get_cost_table` returns, where CuPy sees a GPU, the defaults with the device row of
+the GPU transport in use (:data:`sbpmpi.boxing.cost.GPU_TRANSPORT_COSTS`), or, on a
+single-node job, the device row cached by an earlier calibration on this machine. The
+transport is decided from the environment and the MPI library only, so every rank gets
+the same table. :func:`version` changes whenever the table in use may have changed: plan
+caches key on it.
+"""
+
+from __future__ import annotations
+
+from .. import backend
+from ..boxing.cost import DEFAULT_TABLE, CostTable, table_for_transport
+from ..comm.gpu import select as _select
+
+__all__ = ["get_cost_table", "set_cost_table", "version"]
+
+_version = 0
+
+
+def version() -> int:
+    """A number that changes whenever :func:`set_cost_table` runs (plan caches key on it)."""
+    return _version
+
+
+_current: CostTable = DEFAULT_TABLE
+_installed = False
+_auto: dict[str, CostTable] = {}
+
+
+def _default_table() -> CostTable:
+    """The defaults for the GPU transport in use (or its cached calibration), cached.
+
+    Without a GPU (no "cuda" placement can run) the plain defaults, with no detection.
+    """
+    if not backend.cupy_available():
+        return DEFAULT_TABLE
+    name = (_select._decision or _select.gpu_transport()).name
+    hit = _auto.get(name)
+    if hit is None:
+        from .calibrate import cached_device_row
+
+        row = cached_device_row(name)
+        if row is not None:
+            hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
+        else:
+            hit = table_for_transport(name)
+        _auto[name] = hit
+    return hit
+
+
+def get_cost_table() -> CostTable:
+    """The table in use."""
+    if _installed:
+        return _current
+    return _default_table()
+
+
+def set_cost_table(table: CostTable | None) -> CostTable:
+    """Install ``table`` (the defaults for None) on this rank; returns the previous one.
+
+    Every rank must install the same table, or plans may differ between ranks.
+    """
+    global _current, _installed, _version
+    if table is not None and not isinstance(table, CostTable):
+        raise TypeError(f"table must be a CostTable or None, got {type(table).__name__}")
+    prev = get_cost_table()
+    _current, _installed = (DEFAULT_TABLE if table is None else table), table is not None
+    _auto.clear()
+    _version += 1
+    return prev

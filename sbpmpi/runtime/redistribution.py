@@ -1,0 +1,114 @@
+"""Run a layout conversion on local arrays: the one door from layouts to communication.
+
+``redistribute(local, src, dst, dtype)`` takes this rank's shard of a tensor laid out as
+``src`` and returns its shard laid out as ``dst``. It knows layouts and local arrays,
+not ``GlobalTensor``; :meth:`sbpmpi.GlobalTensor.to_global` and the ops call it.
+
+There is one cache: ``(src, dst, dtype, cost-table version) -> compiled program``. A hit
+runs the program; a miss validates the conversion (the same error on every rank, before
+any communication), plans it with the cost table in use and compiles it for this rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..boxing.cost import CostTable
+from ..boxing.explanation import Explanation
+from ..boxing.plan import Plan, check_conversion, meaningful
+from ..boxing.planner import candidate_plans, plan_conversion
+from ..core.layout import Layout
+from ..core.reduction import identity_value
+from ..core.sbp import Partial
+from ..env import get_rank
+from . import cost_table
+from .execute import Program, compile_plan
+
+__all__ = ["redistribute", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
+           "conversion_cost", "check_dtype"]
+
+_CACHE_SIZE = 4096
+_programs: dict[tuple[Layout, Layout, np.dtype, int], Program | None] = {}
+
+
+def clear_cache() -> None:
+    """Forget the compiled programs (they are rebuilt on the next conversion)."""
+    _programs.clear()
+
+
+def check_dtype(src: Layout, dst: Layout, dtype: np.dtype) -> None:
+    """TypeError (on every rank) for a partial kind ``dtype`` has no reduction for."""
+    for s in src.sbp + dst.sbp:
+        if isinstance(s, Partial):
+            identity_value(s.op, dtype)
+
+
+def _validate(src: Layout, dst: Layout, dtype: np.dtype) -> None:
+    check_conversion(src, dst)
+    check_dtype(src, dst, dtype)
+
+
+def program_for(src: Layout, dst: Layout, dtype: Any) -> Program | None:
+    """The compiled program converting ``src`` to ``dst`` on this rank (None: no change).
+
+    Validated and planned on the first call for these layouts, dtype and cost table;
+    cached after that.
+    """
+    dtype = np.dtype(dtype)
+    key = (src, dst, dtype, cost_table.version())
+    try:
+        return _programs[key]
+    except KeyError:
+        pass
+    prog = None
+    if src != dst:
+        _validate(src, dst, dtype)
+        plan = plan_conversion(src, dst, dtype.itemsize, cost_table.get_cost_table())
+        prog = compile_plan(plan, get_rank())
+    if len(_programs) >= _CACHE_SIZE:
+        _programs.clear()
+    _programs[key] = prog
+    return prog
+
+
+def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any) -> Any:
+    """This rank's shard of the tensor laid out as ``dst``, from its shard ``local`` as ``src``.
+
+    Collective over the ranks of both layouts' placements (every rank of the world may
+    call it; ranks outside both return an empty shard). ``local`` is returned unchanged
+    when ``src == dst``; the result may share memory with ``local`` where the shard is
+    unchanged (a view, as NumPy slicing gives).
+    """
+    prog = program_for(src, dst, dtype)
+    return local if prog is None else prog(local)
+
+
+def plan_for_layouts(src: Layout, dst: Layout, dtype: Any) -> Plan:
+    """The plan :func:`redistribute` runs from ``src`` to ``dst`` (no communication)."""
+    dtype = np.dtype(dtype)
+    _validate(src, dst, dtype)
+    return plan_conversion(src, dst, dtype.itemsize, cost_table.get_cost_table())
+
+
+def explain_layouts(src: Layout, dst: Layout, dtype: Any) -> Explanation:
+    """The chosen plan from ``src`` to ``dst`` and the rejected ones (no communication)."""
+    dtype = np.dtype(dtype)
+    _validate(src, dst, dtype)
+    table: CostTable = cost_table.get_cost_table()
+    return Explanation(candidate_plans(src, dst, dtype.itemsize, table), dtype, table)
+
+
+def conversion_cost(src: Layout, dst: Layout, itemsize: int, device_type: str = "cpu") -> float:
+    """Modelled seconds of the cheapest plan from ``src`` to ``dst`` (no communication).
+
+    ``inf`` for conversions without a meaning (partial_max to partial_sum, say). Each
+    step is charged with the parameters of the device type it runs on; ``device_type``
+    is kept for callers that pass it.
+    """
+    if src == dst:
+        return 0.0
+    if src.shape == dst.shape and meaningful(src, dst) is not None:
+        return float("inf")
+    return plan_conversion(src, dst, int(itemsize), cost_table.get_cost_table()).seconds

@@ -1,0 +1,206 @@
+"""Abort, not hang: an uncaught exception on any rank ends the whole MPI job.
+
+Without this, a rank that dies leaves the others blocked in their next collective
+until the allocation runs out. :func:`install` sets ``sys.excepthook`` and
+``threading.excepthook`` so that an uncaught exception prints
+``sbpmpi: rank R: uncaught <Type>: <message>`` and the traceback to stderr, then
+calls ``MPI_Abort`` on the world, as ``python -m mpi4py`` does.
+
+It is on by default when the world has more than one process and off for a
+single process; ``SBPMPI_ABORT_ON_ERROR=0`` turns it off, ``=1`` forces it on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, NoReturn
+
+__all__ = ["ENV_VAR", "enabled", "install", "uninstall", "installed", "abort", "format_report",
+           "main"]
+
+ENV_VAR = "SBPMPI_ABORT_ON_ERROR"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+_prev_sys_hook: Any = None
+_prev_thread_hook: Any = None
+_lock = threading.Lock()
+_aborting = False
+
+
+def _world() -> tuple[int, int]:
+    """(rank, size) of the world, or (0, 1) when MPI is not usable (finalized)."""
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return 0, 1
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def enabled(world_size: int | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether uncaught exceptions should abort the job.
+
+    ``SBPMPI_ABORT_ON_ERROR`` decides when set (``0``/``1``, also ``false``/``true``,
+    ``no``/``yes``, ``off``/``on``); otherwise on exactly when ``world_size > 1``.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_VAR, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    if value:
+        raise ValueError(
+            f"{ENV_VAR}={env[ENV_VAR]!r} is not understood; expected 0 (off) or 1 (on), "
+            f"or leave it unset (on when the world has more than one process)"
+        )
+    if world_size is None:
+        world_size = _world()[1]
+    return world_size > 1
+
+
+def format_report(kind: str, exc_type: type[BaseException] | None, exc: BaseException | None,
+                  tb: TracebackType | None, rank: int, size: int) -> str:
+    """The text printed before aborting: the rank, the cause, the traceback."""
+    name = getattr(exc_type, "__qualname__", str(exc_type))
+    text = str(exc)
+    first = text.split("\n", 1)[0] + (" [...]" if "\n" in text else "")  # all of it is below
+    head = f"sbpmpi: rank {rank}: {kind} {name}: {first}\n"
+    body = "".join(traceback.format_exception(exc_type, exc, tb)) if exc_type else ""
+    tail = (f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort); set {ENV_VAR}=0 "
+            f"to let ranks exit on their own\n")
+    return head + body + tail
+
+
+def abort(message: str, code: int = 1) -> NoReturn:
+    """Write ``message`` to stderr and abort every rank of the job with exit ``code``.
+
+    Falls back to ``os._exit(code)`` if ``MPI_Abort`` returns (MPI not usable), which the
+    launcher also treats as a failed job.
+    """
+    global _aborting
+    with _lock:
+        first = not _aborting
+        _aborting = True
+    if first:
+        try:
+            sys.stderr.write(message if message.endswith("\n") else message + "\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        except Exception:
+            pass
+        # give the launcher's output forwarder a moment: MPI_Abort tears the job down at
+        # once, and a message still in its pipe would be lost
+        time.sleep(0.25)
+    try:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(code)
+    finally:
+        os._exit(code)
+
+
+def _interactive() -> bool:
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
+
+
+def _sys_hook(exc_type: type[BaseException], exc: BaseException,
+              tb: TracebackType | None) -> None:
+    if _interactive():
+        (_prev_sys_hook or sys.__excepthook__)(exc_type, exc, tb)
+        return
+    rank, size = _world()
+    abort(format_report("uncaught", exc_type, exc, tb, rank, size), 1)
+
+
+def _thread_hook(args: Any) -> None:
+    if args.exc_type is SystemExit:
+        (_prev_thread_hook or threading.__excepthook__)(args)
+        return
+    rank, size = _world()
+    name = getattr(args.thread, "name", "?")
+    abort(format_report(f"uncaught in thread {name!r}:", args.exc_type, args.exc_value,
+                        args.exc_traceback, rank, size), 1)
+
+
+def install(force: bool | None = None) -> bool:
+    """Install the abort hooks when :func:`enabled` (or ``force``) says so; return whether on.
+
+    Idempotent. Called by ``import sbpmpi``.
+    """
+    global _prev_sys_hook, _prev_thread_hook
+    on = enabled() if force is None else bool(force)
+    if not on:
+        return False
+    if sys.excepthook is not _sys_hook:
+        _prev_sys_hook = sys.excepthook
+        sys.excepthook = _sys_hook
+    if threading.excepthook is not _thread_hook:
+        _prev_thread_hook = threading.excepthook
+        threading.excepthook = _thread_hook
+    return True
+
+
+def uninstall() -> None:
+    """Restore the hooks that :func:`install` replaced."""
+    global _prev_sys_hook, _prev_thread_hook
+    if sys.excepthook is _sys_hook:
+        sys.excepthook = _prev_sys_hook or sys.__excepthook__
+    if threading.excepthook is _thread_hook:
+        threading.excepthook = _prev_thread_hook or threading.__excepthook__
+    _prev_sys_hook = _prev_thread_hook = None
+
+
+def installed() -> bool:
+    """True while the abort hooks are in place."""
+    return sys.excepthook is _sys_hook
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m sbpmpi.abort (prog.py | -m module | -c code) ARGS``: run the program so
+    that any failure on any rank aborts the job.
+
+    Besides uncaught exceptions this also aborts on ``sys.exit(n)`` with ``n != 0``,
+    which the hooks cannot see. The program runs through ``mpi4py.run.run_command_line``
+    (the runner of ``python -m mpi4py``), so ``-m``, ``-c`` and ``-`` (stdin) work as
+    there; this adds the ``sbpmpi: rank R: ...`` report before ``MPI_Abort``.
+    """
+    from mpi4py.run import run_command_line
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or (args[0] in ("-m", "-c") and len(args) < 2):
+        print("usage: python -m sbpmpi.abort prog.py [args...]\n"
+              "   or: python -m sbpmpi.abort -m module [args...]\n"
+              "   or: python -m sbpmpi.abort -c code [args...]", file=sys.stderr)
+        raise SystemExit(0 if args[:1] in (["-h"], ["--help"]) else 2)
+    install(force=None if os.environ.get(ENV_VAR) else True)
+    try:
+        run_command_line(args)
+    except SystemExit as e:
+        code = e.code
+        if code is None or code == 0:
+            raise
+        if not installed():
+            raise
+        rank, size = _world()
+        abort(f"sbpmpi: rank {rank}: exited with sys.exit({code!r})\n"
+              f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort)",
+              code if isinstance(code, int) else 1)
+    except BaseException:
+        if not installed():
+            raise
+        exc_type, exc, tb = sys.exc_info()
+        rank, size = _world()
+        assert exc_type is not None
+        abort(format_report("uncaught", exc_type, exc, tb, rank, size), 1)
+
+
+if __name__ == "__main__":
+    main()
