@@ -367,8 +367,9 @@ def _size_class(nbytes: int) -> int:
 class _HostPool:
     """Idle host blocks by size class; see the comment above.
 
-    :func:`empty` and :meth:`give` run once or twice per conversion, right after large
-    memory traffic has pushed this code out of the CPU caches: they are kept short.
+    Taking a block (in :func:`empty`) and giving it back (``_Lease.__del__``) run once or
+    twice per conversion, right after large memory traffic has pushed this code out of
+    the CPU caches: both are written out there, short; the rare cases call methods here.
     """
 
     def __init__(self) -> None:
@@ -385,15 +386,9 @@ class _HostPool:
                 _parse_bytes(value)
         return self.limit
 
-    def take(self, size: int) -> tuple[np.ndarray, int]:
-        """An idle block of ``size`` bytes (a new one if none) and its address."""
-        with self.lock:
-            blocks = self.free.get(size)
-            if blocks:
-                self.idle -= size
-                self.hits += 1
-                return blocks.pop()
-            self.misses += 1
+    def new_block(self, size: int) -> tuple[np.ndarray, int]:
+        """A block of ``size`` bytes from NumPy (idle blocks are freed first if memory is
+        short) and its address."""
         try:
             block = np.empty(size, dtype=np.uint8)
         except MemoryError:  # idle blocks are the first thing to give up
@@ -401,21 +396,24 @@ class _HostPool:
             block = np.empty(size, dtype=np.uint8)
         return block, block.__array_interface__["data"][0]
 
-    def give(self, entry: tuple[np.ndarray, int]) -> None:
-        """Take back a block no array uses any more (dropped if over the limit)."""
-        size = entry[0].size  # bytes: blocks are uint8
+    def give_slow(self, entry: tuple[np.ndarray, int]) -> None:
+        """Take back a block no array uses any more (dropped if over the limit): the path
+        of a size class with no list yet, or before the limit is read (the lease's
+        ``__del__`` writes the common case out)."""
+        size = entry[0].size
         with self.lock:
-            limit = self.limit if self.limit is not None else self.get_limit()
+            limit = self.get_limit()
             if size > limit:
                 self.dropped += 1
                 return
-            blocks = self.free.get(size)
-            if blocks is None:
-                blocks = self.free[size] = []
-            else:
-                self.free.move_to_end(size)
-            blocks.append(entry)
+            self.free.setdefault(size, []).append(entry)
+            self.free.move_to_end(size)
             self.idle += size
+            self.trim(limit)
+
+    def trim(self, limit: int) -> None:
+        """Drop idle blocks, least recently returned size classes first, down to ``limit``."""
+        with self.lock:
             while self.idle > limit:
                 old, olds = next(iter(self.free.items()))
                 olds.pop(0)
@@ -441,8 +439,20 @@ class _Lease:
     __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
-        try:
-            _POOL.give(self.entry)
+        try:  # give the block back (see _HostPool): runs once per pooled array
+            entry = self.entry
+            pool = _POOL
+            size = entry[0].size
+            with pool.lock:
+                blocks = pool.free.get(size)
+                if blocks is None or pool.limit is None or size > pool.limit:
+                    pool.give_slow(entry)
+                    return
+                pool.free.move_to_end(size)
+                blocks.append(entry)
+                pool.idle += size
+                if pool.idle > pool.limit:
+                    pool.trim(pool.limit)
         except Exception:  # interpreter shutdown: module state may already be gone
             pass
 
@@ -486,8 +496,20 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     pool = _POOL
     if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
         return np.empty(shape, dtype=dtype)
+    size = spec[1]
+    with pool.lock:  # take an idle block (see _HostPool): runs once per pooled array
+        blocks = pool.free.get(size)
+        if blocks:
+            pool.idle -= size
+            pool.hits += 1
+            entry = blocks.pop()
+        else:
+            pool.misses += 1
+            entry = None
+    if entry is None:
+        entry = pool.new_block(size)
     lease = _Lease()
-    lease.entry = entry = pool.take(spec[1])
+    lease.entry = entry
     if spec[4]:  # a plain number type: one step
         lease.__array_interface__ = {"data": (entry[1], False), "shape": spec[2],
                                      "typestr": spec[3], "version": 3}
