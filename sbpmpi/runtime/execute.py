@@ -119,15 +119,17 @@ def _blocks(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int, pack: 
     if n % p == 0 and all(s == n // p for s in sizes):  # one strided copy per run of blocks
         b = n // p
         blocks = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
-        keep = p - (0 <= skip < p)
-        f4 = flat[:keep * pre * b * post].reshape(keep, pre, b, post)
-        runs = ((0, 0, p),) if keep == p else ((0, 0, skip), (skip, skip + 1, p))
-        for at, lo, hi in runs:
-            if hi > lo:
-                if pack:
-                    f4[at:at + hi - lo] = blocks[lo:hi]
-                else:
-                    blocks[lo:hi] = f4[at:at + hi - lo]
+        pairs: tuple[tuple[Any, Any], ...]
+        if 0 <= skip < p:  # the blocks before and after the one left out
+            f4 = flat[:(p - 1) * pre * b * post].reshape(p - 1, pre, b, post)
+            pairs = ((f4[:skip], blocks[:skip]), (f4[skip:], blocks[skip + 1:]))
+        else:
+            pairs = ((flat[:p * pre * b * post].reshape(p, pre, b, post), blocks),)
+        for f, blk in pairs:
+            if pack:
+                f[...] = blk
+            else:
+                blk[...] = f
         return
     off = o = 0
     for q, s in enumerate(sizes):
