@@ -365,7 +365,12 @@ def _size_class(nbytes: int) -> int:
 
 
 class _HostPool:
-    """Idle host blocks by size class; see the comment above."""
+    """Idle host blocks by size class; see the comment above.
+
+    Taking a block (in :func:`empty`) and giving it back (``_Lease.__del__``) run once or
+    twice per conversion, right after large memory traffic has pushed this code out of
+    the CPU caches: both are written out there, short; the rare cases call methods here.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
@@ -381,15 +386,9 @@ class _HostPool:
                 _parse_bytes(value)
         return self.limit
 
-    def take(self, size: int) -> tuple[np.ndarray, int]:
-        """An idle block of ``size`` bytes (a new one if none) and its address."""
-        with self.lock:
-            blocks = self.free.get(size)
-            if blocks:
-                self.idle -= size
-                self.hits += 1
-                return blocks.pop()
-            self.misses += 1
+    def new_block(self, size: int) -> tuple[np.ndarray, int]:
+        """A block of ``size`` bytes from NumPy (idle blocks are freed first if memory is
+        short) and its address."""
         try:
             block = np.empty(size, dtype=np.uint8)
         except MemoryError:  # idle blocks are the first thing to give up
@@ -397,18 +396,24 @@ class _HostPool:
             block = np.empty(size, dtype=np.uint8)
         return block, block.__array_interface__["data"][0]
 
-    def give(self, entry: tuple[np.ndarray, int]) -> None:
-        """Take back a block no array uses any more (dropped if over the limit)."""
-        size = entry[0].nbytes
+    def give_slow(self, entry: tuple[np.ndarray, int]) -> None:
+        """Take back a block no array uses any more (dropped if over the limit): the path
+        of a size class with no list yet, or before the limit is read (the lease's
+        ``__del__`` writes the common case out)."""
+        size = entry[0].size
         with self.lock:
             limit = self.get_limit()
             if size > limit:
                 self.dropped += 1
                 return
-            blocks = self.free.setdefault(size, [])
-            blocks.append(entry)
+            self.free.setdefault(size, []).append(entry)
             self.free.move_to_end(size)
             self.idle += size
+            self.trim(limit)
+
+    def trim(self, limit: int) -> None:
+        """Drop idle blocks, least recently returned size classes first, down to ``limit``."""
+        with self.lock:
             while self.idle > limit:
                 old, olds = next(iter(self.free.items()))
                 olds.pop(0)
@@ -430,18 +435,44 @@ class _Lease:
     """The NumPy base of every array over one pooled block; returns the block when it dies."""
 
     __slots__ = ("entry", "__array_interface__")
-
-    def __init__(self, entry: tuple[np.ndarray, int], shape: tuple[int, ...],
-                 typestr: str) -> None:
-        self.entry = entry
-        self.__array_interface__ = {"data": (entry[1], False), "shape": shape,
-                                    "typestr": typestr, "version": 3}
+    entry: tuple[np.ndarray, int]
+    __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
-        try:
-            _POOL.give(self.entry)
+        try:  # give the block back (see _HostPool): runs once per pooled array
+            entry = self.entry
+            pool = _POOL
+            size = entry[0].size
+            with pool.lock:
+                blocks = pool.free.get(size)
+                if blocks is None or pool.limit is None or size > pool.limit:
+                    pool.give_slow(entry)
+                    return
+                pool.free.move_to_end(size)
+                blocks.append(entry)
+                pool.idle += size
+                if pool.idle > pool.limit:
+                    pool.trim(pool.limit)
         except Exception:  # interpreter shutdown: module state may already be gone
             pass
+
+
+# (shape, dtype) of a request -> (bytes, size class, shape tuple, typestr, plain number
+# type) or None for dtypes never pooled: parsed once, not on every call
+_Spec = tuple[int, int, tuple[int, ...], str, bool]
+_SPECS: dict[tuple[Any, Any], _Spec | None] = {}
+
+
+def _spec(shape: Any, dtype: Any) -> _Spec | None:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        return None
+    n = dt.itemsize
+    for s in shape:
+        n *= s
+    plain = dt.fields is None and dt.subdtype is None
+    return n, _size_class(n), shape, dt.str if plain else "|u1", plain
 
 
 def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
@@ -453,18 +484,39 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     """
     if xp is not np:
         return xp.empty(shape, dtype=dtype)
-    if isinstance(shape, int):
-        shape = (shape,)
-    dt = np.dtype(dtype)
-    n = dt.itemsize
-    for s in shape:
-        n *= s
-    if n < _POOL_MIN or dt.hasobject or not _POOL.get_limit():
-        return np.empty(shape, dtype=dt)
-    entry = _POOL.take(_size_class(n))
-    if dt.fields is None and dt.subdtype is None:  # a plain number type: one step
-        return np.asarray(_Lease(entry, tuple(shape), dt.str))
-    return np.asarray(_Lease(entry, (n,), "|u1")).view(dt).reshape(shape)
+    try:
+        spec = _SPECS[shape, dtype]
+    except KeyError:
+        spec = _spec(shape, dtype)
+        if len(_SPECS) > 1024:
+            _SPECS.clear()
+        _SPECS[shape, dtype] = spec
+    except TypeError:  # an unhashable shape (a list)
+        spec = _spec(shape, dtype)
+    pool = _POOL
+    if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
+        return np.empty(shape, dtype=dtype)
+    size = spec[1]
+    with pool.lock:  # take an idle block (see _HostPool): runs once per pooled array
+        blocks = pool.free.get(size)
+        if blocks:
+            pool.idle -= size
+            pool.hits += 1
+            entry = blocks.pop()
+        else:
+            pool.misses += 1
+            entry = None
+    if entry is None:
+        entry = pool.new_block(size)
+    lease = _Lease()
+    lease.entry = entry
+    if spec[4]:  # a plain number type: one step
+        lease.__array_interface__ = {"data": (entry[1], False), "shape": spec[2],
+                                     "typestr": spec[3], "version": 3}
+        return np.asarray(lease)
+    lease.__array_interface__ = {"data": (entry[1], False), "shape": (spec[0],),
+                                 "typestr": "|u1", "version": 3}
+    return np.asarray(lease).view(dtype).reshape(spec[2])
 
 
 def host_pool_limit() -> int:

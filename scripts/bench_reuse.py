@@ -13,7 +13,12 @@ size) three things are timed in the same run, interleaved repeat by repeat after
 - ``sbpmpi``: ``y = x.to_global(sbp=...)`` in a loop;
 - ``box``: ``sm.boxing.box``, the engine behind ``x.to_global`` without the cross-rank
   consistency check (``SBPMPI_CHECK``), which adds one small all-reduce per call: on an
-  oversubscribed machine each extra synchronisation can cost a scheduling slice.
+  oversubscribed machine each extra synchronisation can cost a scheduling slice;
+- ``redist``: ``sbpmpi.runtime.redistribute`` on the local shard, the compiled program
+  alone (its data path and buffers, without the tensor layer above it).
+
+So ``sbpmpi - box`` is the consistency check, ``box - redist`` the tensor layer (argument
+checks, cache lookups, wrapping the result) and ``redist - prealloc`` the data path.
 
 The order of the variants rotates from repeat to repeat. Every variant keeps its previous
 result alive until the next one replaces it (as
@@ -38,6 +43,8 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
+from sbpmpi.core.layout import Layout
+from sbpmpi.runtime import redistribute
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -61,6 +68,12 @@ def cases(nbytes: int) -> list[tuple[str, tuple[int, ...], Variants]]:
     rs_out = np.empty((r, cols), np.float32)
     a2a_send = np.empty((p, r, c), np.float32)
     a2a_out = np.empty((rows, c), np.float32)
+    f32 = np.dtype(np.float32)
+
+    def redist(x: Any, sbp: Any) -> Any:
+        dst = Layout.make(x.shape, pl, sbp)
+        local, src = x.to_local(), x.layout
+        return lambda: redistribute(local, src, dst, f32)
 
     def ag(out: np.ndarray) -> np.ndarray:
         world.Allgather([ls, F32], [out, F32])
@@ -80,18 +93,21 @@ def cases(nbytes: int) -> list[tuple[str, tuple[int, ...], Variants]]:
             "prealloc": lambda: ag(ag_out),
             "alloc": lambda: ag(np.empty((rows, cols), np.float32)),
             "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.broadcast),
-            "box": lambda: sm.boxing.box(xs, None, sm.sbp.broadcast)}),
+            "box": lambda: sm.boxing.box(xs, None, sm.sbp.broadcast),
+            "redist": redist(xs, sm.sbp.broadcast)}),
         ("P->S(0)", (rows, cols), {
             "prealloc": lambda: rs(rs_out),
             "alloc": lambda: rs(np.empty((r, cols), np.float32)),
             "sbpmpi": lambda: xq.to_global(sbp=sm.sbp.split(0)),
-            "box": lambda: sm.boxing.box(xq, None, sm.sbp.split(0))}),
+            "box": lambda: sm.boxing.box(xq, None, sm.sbp.split(0)),
+            "redist": redist(xq, sm.sbp.split(0))}),
         ("S(0)->S(1)", (rows, cols), {
             "prealloc": lambda: a2a(a2a_send, a2a_out),
             "alloc": lambda: a2a(np.empty((p, r, c), np.float32),
                                  np.empty((rows, c), np.float32)),
             "sbpmpi": lambda: xs.to_global(sbp=sm.sbp.split(1)),
-            "box": lambda: sm.boxing.box(xs, None, sm.sbp.split(1))}),
+            "box": lambda: sm.boxing.box(xs, None, sm.sbp.split(1)),
+            "redist": redist(xs, sm.sbp.split(1))}),
     ]
 
 
@@ -132,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{pool if pool is not None else 'none'} bytes)")
         print(f"{'conversion':<12}{'MiB':>5}{'prealloc ms':>13}{'alloc ms':>10}"
               f"{'sbpmpi ms':>11}{'x prealloc':>12}{'x alloc':>9}{'box ms':>9}{'box x pre':>11}"
-              f"{'spread':>8}", flush=True)
+              f"{'redist x pre':>14}{'spread':>8}", flush=True)
     for mib in (float(s) for s in a.sizes_mib.split(",") if s):
         for name, shape, variants in cases(int(mib * (1 << 20))):
             t = measure(variants, a.repeats, a.warmup)
@@ -142,14 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                    **{f"{k}_ms": med[k] * 1e3 for k in med},
                    "ratio_prealloc": med["sbpmpi"] / med["prealloc"],
                    "ratio_alloc": med["sbpmpi"] / med["alloc"],
-                   "box_ratio_prealloc": med["box"] / med["prealloc"], "spread": spread,
+                   "box_ratio_prealloc": med["box"] / med["prealloc"],
+                   "redist_ratio_prealloc": med["redist"] / med["prealloc"], "spread": spread,
                    "repeats": a.repeats}
             rows.append(row)
             if rank == 0:
                 print(f"{name:<12}{mib:>5g}{row['prealloc_ms']:>13.3f}{row['alloc_ms']:>10.3f}"
                       f"{row['sbpmpi_ms']:>11.3f}{row['ratio_prealloc']:>12.3f}"
                       f"{row['ratio_alloc']:>9.3f}{row['box_ms']:>9.3f}"
-                      f"{row['box_ratio_prealloc']:>11.3f}{spread:>8.2f}", flush=True)
+                      f"{row['box_ratio_prealloc']:>11.3f}{row['redist_ratio_prealloc']:>14.3f}"
+                      f"{spread:>8.2f}", flush=True)
     if rank == 0:
         doc = {"world_size": size, "host_pool_limit": pool,
                "host_pool_stats": backend.host_pool_stats() if pool is not None else None,

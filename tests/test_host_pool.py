@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
+from sbpmpi.runtime import execute
 
 MIB = 1 << 20
 
@@ -279,4 +280,81 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
     reused = backend.host_pool_stats()["hits"] > hits
     if size > 1 and not reused:
         errors.append(f"rank {rank}: the pool was never used")
+    all_ok(errors)
+
+
+# -- all-to-all and reduce-scatter steps that handle their own block locally ------------------
+
+
+
+@pytest.mark.parametrize("shape,dim,sizes", [((3, 8, 5), 1, [4, 4]), ((3, 9, 5), 1, [3, 3, 3]),
+                                             ((3, 10, 2), 1, [4, 3, 3]), ((7, 4), 0, [3, 2, 2]),
+                                             ((2, 6), 1, [6]), ((4, 0, 3), 1, [0, 0])])
+def test_pack_and_unpack_leave_out_one_block(shape, dim, sizes):
+    _pack, _unpack = execute._pack, execute._unpack
+    x = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+    starts = np.cumsum([0] + sizes)
+    blocks = [np.take(x, range(starts[q], starts[q + 1]), axis=dim) for q in range(len(sizes))]
+    for skip in [-1, *range(len(sizes))]:
+        want = np.concatenate([np.empty(0)] + [b.reshape(-1) for q, b in enumerate(blocks)
+                                               if q != skip])
+        flat = np.full(want.size + 3, -1.0)
+        _pack(x, dim, sizes, flat, skip)
+        np.testing.assert_array_equal(flat[:want.size], want)
+        back = np.full(shape, -7.0)
+        _unpack(flat, dim, sizes, back, skip)
+        for q, b in enumerate(blocks):
+            got = np.take(back, range(starts[q], starts[q + 1]), axis=dim)
+            np.testing.assert_array_equal(got, np.full(b.shape, -7.0) if q == skip else b)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("threshold", [0, None], ids=["own-block-local", "default"])
+def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshold):
+    """S(i) -> S(j) and P -> S(j) (sum, max, min) on 1-d and 2-d meshes, even and uneven,
+    2-d and 3-d tensors, with the own block handled locally (threshold 0) and with the
+    default choice; every result is compared with NumPy while all are held alive."""
+    if threshold is not None:  # read by the compiled steps at every call
+        monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
+    meshes = [sm.placement("cpu", list(range(size)))]
+    if size == 4:
+        meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))
+    rng = np.random.default_rng(3)
+    errors: list[str] = []
+    held = []
+    shapes = [(4 * size, 6 * size), (2 * size + 1, 3 * size + 2), (3, 2 * size + 1, 5),
+              (size + 1, 2, 2 * size)]
+    for pl in meshes:
+        for shape in shapes:
+            value = rng.standard_normal(shape)
+            nd = len(shape)
+            for i in range(nd):
+                for j in range(nd):
+                    if i == j:
+                        continue
+                    if pl.ndim == 1:
+                        src, dst = [sm.sbp.split(i)], [sm.sbp.split(j)]
+                    else:
+                        src = [sm.sbp.split(i), sm.sbp.split(j)]
+                        dst = [sm.sbp.split(j), sm.sbp.split(i)]
+                    x = sm.tensor(value, placement=pl, sbp=src)
+                    held.append((x.to_global(sbp=dst), value, f"{shape} {src} -> {dst} {pl}"))
+                    if not np.array_equal(x.to_local(), expected_local(x, value)):
+                        errors.append(f"rank {rank}: input of {shape} {src} changed")
+            for j in range(nd):  # P -> S(j)
+                if pl.ndim == 1:  # every rank holds a different part: a real reduction
+                    parts = [rng.integers(-50, 50, shape).astype(np.float64) for _ in range(size)]
+                    for kind, fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+                        x = sm.to_global(parts[rank].copy(), placement=pl,
+                                         sbp=sm.sbp.partial_sum if kind == "sum" else
+                                         getattr(sm.sbp, f"partial_{kind}"))
+                        held.append((x.to_global(sbp=[sm.sbp.split(j)]), fn(parts, axis=0),
+                                     f"{shape} P{kind} -> S({j}) {pl}"))
+                else:  # a partial and a split mesh axis
+                    x = sm.tensor(value, placement=pl, sbp=[sm.sbp.partial_sum, sm.sbp.split(0)])
+                    held.append((x.to_global(sbp=[sm.sbp.split(j), sm.sbp.split(0)]), value,
+                                 f"{shape} (P, S(0)) -> (S({j}), S(0)) {pl}"))
+    for y, want, ctx in held:
+        if not np.array_equal(y.to_local(), expected_local(y, want)):
+            errors.append(f"rank {rank}: {ctx} is wrong")
     all_ok(errors)

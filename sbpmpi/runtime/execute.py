@@ -5,8 +5,10 @@ slices and communicator worked out; running a plan then calls the closures in tu
 Outputs are allocated once and filled in place (large host outputs and scratch buffers
 reuse pooled memory, see ``backend.empty``); a block goes to MPI as it is whenever
 it is contiguous, and a split along a non-leading dim is packed (or unpacked) with one
-strided copy. Every step leaves its input untouched. The code is the same for NumPy
-and CuPy (``backend.get_xp``).
+strided copy. Large all-to-all and reduce-scatter steps (``OWN_BLOCK_BYTES``) send only
+the blocks meant for other ranks and handle the rank's own block locally, so it is not
+copied twice (once into a send buffer, once more by MPI to itself). Every step leaves its
+input untouched. The code is the same for NumPy and CuPy (``backend.get_xp``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
 MAX_COUNT: int | None = max_count()
+
+# All-to-all and reduce-scatter steps whose largest shard in the group holds at least this
+# many bytes send only the blocks for other ranks (an all-to-all with nothing to itself)
+# and handle this rank's own block locally: one pass over it fewer (tests lower it).
+OWN_BLOCK_BYTES = 1 << 20
 
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
@@ -90,39 +97,50 @@ def _full(xp: Any, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
     return out
 
 
-def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any) -> None:
-    """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``."""
-    _blocks(x, dim, sizes, flat, True)
+def _pack(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int = -1) -> None:
+    """Write the blocks of ``x`` along ``dim`` (of ``sizes``) one after another into ``flat``,
+    leaving out block ``skip`` (none by default)."""
+    _blocks(x, dim, sizes, flat, skip, True)
 
 
-def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any) -> None:
-    """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn."""
-    _blocks(out, dim, sizes, flat, False)
+def _unpack(flat: Any, dim: int, sizes: Sequence[int], out: Any, skip: int = -1) -> None:
+    """Inverse of :func:`_pack`: ``out`` along ``dim`` is the blocks of ``flat`` in turn
+    (block ``skip`` of ``out`` is left as it is)."""
+    _blocks(out, dim, sizes, flat, skip, False)
 
 
-def _blocks(a: Any, dim: int, sizes: Sequence[int], flat: Any, pack: bool) -> None:
-    """Copy between ``a`` and ``flat``, which holds the blocks of ``a`` along ``dim`` (of
-    ``sizes``) one after another: ``a`` into ``flat`` when ``pack``, else back."""
-    shape = a.shape
+def _blocks(x: Any, dim: int, sizes: Sequence[int], flat: Any, skip: int, pack: bool) -> None:
+    """Copy the blocks of ``x`` along ``dim`` but ``skip`` to (``pack``) or from ``flat``,
+    where they lie one after another, each in C order."""
+    shape = x.shape
     pre, n, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-    a3 = a.reshape(pre, n, post)
+    x3 = x.reshape(pre, n, post)
     p = len(sizes)
-    if n % p == 0 and all(s == n // p for s in sizes):
+    if n % p == 0 and all(s == n // p for s in sizes):  # one strided copy per run of blocks
         b = n // p
-        if pack:
-            flat.reshape(p, pre, b, post)[...] = a3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        blocks = x3.reshape(pre, p, b, post).transpose(1, 0, 2, 3)
+        pairs: tuple[tuple[Any, Any], ...]
+        if 0 <= skip < p:  # the blocks before and after the one left out
+            f4 = flat[:(p - 1) * pre * b * post].reshape(p - 1, pre, b, post)
+            pairs = ((f4[:skip], blocks[:skip]), (f4[skip:], blocks[skip + 1:]))
         else:
-            a3.reshape(pre, p, b, post)[...] = flat.reshape(p, pre, b, post).transpose(1, 0, 2, 3)
+            pairs = ((flat[:p * pre * b * post].reshape(p, pre, b, post), blocks),)
+        for f, blk in pairs:
+            if pack:
+                f[...] = blk
+            else:
+                blk[...] = f
         return
     off = o = 0
-    for s in sizes:
-        cnt = pre * s * post
-        block = flat[off:off + cnt].reshape(pre, s, post)
-        if pack:
-            block[...] = a3[:, o:o + s, :]
-        else:
-            a3[:, o:o + s, :] = block
-        off += cnt
+    for q, s in enumerate(sizes):
+        if q != skip:
+            cnt = pre * s * post
+            f3 = flat[off:off + cnt].reshape(pre, s, post)
+            if pack:
+                f3[...] = x3[:, o:o + s, :]
+            else:
+                x3[:, o:o + s, :] = f3
+            off += cnt
         o += s
 
 
@@ -204,18 +222,30 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     s = _axis_setup(st, me)
     if s is None:
         return None
-    xp, group, p, _ = s
+    xp, group, p, k = s
     assert isinstance(st.frm, Partial) and isinstance(st.to, Split)
     op = _REDUCE[st.frm.op]
+    ufunc = reduction(st.frm.op).ufunc_of(xp)
     d = st.to.dim
-    in_shape = st.src.local_shape(me)
+    in_shape = st.src.local_shape(me)  # alike on every rank of the group (a partial axis)
     out_shape = st.dst.local_shape(me)
     sizes = _extents(st.dst, group.ranks, d)
     counts = _counts(in_shape, d, sizes)
     even = len(set(counts)) == 1
     direct = math.prod(in_shape[:d]) <= 1
+    # large shards (see OWN_BLOCK_BYTES): the blocks for other ranks travel in one
+    # all-to-all, and this rank reduces its own block with what it receives straight
+    # into the output (MPI's reduce-scatter would first copy the own block)
+    own = (slice(None),) * d + (slice(sum(sizes[:k]), sum(sizes[:k + 1])),)
+    send_counts = [0 if q == k else c for q, c in enumerate(counts)]
+    recv_counts = [0 if q == k else counts[k] for q in range(p)]
+    send_displs = _displs(send_counts if not direct else counts)
+    recv_displs = _displs(recv_counts)
+    n_send = sum(send_counts) if not direct else sum(counts)
+    n_recv = sum(recv_counts)
+    large = sum(counts)
 
-    def run(a: Any) -> Any:
+    def whole(a: Any) -> Any:
         src = _contiguous(xp, a)
         if not direct:
             tmp = backend.empty(xp, sum(counts), src.dtype)
@@ -228,6 +258,29 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
             comm.reduce_scatter_v(out.reshape(-1), src.reshape(-1), counts, op, group)
         return out
 
+    def run(a: Any) -> Any:
+        dt = a.dtype
+        if large * dt.itemsize < OWN_BLOCK_BYTES:
+            return whole(a)
+        if direct:
+            sbuf = _contiguous(xp, a).reshape(-1)
+        else:
+            sbuf = backend.empty(xp, n_send, dt)
+            _pack(a, d, sizes, sbuf, k)
+        rbuf = backend.empty(xp, n_recv, dt)
+        comm.all_to_all_v(rbuf, recv_counts, sbuf, send_counts, recv_displs, send_displs,
+                          group)
+        out = backend.empty(xp, out_shape, dt)
+        if p == 1:
+            out[...] = a[own]
+            return out
+        n = counts[k]
+        parts = [rbuf[o:o + n].reshape(out_shape) for q, o in enumerate(recv_displs) if q != k]
+        ufunc(a[own], parts[0], out=out)
+        for part in parts[1:]:
+            ufunc(out, part, out=out)
+        return out
+
     return run
 
 
@@ -235,7 +288,7 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
     s = _axis_setup(st, me)
     if s is None:
         return None
-    xp, group, p, _ = s
+    xp, group, p, k = s
     assert isinstance(st.frm, Split) and isinstance(st.to, Split)
     i, j = st.frm.dim, st.to.dim
     in_shape = st.src.local_shape(me)
@@ -246,11 +299,24 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
     out_counts = _counts(out_shape, i, si)
     # one decision for the whole group, from global metadata: every rank must make the
     # same MPI call (Alltoall or Alltoallv), even a rank whose own blocks look even
-    even = len({c for r in group.ranks for c in _counts(st.src.local_shape(r), j, sj)}) == 1
+    shards = [_counts(st.src.local_shape(r), j, sj) for r in group.ranks]
+    even = len({c for cs in shards for c in cs}) == 1
+    largest = max(sum(cs) for cs in shards)  # elements of the group's largest shard
     pack = math.prod(in_shape[:j]) > 1
     unpack = math.prod(out_shape[:i]) > 1
+    # large shards: this rank's own block is copied straight from the input into place
+    # and only the others travel (count 0 to itself): one copy of 1/p of the data instead
+    # of two (pack, then MPI's copy to itself), and the scratch buffers shrink by 1/p
+    own_in = (slice(None),) * j + (slice(sum(sj[:k]), sum(sj[:k + 1])),)
+    own_out = (slice(None),) * i + (slice(sum(si[:k]), sum(si[:k + 1])),)
+    send_counts = [0 if q == k else c for q, c in enumerate(in_counts)]
+    recv_counts = [0 if q == k else c for q, c in enumerate(out_counts)]
+    send_displs = _displs(send_counts if pack else in_counts)
+    recv_displs = _displs(recv_counts if unpack else out_counts)
+    n_send = sum(send_counts) if pack else sum(in_counts)
+    n_recv = sum(recv_counts)
 
-    def run(a: Any) -> Any:
+    def whole(a: Any) -> Any:
         src = _contiguous(xp, a)
         dt = src.dtype
         if pack:
@@ -267,7 +333,34 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
             _unpack(rbuf, i, si, out)
         return out
 
+    def run(a: Any) -> Any:
+        if largest * a.dtype.itemsize < OWN_BLOCK_BYTES:
+            return whole(a)
+        dt = a.dtype
+        out = backend.empty(xp, out_shape, dt)
+        if pack:
+            sbuf = backend.empty(xp, n_send, dt)
+            _pack(a, j, sj, sbuf, k)
+        else:
+            sbuf = _contiguous(xp, a).reshape(-1)
+        rbuf = backend.empty(xp, n_recv, dt) if unpack else out.reshape(-1)
+        comm.all_to_all_v(rbuf, recv_counts, sbuf, send_counts, recv_displs, send_displs,
+                          group)
+        out[own_out] = a[own_in]
+        if unpack:
+            _unpack(rbuf, i, si, out, k)
+        return out
+
     return run
+
+
+def _displs(counts: Sequence[int]) -> list[int]:
+    """Offsets of blocks of ``counts`` elements laid one after another."""
+    out, o = [], 0
+    for c in counts:
+        out.append(o)
+        o += c
+    return out
 
 
 def _local_slice(st: Step, me: int) -> Fn | None:
