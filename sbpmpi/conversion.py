@@ -76,9 +76,7 @@ def box(x: GlobalTensor, placement: Placement | None = None,
             _destinations[key] = dst
     src = x.layout
     if not comm.checking():
-        if dst is src or dst == src:
-            return x
-        prog = program_for(src, dst, x.dtype)
+        prog = program_for(src, dst, x.dtype)  # None (cached) when dst == src
         return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
     if not agreed:  # before anything returns: a rank whose conversion is a no-op takes part
         _agree(src, dst, x.dtype)

@@ -31,6 +31,7 @@ __all__ = ["redistribute", "program_for", "clear_cache", "plan_for_layouts", "ex
 
 _CACHE_SIZE = 4096
 _programs: dict[tuple[Layout, Layout, np.dtype, int], Program | None] = {}
+_MISSING = object()
 
 
 def clear_cache() -> None:
@@ -56,12 +57,12 @@ def program_for(src: Layout, dst: Layout, dtype: Any) -> Program | None:
     Validated and planned on the first call for these layouts, dtype and cost table;
     cached after that.
     """
-    dtype = np.dtype(dtype)
-    key = (src, dst, dtype, cost_table.version())
-    try:
-        return _programs[key]
-    except KeyError:
-        pass
+    if not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
+    key = (src, dst, dtype, cost_table._version)  # the version, read without a call
+    prog = _programs.get(key, _MISSING)
+    if prog is not _MISSING:
+        return prog  # type: ignore[return-value]
     prog = None
     if src != dst:
         _validate(src, dst, dtype)
