@@ -212,3 +212,24 @@ def test_fingerprints_and_helpers():
     if size == 1:  # a group of one never communicates
         assert agreement.agree(fp, "x", "x", lambda: 1 / 0) is None
         assert agreement.all_ok(False) is False
+
+
+def test_repeated_step_texts_are_cached_only_where_equal_means_alike():
+    """The text cache of a step (x.to_global in a loop) never gives two different
+    descriptions one text: numbers are described afresh (``1 == True``), a tensor's text
+    follows its dtype, and the cached text equals a fresh description."""
+    pl = sm.placement("cpu", [0], world_size=1)
+    a = sm.zeros(4, 3, placement=sm.placement("cpu", [0]), sbp=sm.sbp.split(0))
+    b = a.astype(np.float64)
+    assert consistency._text_key("f", (1,)) is None
+    assert consistency._text_key("f", (a, [sm.sbp.split(0)])) is None  # a list: not cached
+    ta = consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
+    tb = consistency._step_text("x.to_global", (b, pl, (sm.sbp.broadcast,)))
+    assert ta != tb and "float64" in tb
+    consistency._TEXTS.clear()
+    fresh = consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
+    assert fresh == ta == consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
+    assert consistency._step_text("f", (1,)) != consistency._step_text("f", (True,))
+    fp = consistency._fingerprint(ta, consistency._NO_STEPS)
+    assert fp == agreement.fingerprint_of(ta, consistency._NO_STEPS)
+    assert consistency._fingerprint(ta, b"x" * 8) == agreement.fingerprint_of(ta, b"x" * 8) != fp

@@ -315,10 +315,12 @@ def test_one_exchange_per_decision(shared_dir, monkeypatch, request):
     sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
     save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
     tensor checked the arguments the state call had checked already)."""
-    from sbpmpi.safety import consistency
+    from sbpmpi.safety import consistency, watchdog
 
     prev = consistency.configure(check=True)
     request.addfinalizer(lambda: consistency.configure(*prev))
+    prev_timeout = watchdog.configure(600.0)  # every exchange then runs under a watch
+    request.addfinalizer(lambda: watchdog.configure(prev_timeout))
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
     b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)

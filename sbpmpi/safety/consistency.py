@@ -208,7 +208,59 @@ def fingerprint(meta: Any) -> int:
 
 def _step_text(what: str, meta: Any) -> str:
     args = meta if isinstance(meta, tuple) else (meta,)
-    return f"{what}({', '.join(describe(a) for a in args)})"
+    key = _text_key(what, args)
+    if key is not None:
+        text = _TEXTS.get(key)
+        if text is not None:
+            return text
+    text = f"{what}({', '.join(describe(a) for a in args)})"
+    if key is not None:
+        if len(_TEXTS) >= _CACHE_SIZE:
+            _TEXTS.clear()
+        _TEXTS[key] = text
+    return text
+
+
+# A repeated step (x.to_global in a loop) reuses its text and fingerprint: describing and
+# hashing cost tens of microseconds once a large conversion has evicted the caches.
+_CACHE_SIZE = 4096
+_TEXTS: dict[tuple[Any, ...], str] = {}
+_FINGERPRINTS: dict[str, int] = {}  # text -> fingerprint with no local steps pending
+_SBP_TYPES = (Split, Broadcast, Partial)
+_PLAIN = (str, Placement, Layout, *_SBP_TYPES)
+
+
+def _text_key(what: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A key under which ``args`` always describe alike, or None (then nothing is cached).
+
+    Only values whose equality implies an equal description take part: global tensors
+    (by layout and dtype), placements, layouts, SBPs (alone or in a tuple), strings and
+    None. Anything else (numbers, where ``1 == True`` but ``"1" != "True"``) is described
+    afresh.
+    """
+    key: list[Any] = [what]
+    for a in args:
+        layout = getattr(a, "layout", None)
+        if isinstance(layout, Layout) and not isinstance(a, type):
+            key.append((Layout, layout, a.dtype))
+        elif a is None or type(a) in _PLAIN:
+            key.append((type(a), a))
+        elif type(a) is tuple and all(type(s) in _SBP_TYPES for s in a):
+            key.append((tuple, a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _fingerprint(text: str, seed: bytes) -> int:
+    if seed != _NO_STEPS:
+        return agreement.fingerprint_of(text, seed)
+    fp = _FINGERPRINTS.get(text)
+    if fp is None:
+        if len(_FINGERPRINTS) >= _CACHE_SIZE:
+            _FINGERPRINTS.clear()
+        fp = _FINGERPRINTS[text] = agreement.fingerprint_of(text, seed)
+    return fp
 
 
 _NO_STEPS = bytes(8)
@@ -322,7 +374,7 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
     if n == 1:
         return True
     text = _step_text(what, meta)
-    fp = agreement.fingerprint_of(text, _pending if world else _NO_STEPS)
+    fp = _fingerprint(text, _pending if world else _NO_STEPS)
     _stats["exchanges"] += 1
     texts = agreement.agree(fp, what, text, lambda: (text + _local_steps(world), None), group)
     if world:
