@@ -316,6 +316,7 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
     default choice; every result is compared with NumPy while all are held alive."""
     if threshold is not None:  # read by the compiled steps at every call
         monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
+        monkeypatch.setattr(execute, "OWN_BLOCK_ALL_TO_ALL_BYTES", threshold)
     meshes = [sm.placement("cpu", list(range(size)))]
     if size == 4:
         meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))

@@ -39,6 +39,10 @@ MAX_COUNT: int | None = max_count()
 # many bytes send only the blocks for other ranks (an all-to-all with nothing to itself)
 # and handle this rank's own block locally: one pass over it fewer (tests lower it).
 OWN_BLOCK_BYTES = 1 << 20
+# For all-to-all the gain shows only on larger shards: at 2 ranks an 8 MiB shard moved
+# 0.92-1.02x the raw packed Alltoall in one pass and 1.03-1.06x with the own block apart
+# (Alltoallv); a 32 MiB shard 0.86-0.90x apart (scripts/bench_reuse.py).
+OWN_BLOCK_ALL_TO_ALL_BYTES = 24 << 20
 
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
@@ -334,7 +338,7 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
         return out
 
     def run(a: Any) -> Any:
-        if largest * a.dtype.itemsize < OWN_BLOCK_BYTES:
+        if largest * a.dtype.itemsize < max(OWN_BLOCK_BYTES, OWN_BLOCK_ALL_TO_ALL_BYTES):
             return whole(a)
         dt = a.dtype
         out = backend.empty(xp, out_shape, dt)
