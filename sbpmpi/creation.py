@@ -17,7 +17,7 @@ from .core import random as _random
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
-from .core.sbp import SBP, Broadcast, Partial, Split
+from .core.sbp import SBP, Broadcast, Split, check_partials, normalize_nd_sbp
 from .env import get_rank, get_world_size
 from .tensor import GlobalTensor
 
@@ -82,8 +82,7 @@ def _layout(shape: tuple[int, ...], placement: Any, sbp: Any) -> Layout:
 def _build(layout: Layout, dtype: np.dtype,
            fill: Callable[[Any, tuple[tuple[int, int], ...]], Any]) -> GlobalTensor:
     """Shard of this rank from ``fill(xp, ranges)``; identity on non-holding partial ranks."""
-    for a in layout.partial_axes():  # same error on every rank, e.g. partial_max of complex
-        identity_value(layout.sbp[a].op, dtype)  # type: ignore[union-attr]
+    check_partials(layout.sbp, dtype)  # same error on every rank, e.g. partial_max of complex
     me = get_rank()
     ranges = layout.local_ranges(me)
     if ranges is None:
@@ -295,12 +294,9 @@ def to_global(local: Any, *, placement: Placement | None = None,
                          f"{[shapes[r] for r in placement.rank_list]} on ranks "
                          f"{list(placement.rank_list)}")
     ndim = ndims.pop()
-    from .core.sbp import normalize_nd_sbp
     nd_sbp = normalize_nd_sbp(sbp, placement.ndim, ndim)
     dtype = np.dtype(dtypes[r0])
-    for s in nd_sbp:  # partial_max/min of complex: the same error on every rank, now
-        if isinstance(s, Partial):
-            identity_value(s.op, dtype)
+    check_partials(nd_sbp, dtype)  # partial_max/min of complex: the same error on every rank
     split_dims = {s.dim for s in nd_sbp if isinstance(s, Split)}
     for r in placement.rank_list:
         for d in range(ndim):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .reduction import NAMES, REDUCTIONS
+from .reduction import NAMES, REDUCTIONS, identity_value
 
 __all__ = [
     "SBP",
@@ -24,6 +25,7 @@ __all__ = [
     "partial_min",
     "NdSbp",
     "normalize_nd_sbp",
+    "check_partials",
 ]
 
 
@@ -125,3 +127,11 @@ def normalize_nd_sbp(sbp: SBP | Sequence[SBP], mesh_ndim: int, tensor_ndim: int)
             s = Split(d % tensor_ndim)
         out.append(s)
     return tuple(out)
+
+
+def check_partials(sbp: Sequence[SBP], dtype: Any) -> None:
+    """Raise TypeError (the same on every rank) when ``dtype`` has no reduction for a partial
+    kind in ``sbp`` (partial_max/min of complex, say)."""
+    for s in sbp:
+        if isinstance(s, Partial):
+            identity_value(s.op, dtype)

@@ -20,8 +20,7 @@ from ..boxing.explanation import Explanation
 from ..boxing.plan import Plan, check_conversion, meaningful
 from ..boxing.planner import candidate_plans, plan_conversion
 from ..core.layout import Layout
-from ..core.reduction import identity_value
-from ..core.sbp import Partial
+from ..core.sbp import check_partials
 from ..env import get_rank
 from . import cost_table
 from .execute import Program, compile_plan
@@ -41,9 +40,7 @@ def clear_cache() -> None:
 
 def check_dtype(src: Layout, dst: Layout, dtype: np.dtype) -> None:
     """TypeError (on every rank) for a partial kind ``dtype`` has no reduction for."""
-    for s in src.sbp + dst.sbp:
-        if isinstance(s, Partial):
-            identity_value(s.op, dtype)
+    check_partials(src.sbp + dst.sbp, dtype)
 
 
 def _validate(src: Layout, dst: Layout, dtype: np.dtype) -> None:
