@@ -75,14 +75,14 @@ def box(x: GlobalTensor, placement: Placement | None = None,
                 _destinations.clear()
             _destinations[key] = dst
     src = x.layout
-    if not comm.checking():
-        prog = program_for(src, dst, x.dtype)  # None (cached) when dst == src
-        return x if prog is None else GlobalTensor(prog(x.to_local()), dst, x.dtype)
-    if not agreed:  # before anything returns: a rank whose conversion is a no-op takes part
+    checked = comm.checking()
+    if checked and not agreed:  # before anything returns: a no-op rank takes part too
         _agree(src, dst, x.dtype)
-    prog = program_for(src, dst, x.dtype)
+    prog = program_for(src, dst, x.dtype)  # None (cached) when dst == src
     if prog is None:
         return x
+    if not checked:
+        return GlobalTensor(prog(x.to_local()), dst, x.dtype)
     with agreed_calls():  # agreed as a whole: its collectives skip their own exchange
         return GlobalTensor(prog(x.to_local()), dst, x.dtype)
 
