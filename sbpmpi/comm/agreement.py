@@ -24,7 +24,6 @@ under the watchdog and is recorded in the active ``sm.trace`` traces as an agree
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import pickle
@@ -39,7 +38,7 @@ from mpi4py import MPI
 from ..errors import CollectiveMismatchError
 from ..safety import exit_agreement
 from ..safety.trace import ACTIVE, CommRecord, record_agreement
-from ..safety.watchdog import timeout, watch
+from ..safety.watchdog import watch
 from .group import WORLD, Group
 
 __all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
@@ -49,7 +48,6 @@ MASK63 = (1 << 63) - 1
 #: Watch labels of exchanges that poll for finished peers themselves start with this (the
 #: watchdog's exit watch leaves them alone).
 CHECK_LABEL = "consistency check"
-_NO_WATCH = contextlib.nullcontext()
 T = TypeVar("T")
 
 
@@ -113,10 +111,9 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
     buf = np.array([fp, -fp], dtype=np.int64)
     if ACTIVE:
         _note("agreement", 16, ranks)
-    # The wait below notices a peer that reached the end of the program; the watchdog's
-    # exit watch leaves consistency checks to it, so only a timeout (SBPMPI_TIMEOUT) needs
-    # a watch here (a context per check costs tens of microseconds with cold caches).
-    with watch(f"{CHECK_LABEL} before {what}", ranks) if timeout() is not None else _NO_WATCH:
+    # the wait below notices a peer that reached the end of the program: only a timeout
+    # (SBPMPI_TIMEOUT) needs a watch here
+    with watch(f"{CHECK_LABEL} before {what}", ranks, watches_exits=True):
         # non-blocking, so that a peer that reached the end of the program is noticed
         failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
         if failed is not None:

@@ -210,8 +210,7 @@ def _exit_run() -> None:
     while True:
         time.sleep(EXIT_POLL)
         now = time.monotonic()
-        late = [w for w in list(_open) if now - w.start > EXIT_AFTER
-                and not w.op.startswith("consistency check")]
+        late = [w for w in list(_open) if now - w.start > EXIT_AFTER]
         if not late:
             continue
         exit_agreement.poll()
@@ -238,7 +237,8 @@ def _fire_exit(w: _ExitWatch, peers: tuple[int, ...]) -> None:
           f"aborting all {MPI.COMM_WORLD.Get_size()} ranks (MPI_Abort)", 1)
 
 
-def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = None) -> Any:
+def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = None,
+          watches_exits: bool = False) -> Any:
     """Context manager: abort the job if the block takes longer than the timeout.
 
     Parameters
@@ -249,9 +249,14 @@ def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = No
         World ranks the call waits on (all ranks of the world if None).
     seconds : float, optional
         Overrides ``SBPMPI_TIMEOUT`` for this block.
+    watches_exits : bool
+        The block notices peers that reached the end of the program itself (the
+        agreement's polled wait): without a timeout it needs no exit watch.
     """
     t = timeout() if seconds is None else seconds
     if t is None:
+        if watches_exits:
+            return _NULL
         return _ExitWatch(op, peers) if _exit_on or (_exit_on is None and _exit_watch_on()) \
             else _NULL
     return _Watch(op, peers, t)
