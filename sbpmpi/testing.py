@@ -33,7 +33,8 @@ from .tensor import GlobalTensor
 
 __all__ = ["Input", "CheckReport", "check_op", "check_grad", "numeric_grad",
            "default_placements", "input_sbps", "sbp_combos", "tolerance", "make_shards",
-           "make_input", "assert_close"]
+           "make_input", "assert_close", "metadata_tensor", "signature_search_cases",
+           "SMALL_SEARCH"]
 
 
 @dataclass(frozen=True)
@@ -459,3 +460,41 @@ def check_grad(op: Callable[..., Any], reference: Callable[..., Any],
         report.outputs["(" + ", ".join(str(s) for s in y.sbp) + ")"] += 1
         report.failures += problems[:max(0, max_failures - len(report.failures))]
     return _finish(report, max_failures, "gradient failure(s)")
+
+
+# -- signature searches on metadata alone ---------------------------------------------------------
+
+def metadata_tensor(shape: Sequence[int], sbp: Any, mesh: Any, dtype: Any = np.float64,
+                    world_size: int = 8) -> GlobalTensor:
+    """A GlobalTensor with a layout and no data, to infer or explain an op on any mesh of
+    ranks below ``world_size`` without MPI (its shard is empty on every rank)."""
+    lay = Layout.make(shape, Placement("cpu", mesh, world_size=world_size), sbp)
+    return GlobalTensor(np.empty(0, dtype=dtype), lay, np.dtype(dtype))
+
+
+#: The name of the one small search among :func:`signature_search_cases`.
+SMALL_SEARCH = "add 2-D on (2,2)"
+
+
+def signature_search_cases() -> dict[str, Callable[[], Any]]:
+    """Op calls (``op.build``, not run) on metadata tensors whose signature search is large
+    (3-D meshes: hundreds of combinations) and one small one (:data:`SMALL_SEARCH`)."""
+    from . import ops
+
+    s, b, p = Split, Broadcast(), PARTIALS["sum"]
+    m = metadata_tensor
+    m212 = [[[0, 1]], [[2, 3]]]
+    m222 = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    m22 = [[0, 1], [2, 3]]
+    t4 = (4, 4, 4, 4)
+    return {
+        "add 4-D on (2,1,2)": lambda: ops.add.build(m(t4, (s(0), b, s(1)), m212),
+                                                    m(t4, (b, s(2), p), m212)),
+        "where 4-D on (2,2,2)": lambda: ops.where.build(
+            m(t4, (s(0), b, s(1)), m222, np.bool_), m(t4, (b, s(2), s(3)), m222),
+            m(t4, (s(3), s(0), b), m222)),
+        "matmul 4-D on (2,2,2)": lambda: ops.matmul.build(m(t4, (s(0), b, s(3)), m222),
+                                                          m(t4, (b, s(2), s(1)), m222)),
+        SMALL_SEARCH: lambda: ops.add.build(m((4, 4), (s(0), b), m22),
+                                            m((4, 4), (b, s(1)), m22)),
+    }

@@ -18,37 +18,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-import numpy as np  # noqa: E402
 
-import sbpmpi as sm  # noqa: E402
 from sbpmpi.boxing import planner  # noqa: E402
-from sbpmpi.core.layout import Layout  # noqa: E402
 from sbpmpi.ops import inference  # noqa: E402
-from sbpmpi.tensor import GlobalTensor  # noqa: E402
-
-
-def fake(shape, sbp, mesh, dtype=np.float64):
-    lay = Layout.make(shape, sm.placement("cpu", mesh, world_size=8), sbp)
-    return GlobalTensor(np.empty(0, dtype=dtype), lay, dtype)
-
-
-def cases():
-    s, b, p = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
-    m212 = [[[0, 1]], [[2, 3]]]
-    m222 = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
-    m22 = [[0, 1], [2, 3]]
-    t4 = (4, 4, 4, 4)
-    return {
-        "add 4-D on (2,1,2)": lambda: sm.add.build(fake(t4, (s(0), b, s(1)), m212),
-                                                   fake(t4, (b, s(2), p), m212)),
-        "where 4-D on (2,2,2)": lambda: sm.where.build(
-            fake(t4, (s(0), b, s(1)), m222, np.bool_), fake(t4, (b, s(2), s(3)), m222),
-            fake(t4, (s(3), s(0), b), m222)),
-        "matmul 4-D on (2,2,2)": lambda: sm.matmul.build(fake(t4, (s(0), b, s(3)), m222),
-                                                         fake(t4, (b, s(2), s(1)), m222)),
-        "add 2-D on (2,2)": lambda: sm.add.build(fake((4, 4), (s(0), b), m22),
-                                                 fake((4, 4), (b, s(1)), m22)),
-    }
+from sbpmpi.testing import signature_search_cases  # noqa: E402
 
 
 def _clear():
@@ -78,7 +51,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{'case':24s} {'exhaustive ms':>14s} {'pruned ms':>10s} {'speed-up':>9s} "
           f"{'best us':>8s} {'pruned choice us':>17s}")
-    for name, mk in cases().items():
+    for name, mk in signature_search_cases().items():
         call = mk()
         t_full, full = _time(call, True)
         t_pr, pr = _time(call, False)

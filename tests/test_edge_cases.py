@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi.comm import checks
+from sbpmpi.testing import SMALL_SEARCH, signature_search_cases
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -185,34 +186,11 @@ def test_to_global_refuses_complex_partial_max_min_at_creation(kind):
 
 # -- 11: signature choice on large meshes ---------------------------------------------------------
 
-def _fake(shape, sbp, mesh, dtype=np.float64):
-    from sbpmpi.core.layout import Layout
-    from sbpmpi.tensor import GlobalTensor
-
-    lay = Layout.make(shape, sm.placement("cpu", mesh, world_size=8), sbp)
-    return GlobalTensor(np.empty(0, dtype=dtype), lay, dtype)
-
-
-def _cases():
-    s, b, p = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
-    m212 = [[[0, 1]], [[2, 3]]]
-    m222 = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
-    return {
-        "add (2,1,2)": lambda: sm.add.build(_fake((4, 4, 4, 4), (s(0), b, s(1)), m212),
-                                            _fake((4, 4, 4, 4), (b, s(2), p), m212)),
-        "where (2,2,2)": lambda: sm.where.build(
-            _fake((4, 4, 4, 4), (s(0), b, s(1)), m222, np.bool_),
-            _fake((4, 4, 4, 4), (b, s(2), s(3)), m222), _fake((4, 4, 4, 4), (s(3), s(0), b), m222)),
-        "matmul (2,2,2)": lambda: sm.matmul.build(_fake((4, 4, 4, 4), (s(0), b, s(3)), m222),
-                                                  _fake((4, 4, 4, 4), (b, s(2), s(1)), m222)),
-    }
-
-
-@pytest.mark.parametrize("name", list(_cases()))
+@pytest.mark.parametrize("name", [n for n in signature_search_cases() if n != SMALL_SEARCH])
 def test_large_signature_searches_are_pruned_and_choose_well(name):
     from sbpmpi.ops import inference
 
-    call = _cases()[name]()
+    call = signature_search_cases()[name]()
     inference.clear_cache()
     pruned = inference.infer(call)
     assert pruned.estimated and len(pruned.candidates) <= inference.PRUNE_KEEP
@@ -234,9 +212,7 @@ def test_large_signature_searches_are_pruned_and_choose_well(name):
 def test_small_searches_stay_exhaustive():
     from sbpmpi.ops import inference
 
-    s, b = sm.sbp.split, sm.sbp.broadcast
-    call = sm.add.build(_fake((4, 4), (s(0), b), [[0, 1], [2, 3]]),
-                        _fake((4, 4), (b, s(1)), [[0, 1], [2, 3]]))
+    call = signature_search_cases()[SMALL_SEARCH]()
     inference.clear_cache()
     inf = inference.infer(call)
     assert not inf.estimated and "large search" not in str(inf)
