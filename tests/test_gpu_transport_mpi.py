@@ -8,6 +8,8 @@ NumPy on the whole array; the transport's counters show that IPC carried the cal
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from comm_helpers import UFUNC, data, reduction_ok
@@ -25,11 +27,9 @@ rank, size = world.Get_rank(), world.Get_size()
 pytestmark = [pytest.mark.timeout(120), pytest.mark.mpi(min_size=1)]
 
 
-@pytest.fixture
-def dev(monkeypatch):
-    """The stand-in device, all ranks on one node (whatever SBPMPI_IPC_NODE_SIZE says)."""
-    monkeypatch.delenv("SBPMPI_IPC_NODE_SIZE", raising=False)
-    d = FakeIpcDevice(f"r{rank}")
+def _ipc_device(name: str) -> Iterator[FakeIpcDevice]:
+    """A stand-in device installed as the IPC transport's, removed afterwards."""
+    d = FakeIpcDevice(name)
     route.set_device(d)
     C.set_gpu_transport("ipc")
     yield d
@@ -37,6 +37,13 @@ def dev(monkeypatch):
     C.set_gpu_transport(None)
     world.Barrier()  # no rank removes its files while a peer may still map them
     d.cleanup()
+
+
+@pytest.fixture
+def dev(monkeypatch):
+    """The stand-in device, all ranks on one node (whatever SBPMPI_IPC_NODE_SIZE says)."""
+    monkeypatch.delenv("SBPMPI_IPC_NODE_SIZE", raising=False)
+    yield from _ipc_device(f"r{rank}")
 
 
 def stats(group=None) -> dict:
@@ -199,14 +206,7 @@ def test_info_names_ipc(chk, dev):
 def pseudo_nodes(monkeypatch):
     """Nodes of two ranks (SBPMPI_IPC_NODE_SIZE=2): the hierarchical path on one machine."""
     monkeypatch.setenv("SBPMPI_IPC_NODE_SIZE", "2")
-    d = FakeIpcDevice(f"h{rank}")
-    route.set_device(d)
-    C.set_gpu_transport("ipc")
-    yield d
-    route.set_device(None)
-    C.set_gpu_transport(None)
-    world.Barrier()
-    d.cleanup()
+    yield from _ipc_device(f"h{rank}")
 
 
 def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):

@@ -5,6 +5,7 @@ handle + offset bookkeeping, mapping cache and order of synchronisations and bar
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -273,15 +274,18 @@ def test_ipc_handles_offsets_cache_and_order():
 def test_ipc_all_reduce_phases_are_separated_by_barriers():
     p = 2
 
-    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
-        x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
-        b = Buffer(dev.pointer(x), 24)
-        assert t.run("all_reduce", {"in": b, "out": b}, True,
-                     lambda _: S.all_reduce(p, r, 6, 4), (), np.dtype(np.float32),
-                     ReduceOp.SUM, export=("out",))
-        return x.get(), [e[0] for e in dev.log]
+    def body_of(schedule: Callable[..., Any]) -> Callable[..., Any]:
+        def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+            x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
+            b = Buffer(dev.pointer(x), 24)
+            assert t.run("all_reduce", {"in": b, "out": b}, True,
+                         lambda _: schedule(p, r, 6, 4), (), np.dtype(np.float32),
+                         ReduceOp.SUM, export=("out",))
+            return x.get(), [e[0] for e in dev.log]
 
-    for got, kinds in _threads(p, body):
+        return body
+
+    for got, kinds in _threads(p, body_of(S.all_reduce)):
         np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
         # phase 0: reduce-scatter; barrier; phase 1: all-gather; barrier
         i0 = kinds.index("allgather")
@@ -289,15 +293,7 @@ def test_ipc_all_reduce_phases_are_separated_by_barriers():
         assert "reduce" in kinds[i0:mid] and kinds[mid - 1] == "sync"
         assert "copy" in kinds[mid + 1:] and kinds[-2:] == ["sync", "barrier"]
 
-    def direct(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
-        x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
-        b = Buffer(dev.pointer(x), 24)
-        assert t.run("all_reduce", {"in": b, "out": b}, True,
-                     lambda _: S.all_reduce_direct(p, r, 6, 4), (), np.dtype(np.float32),
-                     ReduceOp.SUM, export=("out",))
-        return x.get(), [e[0] for e in dev.log]
-
-    for got, kinds in _threads(p, direct):
+    for got, kinds in _threads(p, body_of(S.all_reduce_direct)):
         np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
         # reads, then one barrier, then the local copy back and no final barrier
         assert kinds.count("barrier") == 1 and kinds.count("allgather") == 1
