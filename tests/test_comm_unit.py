@@ -318,3 +318,15 @@ def test_trace_is_callable_from_the_package():
     with sm.trace() as t:
         pass
     assert isinstance(t, trace.Trace) and len(t) == 0
+
+
+def test_env_switch_words():
+    """One vocabulary for every on/off environment variable (sbpmpi.env.switch)."""
+    from sbpmpi.env import switch
+
+    for word in ("1", "true", "Yes", " ON "):
+        assert switch(word) is True, word
+    for word in ("0", "false", "NO", "off\n"):
+        assert switch(word) is False, word
+    for word in (None, "", "2", "maybe"):
+        assert switch(word) is None, word

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..env import switch
 from ..errors import CollectiveMismatchError
 from ..safety.exit_agreement import group_lines
 from . import agreement
@@ -28,7 +29,7 @@ from .group import Group
 
 __all__ = ["checking", "set_checking", "agree", "agreed"]
 
-_enabled = os.environ.get("SBPMPI_COMM_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
+_enabled = switch(os.environ.get("SBPMPI_COMM_CHECK")) is True
 
 
 def checking() -> bool:

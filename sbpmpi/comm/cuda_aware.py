@@ -22,14 +22,13 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
+from ..env import switch
 from .info import library_name
 
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
            "detect_library", "library_name"]
 
 ENV = "SBPMPI_CUDA_AWARE"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -59,13 +58,9 @@ def _mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defi
 
 def _env_flag(name: str) -> bool | None:
     v = os.environ.get(name)
-    if v is None:
-        return None
-    v = v.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
+    on = switch(v)
+    if on is not None or v is None:
+        return on
     try:
         return int(v) > 0
     except ValueError:

@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
+from ..env import switch
+
 __all__ = ["ENV_VAR", "enabled", "install", "uninstall", "installed", "abort", "format_report",
            "main"]
 
 ENV_VAR = "SBPMPI_ABORT_ON_ERROR"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 _prev_sys_hook: Any = None
 _prev_thread_hook: Any = None
@@ -50,12 +50,11 @@ def enabled(world_size: int | None = None, environ: Mapping[str, str] | None = N
     ``no``/``yes``, ``off``/``on``); otherwise on exactly when ``world_size > 1``.
     """
     env = os.environ if environ is None else environ
-    value = env.get(ENV_VAR, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    if value:
+    value = env.get(ENV_VAR, "")
+    on = switch(value)
+    if on is not None:
+        return on
+    if value.strip():
         raise ValueError(
             f"{ENV_VAR}={env[ENV_VAR]!r} is not understood; expected 0 (off) or 1 (on), "
             f"or leave it unset (on when the world has more than one process)"

@@ -51,6 +51,7 @@ from ..comm.group import WORLD, Group
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
+from ..env import switch
 from ..errors import CollectiveMismatchError
 from .exit_agreement import group_lines
 
@@ -77,23 +78,14 @@ __all__ = [
 
 CHECK_ENV = "SBPMPI_CHECK"
 DEBUG_ENV = "SBPMPI_DEBUG"
-_OFF = ("0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
 _MASK63 = agreement.MASK63
 _stats = {"checks": 0, "exchanges": 0, "shard_checks": 0}
 _UNSET: Any = object()
 
 
 def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    value = value.strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    return default
+    on = switch(os.environ.get(name))
+    return default if on is None else on
 
 
 # read once, at import; configure() changes them (or re-reads the environment)

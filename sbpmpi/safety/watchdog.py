@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..env import switch
+
 __all__ = ["ENV_VAR", "EXIT_CODE", "timeout", "configure", "watch", "watched", "active"]
 
 ENV_VAR = "SBPMPI_TIMEOUT"
@@ -156,7 +158,7 @@ def _exit_watch_on() -> bool:
     if _exit_on is None:
         from . import exit_agreement
 
-        off = os.environ.get(EXIT_ENV, "").strip().lower() in ("0", "false", "no", "off")
+        off = switch(os.environ.get(EXIT_ENV)) is False
         _exit_on = exit_agreement.active() and not off
     return _exit_on
 
