@@ -11,6 +11,7 @@ from typing import Any
 
 from . import autograd as _autograd
 from . import comm, env, ops, protocols
+from . import conversion as _conversion
 from . import tensor as _tensor
 from ._version import __version__
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -28,7 +29,7 @@ from .visualize import visualize  # a submodule import would otherwise shadow th
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(env.get_world_size)  # core.placement makes no MPI call
-_tensor.bind_layers_above(ops, _autograd, protocols)  # GlobalTensor's methods delegate to them
+_tensor.bind_layers_above(ops, _autograd, protocols, _conversion)  # GlobalTensor's methods
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 env.init()  # the node split is collective: every rank takes part now, not in a later call

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -364,6 +365,34 @@ def _size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def _map_block(size: int) -> tuple[np.ndarray, int]:
+    """``size`` bytes of fresh memory of its own, from ``mmap``, starting on a 2 MiB
+    boundary and marked for transparent huge pages where the system has them.
+
+    Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
+    threshold (up to 32 MiB) and serves blocks of that size from the heap, where they
+    start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a
+    16 MiB S(0)->S(1) whose blocks came from the heap took 1.04-1.10x the raw call, and
+    0.86-0.91x with blocks of their own. A dropped block goes back to the system at once.
+    """
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    # private: the default anonymous mapping is shared memory, which THP leaves alone
+    mm = mmap.mmap(-1, size + _HUGE_PAGE, flags=private) if private else \
+        mmap.mmap(-1, size + _HUGE_PAGE)
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP not configured: ordinary pages
+            pass
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    base = whole.__array_interface__["data"][0]
+    skip = -base % _HUGE_PAGE
+    return whole[skip:skip + size], base + skip
+
+
 class _HostPool:
     """Idle host blocks by size class; see the comment above.
 
@@ -387,14 +416,16 @@ class _HostPool:
         return self.limit
 
     def new_block(self, size: int) -> tuple[np.ndarray, int]:
-        """A block of ``size`` bytes from NumPy (idle blocks are freed first if memory is
-        short) and its address."""
+        """A block of ``size`` bytes (idle blocks are freed first if memory is short) and
+        its address."""
         try:
-            block = np.empty(size, dtype=np.uint8)
-        except MemoryError:  # idle blocks are the first thing to give up
+            return _map_block(size)
+        except (MemoryError, OSError):  # idle blocks are the first thing to give up
             self.clear()
-            block = np.empty(size, dtype=np.uint8)
-        return block, block.__array_interface__["data"][0]
+            try:
+                return _map_block(size)
+            except OSError as e:
+                raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
 
     def give_slow(self, entry: tuple[np.ndarray, int]) -> None:
         """Take back a block no array uses any more (dropped if over the limit): the path

@@ -31,10 +31,17 @@ from .core.sbp import SBP, Broadcast
 from .env import get_world_size
 from .errors import CollectiveMismatchError
 from .runtime import explain_layouts, plan_for_layouts, program_for
+from .safety.consistency import (
+    check_broadcast_shards,
+    check_collective,
+    check_known_step,
+    conversion_meta,
+    step_text,
+)
 from .safety.exit_agreement import group_lines
 from .tensor import GlobalTensor
 
-__all__ = ["box", "gather_global", "plan_for", "explain_conversion", "destination"]
+__all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination"]
 
 
 def destination(x: GlobalTensor, placement: Placement | None,
@@ -47,7 +54,59 @@ def destination(x: GlobalTensor, placement: Placement | None,
     return dst
 
 
-_destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) -> checked dst
+# A repeated conversion (``y = x.to_global(...)`` in a loop) finds its destination and
+# the text and fingerprint of its consistency check here, in one lookup: after a large
+# conversion has evicted the CPU caches, each further lookup or description costs tens
+# of microseconds. Entries are made only for arguments the full path has validated.
+_Target = tuple[Layout, str, int]  # (checked destination, check text, its fingerprint)
+_targets: dict[tuple[Any, ...], _Target] = {}  # (layout, dtype, placement, sbp) -> target
+
+
+def _known(x: GlobalTensor, placement: Placement | None,
+           sbp: SBP | Sequence[SBP] | None) -> tuple[tuple[Any, ...] | None, _Target | None]:
+    """The cache key of converting ``x`` (None: not cached) and its target if cached."""
+    if type(x) is not GlobalTensor:
+        return None, None
+    key = (x._layout, x._dtype, placement, tuple(sbp) if type(sbp) is list else sbp)
+    try:
+        return key, _targets.get(key)
+    except TypeError:  # unhashable arguments: the full path explains
+        return None, None
+
+
+def _target(x: GlobalTensor, placement: Placement | None,
+            sbp: SBP | Sequence[SBP] | None) -> _Target:
+    """The destination of ``x.to_global(placement, sbp)`` (checked on every rank) and the
+    step text and fingerprint of its consistency check."""
+    key, target = _known(x, placement, sbp)
+    if target is not None:
+        return target
+    dst = destination(x, placement, sbp)
+    text, fp = step_text(TO_GLOBAL, conversion_meta(x, placement, sbp))
+    target = (dst, text, fp)
+    if key is not None:
+        if len(_targets) >= 4096:
+            _targets.clear()
+        _targets[key] = target
+    return target
+
+
+TO_GLOBAL = "x.to_global"
+
+
+def convert(x: GlobalTensor, placement: Placement | None = None,
+            sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """``x.to_global(placement, sbp)``: the consistency check (``SBPMPI_CHECK``), then
+    :func:`box` (collective over the world)."""
+    target = _known(x, placement, sbp)[1]
+    if target is None:  # arguments not seen before: described and validated in full
+        agreed = check_collective(TO_GLOBAL, conversion_meta(x, placement, sbp))
+        check_broadcast_shards(x, "x.to_global input")
+        return box(x, placement, sbp, agreed=agreed)
+    dst, text, fp = target  # arguments seen before: the same check, described once
+    agreed = check_known_step(TO_GLOBAL, text, fp)
+    check_broadcast_shards(x, "x.to_global input")
+    return _convert(x, dst, agreed)
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,
@@ -60,20 +119,11 @@ def box(x: GlobalTensor, placement: Placement | None = None,
     ``agreed``: the caller's consistency check already covered this conversion (checked
     mode then makes no exchange of its own).
     """
-    key: tuple[Any, ...] | None = None
-    dst = None
-    if type(x) is GlobalTensor:  # a repeated call: same arguments, same checked layout
-        key = (x.layout, placement, tuple(sbp) if type(sbp) is list else sbp)
-        try:
-            dst = _destinations.get(key)
-        except TypeError:  # unhashable arguments: the full path explains
-            key = None
-    if dst is None:
-        dst = destination(x, placement, sbp)
-        if key is not None:
-            if len(_destinations) >= 4096:
-                _destinations.clear()
-            _destinations[key] = dst
+    return _convert(x, _target(x, placement, sbp)[0], agreed)
+
+
+def _convert(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
+    """``x`` converted to the checked layout ``dst``."""
     src = x.layout
     checked = comm.checking()
     if checked and not agreed:  # before anything returns: a no-op rank takes part too

@@ -11,23 +11,25 @@ from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
-from .safety.consistency import check_broadcast_shards, check_collective, conversion_meta
+from .safety.consistency import check_collective
 
 __all__ = ["GlobalTensor", "bind_layers_above"]
 
-# The layers above this one, which GlobalTensor's methods delegate to: the ops
-# (operators and methods), autograd (requires_grad, backward) and the NumPy protocols.
-# They import this module, so they are bound here by ``sbpmpi/__init__`` at import
-# (:func:`bind_layers_above`) instead of being imported from below.
+# The modules GlobalTensor's methods delegate to: the layers above (the ops for
+# operators and methods, autograd for requires_grad and backward, the NumPy protocols)
+# and conversion (x.to_global, x.numpy), beside this one. They import this module, so
+# they are bound here by ``sbpmpi/__init__`` at import (:func:`bind_layers_above`)
+# instead of being imported from here.
 _ops: Any = None
 _autograd: Any = None
 _protocols: Any = None
+_conversion: Any = None
 
 
-def bind_layers_above(ops: Any, autograd: Any, protocols: Any) -> None:
+def bind_layers_above(ops: Any, autograd: Any, protocols: Any, conversion: Any) -> None:
     """Bind the modules GlobalTensor's methods delegate to (called once by ``sbpmpi``)."""
-    global _ops, _autograd, _protocols
-    _ops, _autograd, _protocols = ops, autograd, protocols
+    global _ops, _autograd, _protocols, _conversion
+    _ops, _autograd, _protocols, _conversion = ops, autograd, protocols, conversion
 
 
 class GlobalTensor:
@@ -105,19 +107,14 @@ class GlobalTensor:
 
     def numpy(self) -> np.ndarray:
         """The whole global value as a NumPy array, on every rank (collective)."""
-        from .conversion import gather_global
-
-        return gather_global(self, agreed=check_collective("x.numpy", (self,)))
+        return _conversion.gather_global(  # type: ignore[no-any-return]
+            self, agreed=check_collective("x.numpy", (self,)))
 
     def to_global(
         self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None
     ) -> GlobalTensor:
         """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
-        from .conversion import box
-
-        agreed = check_collective("x.to_global", conversion_meta(self, placement, sbp))
-        check_broadcast_shards(self, "x.to_global input")
-        out = box(self, placement=placement, sbp=sbp, agreed=agreed)
+        out = _conversion.convert(self, placement, sbp)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
             out = _autograd.tape.record_conversion(self, out)
         return out

@@ -111,25 +111,35 @@ def cases(nbytes: int) -> list[tuple[str, tuple[int, ...], Variants]]:
     ]
 
 
-def measure(variants: Variants, repeats: int, warmup: int) -> dict[str, list[float]]:
+def measure(variants: Variants, repeats: int, warmup: int, block: int) -> dict[str, list[float]]:
     """Seconds of each variant per repeat (slowest rank), interleaved; results are held
-    until the variant's next call replaces them."""
+    until the variant's next call replaces them.
+
+    Each repeat runs every variant for ``block`` consecutive calls (the order of variants
+    rotates from repeat to repeat) and keeps the median of the calls after the first: the
+    steady state of a loop of that conversion. The first call of a block follows another
+    variant's memory traffic; with ``block=1`` it is the only call (every call then runs
+    after a different variant).
+    """
     held: dict[str, Any] = {}
     for _ in range(warmup):
         for k, fn in variants.items():
             held[k] = fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
     names = list(variants)
+    times = {k: np.zeros((repeats, block)) for k in names}
     for i in range(repeats):
         for k in names[i % len(names):] + names[:i % len(names)]:  # rotate: no fixed order
             fn = variants[k]
-            world.Barrier()
-            t0 = time.perf_counter()
-            held[k] = fn()
-            times[k].append(time.perf_counter() - t0)
+            for j in range(block):
+                world.Barrier()
+                t0 = time.perf_counter()
+                held[k] = fn()
+                times[k][i, j] = time.perf_counter() - t0
     worst = np.array([times[k] for k in names])
-    world.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
-    return {k: [float(t) for t in worst[i]] for i, k in enumerate(names)}
+    world.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)  # each call's slowest rank
+    steady = worst[:, :, 1:] if block > 1 else worst
+    per_repeat = np.median(steady, axis=2)
+    return {k: [float(t) for t in per_repeat[n]] for n, k in enumerate(names)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,20 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes-mib", default="1,16,64")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--block", type=int, default=5,
+                    help="consecutive calls of a variant per repeat; the first is left out "
+                         "(1: single calls, each after another variant)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     a = ap.parse_args(argv)
     pool = backend.host_pool_limit() if hasattr(backend, "host_pool_limit") else None
     rows = []
     if rank == 0:
         print(f"x.to_global in a loop vs raw mpi4py, {size} ranks, float32 (medians of the "
-              f"slowest rank over {a.repeats} interleaved repeats; host pool limit: "
+              f"slowest rank over {a.repeats} interleaved repeats of {a.block} calls; host "
+              f"pool limit: "
               f"{pool if pool is not None else 'none'} bytes)")
         print(f"{'conversion':<12}{'MiB':>5}{'prealloc ms':>13}{'alloc ms':>10}"
               f"{'sbpmpi ms':>11}{'x prealloc':>12}{'x alloc':>9}{'box ms':>9}{'box x pre':>11}"
-              f"{'redist x pre':>14}{'spread':>8}", flush=True)
+              f"{'redist x pre':>14}{'paired':>8}{'spread':>8}", flush=True)
     for mib in (float(s) for s in a.sizes_mib.split(",") if s):
         for name, shape, variants in cases(int(mib * (1 << 20))):
-            t = measure(variants, a.repeats, a.warmup)
+            t = measure(variants, a.repeats, a.warmup, a.block)
             med = {k: statistics.median(v) for k, v in t.items()}
             spread = max(max(v) / min(v) for v in t.values())
             row = {"conversion": name, "mib": mib, "shape": list(shape),
@@ -159,15 +173,17 @@ def main(argv: list[str] | None = None) -> int:
                    "ratio_prealloc": med["sbpmpi"] / med["prealloc"],
                    "ratio_alloc": med["sbpmpi"] / med["alloc"],
                    "box_ratio_prealloc": med["box"] / med["prealloc"],
-                   "redist_ratio_prealloc": med["redist"] / med["prealloc"], "spread": spread,
-                   "repeats": a.repeats}
+                   "redist_ratio_prealloc": med["redist"] / med["prealloc"],
+                   "paired_ratio_prealloc": statistics.median(
+                       s / q for s, q in zip(t["sbpmpi"], t["prealloc"])),
+                   "spread": spread, "repeats": a.repeats, "block": a.block}
             rows.append(row)
             if rank == 0:
                 print(f"{name:<12}{mib:>5g}{row['prealloc_ms']:>13.3f}{row['alloc_ms']:>10.3f}"
                       f"{row['sbpmpi_ms']:>11.3f}{row['ratio_prealloc']:>12.3f}"
                       f"{row['ratio_alloc']:>9.3f}{row['box_ms']:>9.3f}"
                       f"{row['box_ratio_prealloc']:>11.3f}{row['redist_ratio_prealloc']:>14.3f}"
-                      f"{spread:>8.2f}", flush=True)
+                      f"{row['paired_ratio_prealloc']:>8.3f}{spread:>8.2f}", flush=True)
     if rank == 0:
         doc = {"world_size": size, "host_pool_limit": pool,
                "host_pool_stats": backend.host_pool_stats() if pool is not None else None,

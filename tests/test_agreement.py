@@ -93,6 +93,39 @@ def test_a_real_sbp_mismatch_raises_on_every_rank(mode, checked):
     np.testing.assert_array_equal(x.numpy(), a)  # every rank is in step afterwards
 
 
+# -- a repeated conversion is checked like the first ----------------------------------------------
+
+@pytest.mark.mpi(min_size=2)
+def test_a_repeated_to_global_is_checked_like_the_first():
+    """Repeated arguments take conversion's cached target (text and fingerprint described
+    once): a rank that diverges on a repeated call, or after a local step of its own,
+    still raises on every rank, with the same message as the first time."""
+    if not consistency.check_enabled():
+        pytest.skip("SBPMPI_CHECK is off")
+    from sbpmpi import conversion
+
+    conversion._targets.clear()
+    a, x = _x()
+    first = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
+                                          sm.sbp.broadcast))
+    for _ in range(2):  # both conversions seen (and cached) on every rank
+        y = x.to_global(sbp=sm.sbp.broadcast)
+        z = x.to_global(sbp=sm.sbp.split(1))
+    np.testing.assert_array_equal(y.to_local(), a)
+    np.testing.assert_array_equal(z.numpy(), a)
+    assert conversion._known(x, None, sm.sbp.broadcast)[1] is not None
+    assert conversion._known(x, None, sm.sbp.split(1))[1] is not None
+    again = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
+                                          sm.sbp.broadcast))
+    assert again == first and again[0] == "CollectiveMismatchError", (first, again)
+    assert "rank 0: x.to_global(" in again[1] and "(S(1),))" in again[1], again
+    # a local step on rank 0 only, then a repeated conversion: reported with the step
+    _ = x + x if rank == 0 else x
+    kind, msg = errors_of(lambda: x.to_global(sbp=sm.sbp.broadcast))
+    assert kind == "CollectiveMismatchError" and "local step" in msg, (kind, msg)
+    np.testing.assert_array_equal(x.to_global(sbp=sm.sbp.broadcast).to_local(), a)
+
+
 # -- one exchange per conversion ----------------------------------------------------------------
 
 def _ops(t) -> list[str]:

@@ -53,6 +53,65 @@ def test_large_host_arrays_reuse_memory_once_freed():
     assert stats()["hits"] == before["hits"] + 1
 
 
+def _mapping_of(addr: int) -> str | None:
+    """The /proc/self/maps line of the mapping that holds ``addr`` (None off Linux)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                if lo <= addr < hi:
+                    return line
+    except OSError:
+        return None
+    return ""
+
+
+def test_blocks_are_mappings_of_their_own_on_huge_page_boundaries():
+    """A block starts on a 2 MiB boundary, in a private anonymous mapping (not the heap,
+    where glibc puts large allocations once its mmap threshold has grown), and its memory
+    is the program's to write; a dropped block is unmapped."""
+    a = backend.empty(np, (3 * MIB,), np.uint8)
+    addr = a.ctypes.data
+    assert addr % (2 * MIB) == 0, hex(addr)
+    line = _mapping_of(addr)
+    if line is not None:
+        assert "[heap]" not in line and line.split()[1].endswith("p"), line  # private
+    a[:] = 7
+    assert int(a.sum()) == 7 * 3 * MIB
+    del a
+    backend.clear_host_pool()
+    gc.collect()
+    if line is not None:
+        assert _mapping_of(addr) in ("", None) or _mapping_of(addr) != line
+
+
+def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
+    """No memory for a new block: the idle blocks go, then one more try, then MemoryError
+    naming the size."""
+    a = backend.empty(np, (MIB,), np.uint8)
+    del a
+    assert stats()["idle_blocks"] == 1
+    real = backend._map_block
+    calls = []
+
+    def fail_once(size):
+        calls.append(size)
+        if len(calls) == 1:
+            raise OSError(12, "Cannot allocate memory")
+        return real(size)
+
+    monkeypatch.setattr(backend, "_map_block", fail_once)
+    b = backend.empty(np, (4 * MIB,), np.uint8)
+    assert b.size == 4 * MIB and len(calls) == 2 and stats()["idle_blocks"] == 0
+
+    def fail(size):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(backend, "_map_block", fail)
+    with pytest.raises(MemoryError, match=str(8 * MIB)):
+        backend.empty(np, (8 * MIB,), np.uint8)
+
+
 def test_small_object_and_non_numpy_requests_are_not_pooled():
     assert backend.empty(np, (10,), np.float64).flags.owndata
     assert backend.empty(np, (), np.float64).shape == ()
@@ -316,7 +375,6 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
     default choice; every result is compared with NumPy while all are held alive."""
     if threshold is not None:  # read by the compiled steps at every call
         monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
-        monkeypatch.setattr(execute, "OWN_BLOCK_ALL_TO_ALL_BYTES", threshold)
     meshes = [sm.placement("cpu", list(range(size)))]
     if size == 4:
         meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))

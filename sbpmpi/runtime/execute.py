@@ -5,9 +5,9 @@ slices and communicator worked out; running a plan then calls the closures in tu
 Outputs are allocated once and filled in place (large host outputs and scratch buffers
 reuse pooled memory, see ``backend.empty``); a block goes to MPI as it is whenever
 it is contiguous, and a split along a non-leading dim is packed (or unpacked) with one
-strided copy. Large reduce-scatter and all-to-all steps (``OWN_BLOCK_BYTES``,
-``OWN_BLOCK_ALL_TO_ALL_BYTES``) send only the blocks meant for other ranks and handle the
-rank's own block locally, so it is not copied twice (once into a send buffer, once more by MPI to itself). Every step leaves its
+strided copy. Large reduce-scatter and all-to-all steps (``OWN_BLOCK_BYTES``) send only
+the blocks meant for other ranks and handle the rank's own block locally, so it is not
+copied twice (once into a send buffer, once more by MPI to itself). Every step leaves its
 input untouched. The code is the same for NumPy and CuPy (``backend.get_xp``).
 """
 
@@ -35,14 +35,15 @@ TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 # Point-to-point messages longer than this are sent in pieces (tests lower it).
 MAX_COUNT: int | None = max_count()
 
-# Reduce-scatter (OWN_BLOCK_BYTES) and all-to-all (OWN_BLOCK_ALL_TO_ALL_BYTES) steps whose
-# largest shard in the group holds at least this many bytes send only the blocks for other
-# ranks (an all-to-all with nothing to itself) and handle this rank's own block locally:
-# one pass over it fewer (tests lower both). For all-to-all the gain shows only on larger
-# shards: at 2 ranks an 8 MiB shard moved 0.92-1.02x the raw packed Alltoall in one pass
-# and 1.03-1.06x with the own block apart (Alltoallv); a 32 MiB shard 0.86-0.90x apart.
+# Reduce-scatter and all-to-all steps whose largest shard in the group holds at least
+# this many bytes send only the blocks for other ranks (an all-to-all with nothing to
+# itself) and handle this rank's own block locally: one pass over it fewer (tests lower
+# it). Measured at 2 ranks, S(0)->S(1) of float32 (rows, 240), runtime alone against the
+# raw packed Alltoall into preallocated buffers (paired medians, 30-40 interleaved
+# repeats, 2-3 runs each): 1 MiB shards 1.03-1.18x with the own block apart vs 1.23-1.30x
+# in one pass, 2 MiB 0.94-0.98x vs 0.93-1.03x, 4 MiB 0.89-0.98x vs 0.92-0.98x, 8 MiB
+# 0.80-0.86x vs 0.98-1.12x; at 3 and 4 ranks, 16 and 64 MiB tensors 0.85-0.91x vs 0.83-1.0x.
 OWN_BLOCK_BYTES = 1 << 20
-OWN_BLOCK_ALL_TO_ALL_BYTES = 24 << 20
 
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
 
@@ -338,7 +339,7 @@ def _all_to_all(st: Step, me: int) -> Fn | None:
         return out
 
     def run(a: Any) -> Any:
-        if largest * a.dtype.itemsize < OWN_BLOCK_ALL_TO_ALL_BYTES:
+        if largest * a.dtype.itemsize < OWN_BLOCK_BYTES:
             return whole(a)
         dt = a.dtype
         out = backend.empty(xp, out_shape, dt)

@@ -65,6 +65,8 @@ __all__ = [
     "fingerprint",
     "conversion_meta",
     "check_collective",
+    "step_text",
+    "check_known_step",
     "note_step",
     "note_step_digest",
     "step_digest",
@@ -366,7 +368,34 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
     if n == 1:
         return True
     text = _step_text(what, meta)
-    fp = _fingerprint(text, _pending if world else _NO_STEPS)
+    return _agree(what, text, _fingerprint(text, _pending if world else _NO_STEPS), group,
+                  world)
+
+
+def step_text(what: str, meta: Any = ()) -> tuple[str, int]:
+    """The text :func:`check_collective` describes the step ``(what, meta)`` by, and its
+    fingerprint with no local steps pending (no communication), for
+    :func:`check_known_step`."""
+    text = _step_text(what, meta)
+    return text, _fingerprint(text, _NO_STEPS)
+
+
+def check_known_step(what: str, text: str, fp: int) -> bool:
+    """:func:`check_collective` on the world for a step whose :func:`step_text` the caller
+    made once and cached (``x.to_global`` repeated with the same arguments): the same
+    exchange and result, without describing the step again."""
+    if not _check:
+        return False
+    _stats["checks"] += 1
+    if len(WORLD.ranks) == 1:
+        return True
+    if _pending is not _NO_STEPS:  # local steps to fold in: the fingerprint changes
+        fp = agreement.fingerprint_of(text, _pending)
+    return _agree(what, text, fp, None, True)
+
+
+def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> bool:
+    """The exchange of :func:`check_collective`: True when the ranks of ``group`` agree."""
     _stats["exchanges"] += 1
     texts = agreement.agree(fp, what, text, lambda: (text + _local_steps(world), None), group)
     if world:
