@@ -369,27 +369,30 @@ _HUGE_PAGE = 2 << 20
 
 
 def _map_block(size: int) -> tuple[np.ndarray, int]:
-    """``size`` bytes of fresh memory of its own, from ``mmap``, starting on a 2 MiB
-    boundary and marked for transparent huge pages where the system has them.
+    """``size`` bytes of fresh memory of its own, from ``mmap``, and their address.
 
     Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
     threshold (up to 32 MiB) and serves blocks of that size from the heap, where they
-    start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a
-    16 MiB S(0)->S(1) whose blocks came from the heap took 1.04-1.10x the raw call, and
-    0.86-0.91x with blocks of their own. A dropped block goes back to the system at once.
+    start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a 16 MiB
+    S(0)->S(1) whose blocks came from the heap took 1.04-1.32x the raw call, and 0.79-0.90x
+    with blocks of their own. A block of 2 MiB or more starts on a 2 MiB boundary and its
+    whole 2 MiB pages are marked for transparent huge pages (where the system has them);
+    the rest keeps ordinary pages, so no block holds more memory than it uses. A dropped
+    block goes back to the system at once.
     """
+    huge = size // _HUGE_PAGE * _HUGE_PAGE  # bytes in whole huge pages
+    length = size + (_HUGE_PAGE if huge else 0)  # room to start on a huge-page boundary
     private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    # private: the default anonymous mapping is shared memory, which THP leaves alone
-    mm = mmap.mmap(-1, size + _HUGE_PAGE, flags=private) if private else \
-        mmap.mmap(-1, size + _HUGE_PAGE)
-    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            mm.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # THP not configured: ordinary pages
-            pass
+    # private: an anonymous mapping is shared memory by default, which THP leaves alone
+    mm = mmap.mmap(-1, length, flags=private) if private else mmap.mmap(-1, length)
     whole = np.frombuffer(mm, dtype=np.uint8)
     base = whole.__array_interface__["data"][0]
-    skip = -base % _HUGE_PAGE
+    skip = -base % _HUGE_PAGE if huge else 0
+    if huge and hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE, skip, huge)
+        except OSError:  # THP not configured: ordinary pages
+            pass
     return whole[skip:skip + size], base + skip
 
 
