@@ -1,7 +1,7 @@
 """Large conversions in a loop: ``x.to_global`` against raw mpi4py, preallocated and not.
 
     mpiexec -n 2 python scripts/bench_reuse.py [--sizes-mib 1,16,64] [--repeats 15]
-                                               [--json out.json]
+                                               [--block 1] [--json out.json]
 
 For each conversion (S(0)->B, P->S(0), S(0)->S(1) of a float32 tensor of about the given
 size) three things are timed in the same run, interleaved repeat by repeat after warm-up:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes-mib", default="1,16,64")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--block", type=int, default=5,
+    ap.add_argument("--block", type=int, default=1,
                     help="consecutive calls of a variant per repeat; the first is left out "
                          "(1: single calls, each after another variant)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
