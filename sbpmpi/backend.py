@@ -375,10 +375,12 @@ def _map_block(size: int) -> tuple[np.ndarray, int]:
     threshold (up to 32 MiB) and serves blocks of that size from the heap, where they
     start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a 16 MiB
     S(0)->S(1) in a loop whose blocks came from the heap took 1.04-1.32x the raw call;
-    with blocks of their own, six runs gave 0.79-1.05x (0.89x in the middle). A block of 2 MiB or more starts on a 2 MiB boundary and its
-    whole 2 MiB pages are marked for transparent huge pages (where the system has them);
-    the rest keeps ordinary pages, so no block holds more memory than it uses. A dropped
-    block goes back to the system at once.
+    with blocks of their own, six runs gave 0.79-1.05x (0.89x in the middle).
+
+    A block of 2 MiB or more starts on a 2 MiB boundary and its whole 2 MiB pages are
+    marked for transparent huge pages (where the system has them); the rest keeps
+    ordinary pages, so no block holds more memory than it uses. A dropped block goes
+    back to the system at once.
     """
     huge = size // _HUGE_PAGE * _HUGE_PAGE  # bytes in whole huge pages
     length = size + (_HUGE_PAGE if huge else 0)  # room to start on a huge-page boundary

@@ -33,7 +33,6 @@ from .errors import CollectiveMismatchError
 from .runtime import explain_layouts, plan_for_layouts, program_for
 from .safety.consistency import (
     check_broadcast_shards,
-    check_collective,
     check_known_step,
     conversion_meta,
     step_text,
@@ -99,14 +98,16 @@ def convert(x: GlobalTensor, placement: Placement | None = None,
     """``x.to_global(placement, sbp)``: the consistency check (``SBPMPI_CHECK``), then
     :func:`box` (collective over the world)."""
     target = _known(x, placement, sbp)[1]
-    if target is None:  # arguments not seen before: described and validated in full
-        agreed = check_collective(TO_GLOBAL, conversion_meta(x, placement, sbp))
-        check_broadcast_shards(x, "x.to_global input")
-        return box(x, placement, sbp, agreed=agreed)
-    dst, text, fp = target  # arguments seen before: the same check, described once
+    # arguments seen before: the check's text as described then; else described now
+    # (and checked before the arguments are validated, so that ranks passing different
+    # ones get the mismatch rather than each its own error)
+    text, fp = target[1:] if target is not None else \
+        step_text(TO_GLOBAL, conversion_meta(x, placement, sbp))
     agreed = check_known_step(TO_GLOBAL, text, fp)
     check_broadcast_shards(x, "x.to_global input")
-    return _convert(x, dst, agreed)
+    if target is None:
+        return box(x, placement, sbp, agreed=agreed)
+    return _convert(x, target[0], agreed)
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,

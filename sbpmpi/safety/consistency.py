@@ -382,7 +382,7 @@ def step_text(what: str, meta: Any = ()) -> tuple[str, int]:
 
 def check_known_step(what: str, text: str, fp: int) -> bool:
     """:func:`check_collective` on the world for a step whose :func:`step_text` the caller
-    made once and cached (``x.to_global`` repeated with the same arguments): the same
+    made (and may cache: ``x.to_global`` repeated with the same arguments): the same
     exchange and result, without describing the step again."""
     if not _check:
         return False
@@ -390,7 +390,7 @@ def check_known_step(what: str, text: str, fp: int) -> bool:
     if len(WORLD.ranks) == 1:
         return True
     if _pending is not _NO_STEPS:  # local steps to fold in: the fingerprint changes
-        fp = agreement.fingerprint_of(text, _pending)
+        fp = _fingerprint(text, _pending)
     return _agree(what, text, fp, None, True)
 
 
