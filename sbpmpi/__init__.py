@@ -15,15 +15,15 @@ from . import conversion as _conversion
 from . import tensor as _tensor
 from ._version import __version__
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .comm import abort as _abort
+from .comm import exit_agreement as _exit_agreement
+from .comm.trace import trace
 from .core import placement as _placement
 from .core import sbp
 from .core.layout import Layout
 from .core.placement import Placement, placement
 from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
-from .safety import abort as _abort
-from .safety import exit_agreement as _exit_agreement
-from .safety.trace import trace
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 

@@ -25,19 +25,19 @@ from .boxing.explanation import Explanation
 from .boxing.plan import Plan
 from .comm import agreement
 from .comm.checks import agreed as agreed_calls
+from .comm.exit_agreement import group_lines
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, Broadcast
 from .env import get_world_size
 from .errors import CollectiveMismatchError
 from .runtime import explain_layouts, plan_for_layouts, program_for
-from .safety.consistency import (
+from .runtime.consistency import (
     check_broadcast_shards,
     check_known_step,
     conversion_meta,
     step_text,
 )
-from .safety.exit_agreement import group_lines
 from .tensor import GlobalTensor
 
 __all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination"]

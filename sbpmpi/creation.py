@@ -248,7 +248,7 @@ def to_global(local: Any, *, placement: Placement | None = None,
                         f"got {placement!r}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
-    from .safety.consistency import check_collective
+    from .runtime.consistency import check_collective
 
     check_collective("sm.to_global", (placement, sbp))
     backend.check_device_available(placement)

@@ -11,7 +11,7 @@ from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
-from .safety.consistency import check_collective
+from .runtime.consistency import check_collective
 
 __all__ = ["GlobalTensor", "bind_layers_above"]
 

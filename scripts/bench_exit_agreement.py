@@ -31,8 +31,9 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
+from sbpmpi.comm import watchdog  # noqa: E402
 from sbpmpi.comm.info import library_line  # noqa: E402
-from sbpmpi.safety import consistency, watchdog  # noqa: E402
+from sbpmpi.runtime import consistency
 
 
 def _median_us(fn, reps: int) -> float:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "check_collective": lambda: consistency.check_collective("x.numpy", (t,)),
     }
     res = {k: _median_us(f, args.reps) for k, f in rows.items()}
-    from sbpmpi.safety import exit_agreement
+    from sbpmpi.comm import exit_agreement
 
     saved_comm, exit_agreement._comm = exit_agreement._comm, None  # wait() = request.Wait()
     res["check_collective, exchange not polled (before)"] = _median_us(rows["check_collective"],

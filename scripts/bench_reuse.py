@@ -42,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi import backend
+from sbpmpi.backend import host_pool
 from sbpmpi.core.layout import Layout
 from sbpmpi.runtime import redistribute
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(1: single calls, each after another variant)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     a = ap.parse_args(argv)
-    pool = backend.host_pool_limit() if hasattr(backend, "host_pool_limit") else None
+    pool = host_pool.host_pool_limit()
     rows = []
     if rank == 0:
         print(f"x.to_global in a loop vs raw mpi4py, {size} ranks, float32 (medians of the "
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['paired_ratio_prealloc']:>8.3f}{spread:>8.2f}", flush=True)
     if rank == 0:
         doc = {"world_size": size, "host_pool_limit": pool,
-               "host_pool_stats": backend.host_pool_stats() if pool is not None else None,
+               "host_pool_stats": host_pool.host_pool_stats() if pool is not None else None,
                "mpi": MPI.Get_library_version().splitlines()[0], "results": rows}
         text = json.dumps(doc, indent=1)
         if a.json:

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi.comm import agreement, checks
-from sbpmpi.safety import consistency
+from sbpmpi.runtime import consistency
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

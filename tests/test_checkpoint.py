@@ -291,8 +291,7 @@ def failing_on_rank_1(write_blocks):
 def exchange_log(monkeypatch) -> list[str]:
     """The labels of the metadata exchanges from now on (each one runs under watchdog.watch;
     the MPI-IO calls' own watches are left out)."""
-    from sbpmpi.comm import agreement
-    from sbpmpi.safety import watchdog
+    from sbpmpi.comm import agreement, watchdog
 
     labels: list[str] = []
     watch = watchdog.watch
@@ -315,7 +314,8 @@ def test_one_exchange_per_decision(shared_dir, monkeypatch, request):
     sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
     save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
     tensor checked the arguments the state call had checked already)."""
-    from sbpmpi.safety import consistency, watchdog
+    from sbpmpi.comm import watchdog
+    from sbpmpi.runtime import consistency
 
     prev = consistency.configure(check=True)
     request.addfinalizer(lambda: consistency.configure(*prev))

@@ -14,8 +14,7 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import comm as C
 from sbpmpi.comm import call as call_mod
-from sbpmpi.comm import collectives, objects, p2p, vcollectives
-from sbpmpi.safety import watchdog
+from sbpmpi.comm import collectives, objects, p2p, vcollectives, watchdog
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

@@ -13,12 +13,13 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
+from sbpmpi.backend import device_copy
 from sbpmpi.comm import ReduceOp, cuda_aware
 from sbpmpi.comm.buffers import PinnedPool, Stager, describe
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
-trace = importlib.import_module("sbpmpi.safety.trace")  # the module; sm.trace is the class
+trace = importlib.import_module("sbpmpi.comm.trace")  # the module; sm.trace is the class
 
 # ----------------------------------------------------------------------------- CUDA-awareness
 
@@ -194,11 +195,11 @@ def test_fake_cuda_copies_and_meta():
     assert describe(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
     assert describe(d[1:2], "x", "t")[2]  # a contiguous slice
     out = np.empty(12, np.int32)
-    backend.copy_device_to_host(d, out)
+    device_copy.copy_device_to_host(d, out)
     np.testing.assert_array_equal(out, h.ravel())
-    backend.copy_host_to_device(out * 2, d)
+    device_copy.copy_host_to_device(out * 2, d)
     np.testing.assert_array_equal(d.get(), h * 2)
-    np.testing.assert_array_equal(backend.ascontiguous_device(nc).get(), (h * 2)[:, ::2])
+    np.testing.assert_array_equal(device_copy.ascontiguous_device(nc).get(), (h * 2)[:, ::2])
     with pytest.raises(TypeError, match="NumPy or CuPy"):
         describe([1, 2], "arr", "all_reduce")
 
@@ -246,9 +247,9 @@ def test_fake_cuda_never_reaches_cupy(gpu_cupy):
     h = np.arange(12.0).reshape(3, 4)
     d = FakeCudaArray.from_numpy(h)
     nc = d[:, ::2]
-    np.testing.assert_array_equal(backend.ascontiguous_device(nc).get(), h[:, ::2])
+    np.testing.assert_array_equal(device_copy.ascontiguous_device(nc).get(), h[:, ::2])
     assert backend.from_dlpack(d) is d
-    backend.sync_for_transfer(d)
+    device_copy.sync_for_transfer(d)
     for aware in (False, True):
         cuda_aware.set_cuda_aware(aware)
         try:

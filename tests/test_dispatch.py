@@ -19,7 +19,7 @@ from sbpmpi.boxing import get_cost_table, set_cost_table
 from sbpmpi.errors import CollectiveMismatchError
 from sbpmpi.ops import dispatch, elementwise
 from sbpmpi.ops.signature import PMAX, PMIN, S_D, B, P, Signature
-from sbpmpi.safety import consistency
+from sbpmpi.runtime import consistency
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -15,8 +15,9 @@ import pytest
 from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 
+from sbpmpi.comm import abort, watchdog
 from sbpmpi.errors import CollectiveMismatchError
-from sbpmpi.safety import abort, consistency, watchdog
+from sbpmpi.runtime import consistency
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
 
@@ -67,7 +68,7 @@ def test_exception_in_a_thread_aborts_the_job():
 
 @needs_mpiexec
 def test_sys_exit_on_one_rank_aborts_under_the_runner():
-    res = run_mpi(2, "uncaught.py", "exit", python_args=("-m", "sbpmpi.safety.abort"))
+    res = run_mpi(2, "uncaught.py", "exit", python_args=("-m", "sbpmpi.comm.abort"))
     assert res.rc != 0, res
     assert "sbpmpi: rank 1: exited with sys.exit(3)" in res.out, res
     assert "should not happen" not in res.out, res

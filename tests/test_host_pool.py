@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
+from sbpmpi.backend import host_pool
 from sbpmpi.runtime import execute
 
 MIB = 1 << 20
@@ -24,17 +25,17 @@ MIB = 1 << 20
 @pytest.fixture(autouse=True)
 def fresh_pool(monkeypatch):
     """Each test starts from an empty pool with the limit from the environment."""
-    monkeypatch.delenv(backend.POOL_ENV, raising=False)
-    backend.set_host_pool_limit()
-    backend.clear_host_pool()
+    monkeypatch.delenv(host_pool.POOL_ENV, raising=False)
+    host_pool.set_host_pool_limit()
+    host_pool.clear_host_pool()
     yield
     monkeypatch.undo()
-    backend.set_host_pool_limit()
-    backend.clear_host_pool()
+    host_pool.set_host_pool_limit()
+    host_pool.clear_host_pool()
 
 
 def stats() -> dict[str, int]:
-    return backend.host_pool_stats()
+    return host_pool.host_pool_stats()
 
 
 def pooled(a: np.ndarray) -> bool:
@@ -79,7 +80,7 @@ def test_blocks_are_mappings_of_their_own_on_huge_page_boundaries():
     a[:] = 7
     assert int(a.sum()) == 7 * 3 * MIB
     del a
-    backend.clear_host_pool()
+    host_pool.clear_host_pool()
     gc.collect()
     if line is not None:
         assert _mapping_of(addr) != line  # unmapped (or now part of another mapping)
@@ -91,7 +92,7 @@ def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
     a = backend.empty(np, (MIB,), np.uint8)
     del a
     assert stats()["idle_blocks"] == 1
-    real = backend._map_block
+    real = host_pool._map_block
     calls = []
 
     def fail_once(size):
@@ -171,7 +172,7 @@ def test_a_view_keeps_the_block_out_of_the_pool():
 
 def test_a_block_in_a_reference_cycle_comes_back_after_collection():
     gc.collect()
-    backend.clear_host_pool()
+    host_pool.clear_host_pool()
     gc.disable()
     try:
         a = backend.empty(np, (MIB,), np.uint8)
@@ -186,7 +187,7 @@ def test_a_block_in_a_reference_cycle_comes_back_after_collection():
 
 
 def test_idle_memory_stays_under_the_limit():
-    backend.set_host_pool_limit(3 * MIB)
+    host_pool.set_host_pool_limit(3 * MIB)
     arrays = [backend.empty(np, (MIB,), np.uint8) for _ in range(5)]
     big = backend.empty(np, (4 * MIB,), np.uint8)  # over the limit: freed, not kept
     del arrays
@@ -199,12 +200,12 @@ def test_idle_memory_stays_under_the_limit():
     del c
     s = stats()
     assert s["idle_bytes"] <= 3 * MIB and s["idle_blocks"] == 2
-    assert backend.set_host_pool_limit(0) == 0 and stats()["idle_bytes"] == 0
+    assert host_pool.set_host_pool_limit(0) == 0 and stats()["idle_bytes"] == 0
 
 
 def test_limit_zero_turns_the_pool_off(monkeypatch):
-    monkeypatch.setenv(backend.POOL_ENV, "0")
-    assert backend.set_host_pool_limit() == 0
+    monkeypatch.setenv(host_pool.POOL_ENV, "0")
+    assert host_pool.set_host_pool_limit() == 0
     a = backend.empty(np, (8 * MIB,), np.uint8)
     assert a.flags.owndata
     del a
@@ -214,25 +215,25 @@ def test_limit_zero_turns_the_pool_off(monkeypatch):
 @pytest.mark.parametrize("text, want", [("1048576", MIB), ("512M", 512 * MIB), ("2g", 2 << 30),
                                         ("64KiB", 64 << 10), (" 3 MB ", 3 * MIB), ("0", 0)])
 def test_environment_variable_sizes(monkeypatch, text, want):
-    monkeypatch.setenv(backend.POOL_ENV, text)
-    assert backend.set_host_pool_limit() == want == backend.host_pool_limit()
+    monkeypatch.setenv(host_pool.POOL_ENV, text)
+    assert host_pool.set_host_pool_limit() == want == host_pool.host_pool_limit()
 
 
 @pytest.mark.parametrize("text", ["lots", "-5", "1.5G", "12T"])
 def test_bad_environment_variable_names_it(monkeypatch, text):
-    monkeypatch.setenv(backend.POOL_ENV, text)
-    with pytest.raises(ValueError, match=backend.POOL_ENV):
-        backend.set_host_pool_limit()
+    monkeypatch.setenv(host_pool.POOL_ENV, text)
+    with pytest.raises(ValueError, match=host_pool.POOL_ENV):
+        host_pool.set_host_pool_limit()
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1M"])
 def test_bad_limit_argument(bad):
     with pytest.raises(ValueError, match="host pool limit"):
-        backend.set_host_pool_limit(bad)
+        host_pool.set_host_pool_limit(bad)
 
 
 def test_default_limit_is_sane():
-    limit = backend.host_pool_limit()
+    limit = host_pool.host_pool_limit()
     assert limit >= 64 * MIB
 
 
@@ -309,7 +310,7 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
              (xs, {"placement": other, "sbp": sm.sbp.split(1)}, value)]
     errors: list[str] = []
     held: list[tuple[object, np.ndarray, str]] = []
-    hits = backend.host_pool_stats()["hits"]
+    hits = host_pool.host_pool_stats()["hits"]
     for rnd in range(4):
         for x, kw, want in cases:
             y = x.to_global(**kw)
@@ -336,7 +337,7 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
     for x, want in ((xs, value), (x1, value), (xb, value)):
         if not np.array_equal(x.to_local(), expected_local(x, want)):
             errors.append(f"rank {rank}: an input changed")
-    reused = backend.host_pool_stats()["hits"] > hits
+    reused = host_pool.host_pool_stats()["hits"] > hits
     if size > 1 and not reused:
         errors.append(f"rank {rank}: the pool was never used")
     all_ok(errors)

@@ -21,10 +21,9 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "sbpmpi"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("sbpmpi._version", "sbpmpi.errors", "sbpmpi.core")),
     ("boxing", ("sbpmpi.boxing",)),
-    ("platform", ("sbpmpi.env", "sbpmpi.backend", "sbpmpi.safety.trace", "sbpmpi.safety.abort",
-                  "sbpmpi.safety.watchdog", "sbpmpi.safety.exit_agreement", "sbpmpi.safety")),
+    ("platform", ("sbpmpi.env", "sbpmpi.backend")),
     ("comm", ("sbpmpi.comm",)),
-    ("runtime", ("sbpmpi.runtime", "sbpmpi.safety.consistency")),
+    ("runtime", ("sbpmpi.runtime",)),
     ("tensor", ("sbpmpi.tensor", "sbpmpi.creation", "sbpmpi.conversion")),
     ("ops", ("sbpmpi.ops", "sbpmpi.autograd")),
     ("api", ("sbpmpi", "sbpmpi.protocols", "sbpmpi.explain", "sbpmpi.visualize",
@@ -49,13 +48,6 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
 MPI_OUTSIDE_COMM: dict[str, str] = {
     "sbpmpi.env": "the process's place in the world (rank, size, node split) is read at "
                   "import, before comm exists; backend binds a GPU from it",
-    "sbpmpi.safety.abort": "MPI.Abort from the exception hook must work when comm itself "
-                           "has failed; mpi4py.run runs `python -m sbpmpi.abort` programs",
-    "sbpmpi.safety.watchdog": "aborts from its timer thread and cancels nothing: it watches "
-                              "comm's calls, so it cannot go through them",
-    "sbpmpi.safety.exit_agreement": "its own duplicate of the world communicator carries the "
-                                    "'finished' notices at interpreter exit, after comm is "
-                                    "done; comm reports to it, so it sits below comm",
 }
 
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 
 from ..env import get_rank
-from ..safety import consistency
+from ..runtime import consistency
 
 __all__ = ["TMP_TAG", "temp_name", "write_collectively", "write_text", "commit", "discard"]
 

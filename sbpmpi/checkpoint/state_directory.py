@@ -20,7 +20,7 @@ import numpy as np
 from ..core.placement import Placement
 from ..env import get_world_size
 from ..errors import CheckpointError
-from ..safety import consistency
+from ..runtime import consistency
 from ..tensor import GlobalTensor
 from .arguments import path_arg, placement_arg, tensor_arg, verbose_arg
 from .progress import Progress

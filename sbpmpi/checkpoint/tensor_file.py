@@ -23,7 +23,7 @@ from ..core.placement import Placement
 from ..core.reduction import identity_value
 from ..core.sbp import SBP, Broadcast, Partial, Split
 from ..env import get_rank
-from ..safety import consistency
+from ..runtime import consistency
 from ..tensor import GlobalTensor
 from . import atomic_write
 from .arguments import path_arg, placement_arg, sbp_arg, tensor_arg

@@ -1,7 +1,7 @@
 """One agreement mechanism: do the ranks of a group agree, and if not, what did each do?
 
 Both cross-rank checks use it: the op-level consistency check
-(:mod:`sbpmpi.safety.consistency`: what each rank is about to do) and comm's checked mode
+(:mod:`sbpmpi.runtime.consistency`: what each rank is about to do) and comm's checked mode
 (:mod:`.checks`: each call's verdict on its arguments and their signature). Every
 agreement is the same exchange, so ranks in different kinds of check still meet in the
 same MPI calls and get an explanation instead of a hang:
@@ -9,7 +9,7 @@ same MPI calls and get an explanation instead of a hang:
 1. :func:`agree`: one non-blocking all-reduce (MAX) of two int64, a 63-bit fingerprint
    ``fp`` and ``-fp``: every rank learns whether all fingerprints are equal (``max(fp) ==
    -max(-fp)``). While it is in flight the rank polls for peers that reached the end of
-   the program (:func:`sbpmpi.safety.exit_agreement.wait`), so a check that can never
+   the program (:func:`sbpmpi.comm.exit_agreement.wait`), so a check that can never
    complete ends with the cause on every rank.
 2. Only when they differ, one all-gather of each rank's ``(text, detail)``: the caller
    explains the mismatch from them.
@@ -36,10 +36,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import CollectiveMismatchError
-from ..safety import exit_agreement
-from ..safety.trace import ACTIVE, CommRecord, record_agreement
-from ..safety.watchdog import watch
+from . import exit_agreement
 from .group import WORLD, Group
+from .trace import ACTIVE, CommRecord, record_agreement
+from .watchdog import watch
 
 __all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
            "raise_if_any", "decide_on_root", "collective_errors", "build_error"]

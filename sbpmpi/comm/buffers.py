@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from ..backend import device_copy
 from .cuda_aware import is_cuda_aware
 
 __all__ = ["ArrayMeta", "describe", "describe_out", "check_output", "check_same_dtype",
@@ -28,7 +28,7 @@ def describe(a: Any, arg: str, op: str) -> ArrayMeta:
     if isinstance(a, np.ndarray):
         return a.dtype, a.size, a.flags.c_contiguous, False
     if hasattr(a, "__cuda_array_interface__"):
-        dt, shape, contig = backend.device_array_meta(a)
+        dt, shape, contig = device_copy.device_array_meta(a)
         return dt, math.prod(shape), contig, True
     raise TypeError(f"{op}: {arg} must be a NumPy or CuPy array, got {type(a).__name__}")
 
@@ -84,7 +84,7 @@ class PinnedPool:
             return free.pop()
         self.allocations += 1
         self.bytes_allocated += cap
-        return backend.empty_pinned(cap)
+        return device_copy.empty_pinned(cap)
 
     def release(self, buf: np.ndarray) -> None:
         free = self._free.setdefault(buf.nbytes, [])
@@ -167,31 +167,31 @@ class Stager(HostStager):
         if not m[3]:
             return a if m[2] else np.ascontiguousarray(a)
         if not m[2]:
-            a = backend.ascontiguous_device(a)
-        backend.sync_for_transfer(a)
+            a = device_copy.ascontiguous_device(a)
+        device_copy.sync_for_transfer(a)
         if self._direct():
             return a
         h = self._host(m[0], m[1])
-        backend.copy_device_to_host(a, h)
+        device_copy.copy_device_to_host(a, h)
         return h
 
     def out(self, a: Any, m: ArrayMeta, copy_in: bool = False) -> Any:
         """The buffer MPI writes the result for ``a`` into (reads it first if ``copy_in``)."""
         if not m[3]:
             return a
-        backend.sync_for_transfer(a)
+        device_copy.sync_for_transfer(a)
         if self._direct():
             return a
         h = self._host(m[0], m[1])
         if copy_in:
-            backend.copy_device_to_host(a, h)
+            device_copy.copy_device_to_host(a, h)
         self._back.append((h, a))
         return h
 
     def finish(self) -> None:
         """Copy staged results into their GPU arrays."""
         for h, a in self._back:
-            backend.copy_host_to_device(h, a)
+            device_copy.copy_host_to_device(h, a)
         self._back.clear()
 
     def release(self) -> None:

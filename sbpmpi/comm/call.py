@@ -31,12 +31,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..safety.watchdog import watch
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
 from .reduce_op import ORDERED, UFUNCS, MPIReduction, ReduceOp, user_op
 from .tracing import ACTIVE, note
+from .watchdog import watch
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..env import switch
 from ..errors import CollectiveMismatchError
-from ..safety.exit_agreement import group_lines
 from . import agreement
+from .exit_agreement import group_lines
 from .group import Group
 
 __all__ = ["checking", "set_checking", "agree", "agreed"]

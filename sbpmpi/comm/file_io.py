@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..safety import watchdog
+from . import watchdog
 from .call import call
 from .group import Group
 

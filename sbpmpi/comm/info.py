@@ -49,6 +49,7 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
     ``ranks``: the per-rank dicts of every rank.
     """
     from .. import backend
+    from ..backend import device_copy
     from .buffers import POOL
     from .checks import checking
     from .cuda_aware import cuda_awareness
@@ -74,7 +75,7 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
                         "cached_bytes": POOL.cached_bytes()},
         "gpus_visible": gpus,
         "gpu": gpu,
-        "cupy_allocator": backend.cupy_allocator_name(),
+        "cupy_allocator": device_copy.cupy_allocator_name(),
         "checked_mode": checking(),
     }
     tr = gpu_transport()

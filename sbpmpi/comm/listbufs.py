@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from ..backend import device_copy
 from .buffers import ArrayMeta, check_output, check_same_dtype, describe
 
 __all__ = ["list_metas", "scatter_list_out", "gather_list_in"]
@@ -43,8 +43,8 @@ def scatter_list_out(flat: np.ndarray, lst: Sequence[Any], metas: list[ArrayMeta
     for i, (a, mi) in enumerate(zip(lst, metas)):
         chunk = flat[i * n:(i + 1) * n]
         if mi[3]:
-            backend.sync_for_transfer(a)
-            backend.copy_host_to_device(chunk, a)
+            device_copy.sync_for_transfer(a)
+            device_copy.copy_host_to_device(chunk, a)
         else:
             a.reshape(-1)[...] = chunk
 
@@ -57,9 +57,9 @@ def gather_list_in(lst: Sequence[Any], metas: list[ArrayMeta], dtype: np.dtype) 
         chunk = flat[i * n:(i + 1) * n]
         if mi[3]:
             if not mi[2]:
-                a = backend.ascontiguous_device(a)
-            backend.sync_for_transfer(a)
-            backend.copy_device_to_host(a, chunk)
+                a = device_copy.ascontiguous_device(a)
+            device_copy.sync_for_transfer(a)
+            device_copy.copy_device_to_host(a, chunk)
         else:
             chunk[...] = a.reshape(-1)
     return flat

@@ -10,12 +10,12 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..safety.watchdog import watch
 from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
 from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
 from .tracing import ACTIVE
+from .watchdog import watch
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 

@@ -1,9 +1,9 @@
-"""Appending comm calls to the active :mod:`sbpmpi.safety.trace` traces."""
+"""Appending comm calls to the active :mod:`sbpmpi.comm.trace` traces."""
 
 from __future__ import annotations
 
-from ..safety.trace import ACTIVE, CommRecord, record
 from .group import Group
+from .trace import ACTIVE, CommRecord, record
 
 __all__ = ["ACTIVE", "note"]
 

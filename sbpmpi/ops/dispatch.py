@@ -28,7 +28,7 @@ import numpy as np
 
 from ..autograd.tape import record_op
 from ..core.layout import Layout
-from ..safety.consistency import check_enabled, debug_enabled, note_step_digest, step_digest
+from ..runtime.consistency import check_enabled, debug_enabled, note_step_digest, step_digest
 from ..tensor import GlobalTensor
 
 __all__ = ["Fast", "key", "lookup", "remember", "clear", "SIZE"]

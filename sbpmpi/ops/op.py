@@ -34,7 +34,7 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
     runs on local shards only, it is remembered for the dispatch fast path.
     """
-    from ..safety.consistency import (
+    from ..runtime.consistency import (
         _step_text,
         all_ok,
         check_broadcast_shards,

@@ -9,7 +9,7 @@ table reports medians and the ratio sbpmpi / raw. Both sides allocate their outp
 as user code converting a layout must. A second table measures the per-conversion
 Python overhead on tiny tensors: the best repeat of sbpmpi minus the best repeat of
 the raw call (minima, because scheduling noise on a shared machine only adds time);
-its last row goes through ``x.to_global``, which adds ``sbpmpi.safety.consistency``'s
+its last row goes through ``x.to_global``, which adds ``sbpmpi.runtime.consistency``'s
 cross-rank check (``SBPMPI_CHECK=0`` turns it off).
 
 Rank 0 prints each row as soon as it is measured. A ratio is flagged ``noisy`` when it
@@ -182,7 +182,7 @@ def _cases(nbytes: int, dtype: np.dtype, device_type: str = "cpu",
     def plan_of(x: Any, placement: Any = None, sbp: Any = None) -> str:
         return sm.boxing.plan_for(x, placement, sbp).summary()
 
-    box = sm.boxing.box  # the engine itself; x.to_global adds sbpmpi.safety.consistency's check
+    box = sm.boxing.box  # the engine itself; x.to_global adds sbpmpi.runtime.consistency's check
 
     # S(0) -> B: Allgather
     xs = sm.to_global(full[:r].copy(), placement=pl, sbp=sm.sbp.split(0))

@@ -289,7 +289,7 @@ def bench(argv: Sequence[str] = ()) -> int:
         if world == 1:
             print("note: one rank: conversions move no data; run under mpiexec -n 2 or more",
                   file=sys.stderr)
-        from ..safety.consistency import check_enabled
+        from ..runtime.consistency import check_enabled
 
         checks = "on (SBPMPI_CHECK=0 turns them off)" if check_enabled() else "off"
         print(f"{world} ranks, {a.device}, {dtype}, {launch.mpi_library().vendor}; consistency "

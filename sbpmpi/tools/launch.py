@@ -418,7 +418,7 @@ def _fail(kind: str, e: BaseException | None, code: int) -> None:
     rank, size = (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()) if up else (0, 1)
     if size <= 1:
         return  # nobody to wait for: Python reports the error and exits
-    from ..safety import abort as _abort
+    from ..comm import abort as _abort
 
     if not _abort.enabled(size):
         return

@@ -18,7 +18,8 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.safety import abort, consistency
+from sbpmpi.comm import abort
+from sbpmpi.runtime import consistency
 
 mode = sys.argv[1]
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

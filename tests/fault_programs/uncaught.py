@@ -18,7 +18,7 @@ import time
 from mpi4py import MPI
 
 import sbpmpi
-from sbpmpi.safety import abort
+from sbpmpi.comm import abort
 
 mode = sys.argv[1]
 world = MPI.COMM_WORLD

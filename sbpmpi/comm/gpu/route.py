@@ -17,10 +17,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import backend
-from ...safety.watchdog import watch
+from ...backend import device_copy
 from ..group import Group
 from ..reduce_op import ReduceOp
 from ..tracing import ACTIVE, note
+from ..watchdog import watch
 from . import schedule as S
 from .device import Device
 from .hier import Hierarchical, node_split
@@ -132,7 +133,7 @@ def _owned(dev: Device, arrays: Sequence[Any]) -> bool:
 
 
 def _contig(a: Any, m: tuple[Any, ...]) -> Any:
-    return a if m[2] else backend.ascontiguous_device(a)
+    return a if m[2] else device_copy.ascontiguous_device(a)
 
 
 def _run(name: str, g: Group, comm: MPI.Intracomm, m: tuple[Any, ...], arrays: Sequence[Any],

@@ -140,7 +140,7 @@ class _Watch:
 
 # -- the exit watch: on by default, no timeout --------------------------------------------------
 # A blocking call (an sm.comm collective) cannot poll for the "finished" notices of
-# sbpmpi.safety.exit_agreement itself. Without a timeout, watch() registers it in a list that a
+# sbpmpi.comm.exit_agreement itself. Without a timeout, watch() registers it in a list that a
 # daemon thread looks at every EXIT_POLL seconds: when a call has been open for more than
 # EXIT_AFTER seconds and one of its peers has reached the end of the program, the call can
 # never complete, so the thread agrees on the cause with the other ranks and aborts the job.
@@ -317,7 +317,7 @@ def _describe_peers(peers: tuple[int, ...] | None, size: int) -> str:
 
 
 def _finished_peers(peers: tuple[int, ...] | None, size: int) -> list[int]:
-    """Peers known to have reached the end of the program (sbpmpi.safety.exit_agreement)."""
+    """Peers known to have reached the end of the program (sbpmpi.comm.exit_agreement)."""
     try:
         from . import exit_agreement
 

@@ -47,13 +47,13 @@ import numpy as np
 
 from ..comm import agreement
 from ..comm.agreement import all_ok, collective_errors, decide_on_root, raise_if_any
+from ..comm.exit_agreement import group_lines
 from ..comm.group import WORLD, Group
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
 from ..env import switch
 from ..errors import CollectiveMismatchError
-from .exit_agreement import group_lines
 
 __all__ = [
     "CHECK_ENV",

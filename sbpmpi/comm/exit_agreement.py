@@ -3,7 +3,7 @@
 A rank that reaches interpreter exit (the end of the script, ``sys.exit``, or an
 uncaught exception with abort off) sends a "finished" notice to every other rank and
 waits, without burning a core, until every rank has finished. A rank waiting in a
-consistency check (:func:`sbpmpi.safety.consistency.check_collective`, which runs before
+consistency check (:func:`sbpmpi.runtime.consistency.check_collective`, which runs before
 every op, conversion, ``x.numpy()``, save and load) polls for these notices while its
 exchange is in flight; when a rank of its group has finished, the check can never
 complete, so it tells the others what it was doing, collects what every rank of the

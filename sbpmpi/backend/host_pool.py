@@ -1,13 +1,7 @@
-"""Array backends: NumPy for placement type ``"cpu"``, CuPy for ``"cuda"``.
-
-This is the only module that knows which array library holds a shard.
-"""
+"""The host buffer pool: reused output memory for large conversions (NumPy only)."""
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import importlib
 import mmap
 import os
 import threading
@@ -18,29 +12,6 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "get_xp",
-    "check_device_available",
-    "cupy_available",
-    "cuda_device_count",
-    "bind_device",
-    "device_type_of",
-    "is_device_array",
-    "asnumpy",
-    "from_dlpack",
-    "to_device",
-    "synchronize",
-    "is_cupy_array",
-    "device_array_meta",
-    "device_pointer",
-    "register_host_backed",
-    "is_host_backed",
-    "sync_for_transfer",
-    "ascontiguous_device",
-    "copy_device_to_host",
-    "copy_host_to_device",
-    "empty_pinned",
-    "cupy_allocator_name",
-    "current_device",
     "empty",
     "POOL_ENV",
     "host_pool_limit",
@@ -49,267 +20,6 @@ __all__ = [
     "clear_host_pool",
 ]
 
-
-@functools.cache
-def _cupy() -> ModuleType | None:
-    try:
-        cp = importlib.import_module("cupy")
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            return None
-        return cp
-    except Exception:
-        return None
-
-
-def cupy_available() -> bool:
-    """True when CuPy imports and sees at least one GPU."""
-    return _cupy() is not None
-
-
-def cuda_device_count() -> int:
-    """Number of GPUs this process sees (0 without CuPy)."""
-    cp = _cupy()
-    return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
-
-
-_bound: int | None = None
-
-
-def bind_device() -> int:
-    """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
-    global _bound
-    if _bound is None:
-        cp = _cupy()
-        if cp is None:
-            raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
-        from .env import get_local_rank
-
-        _bound = get_local_rank() % cp.cuda.runtime.getDeviceCount()
-        cp.cuda.Device(_bound).use()
-    return _bound
-
-
-def get_xp(device_type: str) -> ModuleType:
-    """Return the array module for ``device_type`` (``numpy`` or ``cupy``)."""
-    if device_type == "cpu":
-        return np
-    if device_type == "cuda":
-        cp = _cupy()
-        if cp is None:
-            raise RuntimeError(
-                "placement type 'cuda' needs CuPy and a GPU: install sbpmpi[cuda12] or "
-                "sbpmpi[cuda13] and run on a GPU node, or use placement type 'cpu'"
-            )
-        bind_device()
-        return cp
-    raise ValueError(f"device type {device_type!r} is not one of ('cpu', 'cuda')")
-
-
-def current_device() -> int | None:
-    """The GPU this process bound with :func:`bind_device`, or None."""
-    return _bound
-
-
-def is_device_array(a: Any) -> bool:
-    """True for arrays in GPU memory (exposing ``__cuda_array_interface__``)."""
-    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
-
-
-def device_type_of(a: Any) -> str:
-    """``"cuda"`` for GPU arrays, ``"cpu"`` otherwise."""
-    return "cuda" if is_device_array(a) else "cpu"
-
-
-def asnumpy(a: Any) -> np.ndarray:
-    """Return ``a`` as a NumPy array (a device-to-host copy for GPU arrays)."""
-    if isinstance(a, np.ndarray):
-        return a
-    cp = _cupy()
-    if cp is not None and isinstance(a, cp.ndarray):
-        return cp.asnumpy(a)
-    return np.asarray(a)
-
-
-def from_dlpack(a: Any) -> Any:
-    """Return ``a`` as a NumPy or CuPy array without copying where DLPack allows."""
-    if isinstance(a, np.ndarray):
-        return a
-    cp = _cupy()
-    if cp is not None and isinstance(a, cp.ndarray):
-        return a
-    if hasattr(a, "__dlpack_device__"):
-        dev_type, _ = a.__dlpack_device__()
-        if int(dev_type) in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-            if cp is None:
-                raise RuntimeError("got a CUDA DLPack array, but CuPy is not available")
-            return cp.from_dlpack(a)
-        return np.from_dlpack(a)
-    if hasattr(a, "__cuda_array_interface__"):
-        if type(a) in _HOST_BACKED:
-            return a  # a stand-in over host memory: CuPy would take its pointer for a GPU's
-        if cp is None:
-            raise RuntimeError("got a CUDA array, but CuPy is not available")
-        return cp.asarray(a)
-    return np.asarray(a)
-
-
-def is_host_backed(a: Any) -> bool:
-    """True for CUDA-array stand-ins over host memory (see :func:`register_host_backed`)."""
-    return type(a) in _HOST_BACKED
-
-
-def to_device(a: Any, device_type: str) -> Any:
-    """Return ``a`` on ``device_type`` (copying across host and device when needed)."""
-    xp = get_xp(device_type)
-    if device_type == "cpu":
-        return asnumpy(a)
-    return xp.asarray(a)
-
-
-def synchronize(a: Any = None) -> None:
-    """Wait for pending GPU work on the current stream (no-op for host arrays)."""
-    if a is not None and not is_device_array(a):
-        return
-    cp = _cupy()
-    if cp is not None:
-        cp.cuda.get_current_stream().synchronize()
-
-
-# ---------------------------------------------------------------------------
-# Device buffers for communication (used by sbpmpi.comm to hand GPU data to MPI)
-# ---------------------------------------------------------------------------
-
-# Array types whose ``__cuda_array_interface__`` points at host memory (test stand-ins):
-# copies to and from them go through ctypes.memmove instead of the CUDA runtime.
-_HOST_BACKED: set[type] = set()
-
-
-def register_host_backed(cls: type) -> type:
-    """Mark ``cls`` as a CUDA-array stand-in over host memory (usable as a class decorator)."""
-    _HOST_BACKED.add(cls)
-    return cls
-
-
-def is_cupy_array(a: Any) -> bool:
-    """True for CuPy arrays (False without CuPy)."""
-    cp = _cupy()
-    return cp is not None and isinstance(a, cp.ndarray)
-
-
-def device_array_meta(a: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """(dtype, shape, C-contiguous) of a GPU array, from CuPy or ``__cuda_array_interface__``."""
-    if is_cupy_array(a):
-        return a.dtype, tuple(a.shape), bool(a.flags.c_contiguous)
-    cai = a.__cuda_array_interface__
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(int(n) for n in cai["shape"])
-    strides = cai.get("strides")
-    contiguous = strides is None or _c_contiguous(shape, tuple(strides), dtype.itemsize)
-    if cai.get("mask") is not None:
-        raise TypeError(f"masked CUDA arrays are not supported, got {type(a).__name__}")
-    return dtype, shape, contiguous
-
-
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    expected = itemsize
-    for n, st in zip(reversed(shape), reversed(strides)):
-        if n == 0:
-            return True
-        if n != 1 and st != expected:
-            return False
-        expected *= n
-    return True
-
-
-def device_pointer(a: Any) -> int:
-    """Address of the first element of a GPU array."""
-    if is_cupy_array(a):
-        return int(a.data.ptr)
-    return int(a.__cuda_array_interface__["data"][0])
-
-
-def sync_for_transfer(a: Any) -> None:
-    """Wait until pending GPU work that produces ``a`` is done, before MPI reads or writes it.
-
-    Synchronises CuPy's current stream and, for foreign arrays, the stream named in
-    ``__cuda_array_interface__`` (version 3). Host-backed stand-ins need nothing.
-    """
-    if type(a) in _HOST_BACKED:
-        return
-    cp = _cupy()
-    if cp is None:
-        return
-    cp.cuda.get_current_stream().synchronize()
-    if not isinstance(a, cp.ndarray):
-        stream = a.__cuda_array_interface__.get("stream")
-        if isinstance(stream, int) and stream > 2:  # 1, 2: legacy/per-thread default
-            cp.cuda.ExternalStream(stream).synchronize()
-
-
-def ascontiguous_device(a: Any) -> Any:
-    """Return a C-contiguous GPU array with the values of ``a`` (a copy if needed)."""
-    if type(a) in _HOST_BACKED:  # a stand-in over host memory never reaches CuPy
-        if hasattr(a, "copy_contiguous"):
-            return a.copy_contiguous()
-        raise ValueError(f"cannot make a contiguous copy of the host-backed stand-in "
-                         f"{type(a).__name__}: it has no copy_contiguous()")
-    cp = _cupy()
-    if cp is not None:
-        return cp.ascontiguousarray(cp.asarray(a))
-    raise ValueError(
-        f"cannot make a contiguous copy of a non-contiguous {type(a).__name__} without CuPy; "
-        "pass a contiguous array")
-
-
-def _memcpy(dst: int, src: int, nbytes: int, host_backed: bool) -> None:
-    if nbytes == 0:
-        return
-    if host_backed:
-        ctypes.memmove(dst, src, nbytes)
-        return
-    cp = _cupy()
-    if cp is None:
-        raise RuntimeError("copying a CUDA array needs CuPy, which is not available")
-    cp.cuda.runtime.memcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault (unified addressing)
-
-
-def copy_device_to_host(src: Any, dst: np.ndarray) -> None:
-    """Copy the contiguous GPU array ``src`` into the contiguous host array ``dst`` (bytes)."""
-    _memcpy(dst.ctypes.data, device_pointer(src), dst.nbytes, type(src) in _HOST_BACKED)
-
-
-def copy_host_to_device(src: np.ndarray, dst: Any) -> None:
-    """Copy the contiguous host array ``src`` into the contiguous GPU array ``dst`` (bytes)."""
-    _memcpy(device_pointer(dst), src.ctypes.data, src.nbytes, type(dst) in _HOST_BACKED)
-
-
-def empty_pinned(nbytes: int) -> np.ndarray:
-    """A page-locked host byte buffer when CuPy is available, else an ordinary one."""
-    cp = _cupy()
-    if cp is not None:
-        import cupyx
-
-        return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
-    return np.empty(nbytes, dtype=np.uint8)
-
-
-def cupy_allocator_name() -> str | None:
-    """Name of CuPy's current device allocator (None without CuPy).
-
-    ``"MemoryPool"`` is CuPy's default; ``"MemoryAsyncPool"`` (stream-ordered) breaks the
-    CUDA IPC that CUDA-aware MPI libraries use between processes on one node.
-    """
-    cp = _cupy()
-    if cp is None:
-        return None
-    alloc = cp.cuda.get_allocator()
-    owner = getattr(alloc, "__self__", None)
-    return type(owner).__name__ if owner is not None else getattr(alloc, "__name__", str(alloc))
-
-
-# ---------------------------------------------------------------------------
-# Host buffer pool: reused output memory for large conversions (NumPy only)
-# ---------------------------------------------------------------------------
 #
 # A fresh large NumPy array is fresh pages from the kernel (glibc maps allocations over its
 # mmap threshold, at most 32 MiB, anew each time): every call pays page faults and zeroing,
@@ -350,7 +60,7 @@ def _default_limit() -> int:
     except (ValueError, OSError, AttributeError):
         phys = 8 << 30
     try:
-        from .env import get_local_world_size
+        from ..env import get_local_world_size
 
         local = max(1, get_local_world_size())
     except Exception:
@@ -587,11 +297,3 @@ def host_pool_stats() -> dict[str, int]:
 def clear_host_pool() -> None:
     """Free every idle block of the host pool (arrays in use keep theirs)."""
     _POOL.clear()
-
-
-def check_device_available(placement: Any) -> None:
-    """Raise on every rank (not only members) when a "cuda" placement has no GPU backend."""
-    if placement.type == "cuda" and not cupy_available():
-        raise RuntimeError(
-            f"placement type 'cuda' needs CuPy and a GPU on every rank ({placement!r}): install "
-            "sbpmpi[cuda12] or sbpmpi[cuda13] and run on GPU nodes, or use placement type 'cpu'")
