@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _HOST_BACKED, _cupy, is_cupy_array
+from .. import backend as arrays  # the module, so that tests can stand in for CuPy there
 
 __all__ = [
     "device_array_meta",
@@ -24,7 +24,7 @@ __all__ = [
 
 def device_array_meta(a: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
     """(dtype, shape, C-contiguous) of a GPU array, from CuPy or ``__cuda_array_interface__``."""
-    if is_cupy_array(a):
+    if arrays.is_cupy_array(a):
         return a.dtype, tuple(a.shape), bool(a.flags.c_contiguous)
     cai = a.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
@@ -49,7 +49,7 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: in
 
 def device_pointer(a: Any) -> int:
     """Address of the first element of a GPU array."""
-    if is_cupy_array(a):
+    if arrays.is_cupy_array(a):
         return int(a.data.ptr)
     return int(a.__cuda_array_interface__["data"][0])
 
@@ -60,9 +60,9 @@ def sync_for_transfer(a: Any) -> None:
     Synchronises CuPy's current stream and, for foreign arrays, the stream named in
     ``__cuda_array_interface__`` (version 3). Host-backed stand-ins need nothing.
     """
-    if type(a) in _HOST_BACKED:
+    if type(a) in arrays._HOST_BACKED:
         return
-    cp = _cupy()
+    cp = arrays._cupy()
     if cp is None:
         return
     cp.cuda.get_current_stream().synchronize()
@@ -74,12 +74,12 @@ def sync_for_transfer(a: Any) -> None:
 
 def ascontiguous_device(a: Any) -> Any:
     """Return a C-contiguous GPU array with the values of ``a`` (a copy if needed)."""
-    if type(a) in _HOST_BACKED:  # a stand-in over host memory never reaches CuPy
+    if type(a) in arrays._HOST_BACKED:  # a stand-in over host memory never reaches CuPy
         if hasattr(a, "copy_contiguous"):
             return a.copy_contiguous()
         raise ValueError(f"cannot make a contiguous copy of the host-backed stand-in "
                          f"{type(a).__name__}: it has no copy_contiguous()")
-    cp = _cupy()
+    cp = arrays._cupy()
     if cp is not None:
         return cp.ascontiguousarray(cp.asarray(a))
     raise ValueError(
@@ -93,7 +93,7 @@ def _memcpy(dst: int, src: int, nbytes: int, host_backed: bool) -> None:
     if host_backed:
         ctypes.memmove(dst, src, nbytes)
         return
-    cp = _cupy()
+    cp = arrays._cupy()
     if cp is None:
         raise RuntimeError("copying a CUDA array needs CuPy, which is not available")
     cp.cuda.runtime.memcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault (unified addressing)
@@ -101,17 +101,17 @@ def _memcpy(dst: int, src: int, nbytes: int, host_backed: bool) -> None:
 
 def copy_device_to_host(src: Any, dst: np.ndarray) -> None:
     """Copy the contiguous GPU array ``src`` into the contiguous host array ``dst`` (bytes)."""
-    _memcpy(dst.ctypes.data, device_pointer(src), dst.nbytes, type(src) in _HOST_BACKED)
+    _memcpy(dst.ctypes.data, device_pointer(src), dst.nbytes, type(src) in arrays._HOST_BACKED)
 
 
 def copy_host_to_device(src: np.ndarray, dst: Any) -> None:
     """Copy the contiguous host array ``src`` into the contiguous GPU array ``dst`` (bytes)."""
-    _memcpy(device_pointer(dst), src.ctypes.data, src.nbytes, type(dst) in _HOST_BACKED)
+    _memcpy(device_pointer(dst), src.ctypes.data, src.nbytes, type(dst) in arrays._HOST_BACKED)
 
 
 def empty_pinned(nbytes: int) -> np.ndarray:
     """A page-locked host byte buffer when CuPy is available, else an ordinary one."""
-    cp = _cupy()
+    cp = arrays._cupy()
     if cp is not None:
         import cupyx
 
@@ -125,7 +125,7 @@ def cupy_allocator_name() -> str | None:
     ``"MemoryPool"`` is CuPy's default; ``"MemoryAsyncPool"`` (stream-ordered) breaks the
     CUDA IPC that CUDA-aware MPI libraries use between processes on one node.
     """
-    cp = _cupy()
+    cp = arrays._cupy()
     if cp is None:
         return None
     alloc = cp.cuda.get_allocator()
