@@ -34,7 +34,7 @@ myst_heading_anchors = 3
 
 autosummary_generate = True
 autosummary_imported_members = True
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_description_target = "documented"
