@@ -165,7 +165,7 @@ def ones(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SB
 def arange(start: Any, stop: Any = None, step: Any = 1, *, placement: Placement | None = None,
            sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None,
          requires_grad: bool = False) -> GlobalTensor:
-    """``start, start + step, ...`` below ``stop`` (``arange(n)`` is ``0 .. n-1``)."""
+    """``start, start + step, ...`` below ``stop`` (``arange(n)`` is ``0, 1, ..., n-1``)."""
     if stop is None:
         start, stop = 0, start
     for name, v in (("start", start), ("stop", stop), ("step", step)):

@@ -29,9 +29,11 @@ def explain(op: Any, *args: Any, placement: Placement | None = None,
 
     Returns
     -------
-    An object that prints as a table: for an op, :class:`sbpmpi.ops.Inference` (every
-    candidate signature with its boxing costs and partial-output charge, the chosen
-    one marked); for a conversion, the boxing plan of ``boxing.explain_conversion``.
+    Inference or Explanation
+        An object that prints as a table: for an op, :class:`sbpmpi.ops.Inference`
+        (every candidate signature with its boxing costs and partial-output charge, the
+        chosen one marked); for a conversion, the boxing plan of
+        ``boxing.explain_conversion``.
     """
     if isinstance(op, GlobalTensor):
         if args or kwargs:

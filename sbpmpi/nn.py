@@ -95,6 +95,9 @@ def _bias_sbp(weight_sbp: Sequence[SBP]) -> tuple[SBP, ...]:
 class Linear(Module):
     """``y = x @ weight + bias`` with ``weight`` of shape ``(in_features, out_features)``.
 
+    Weights and bias start uniform in ``[-1/sqrt(in), 1/sqrt(in)]`` (as torch), drawn by
+    ``sm.rand``: the values depend on the seed only, not on the layout or world size.
+
     Parameters
     ----------
     in_features, out_features : int
@@ -108,9 +111,6 @@ class Linear(Module):
         Default: ``split(0)`` on the mesh axes where the weight is ``split(1)``,
         broadcast elsewhere.
     dtype : default float32
-
-    Weights and bias start uniform in ``[-1/sqrt(in), 1/sqrt(in)]`` (as torch), drawn by
-    ``sm.rand``: the values depend on the seed only, not on the layout or world size.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,

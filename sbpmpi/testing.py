@@ -299,9 +299,10 @@ def check_op(op: Callable[..., Any], reference: Callable[..., Any], inputs: Sequ
 
     Returns
     -------
-    CheckReport; raises AssertionError on every rank if any comparison failed. An
-    exception from ``op`` itself is raised at once, naming the case (argument errors
-    are raised alike on every rank).
+    CheckReport
+        Raises AssertionError on every rank if any comparison failed. An exception from
+        ``op`` itself is raised at once, naming the case (argument errors are raised
+        alike on every rank).
     """
     kwargs = dict(kwargs or {})
     name = name or str(getattr(op, "__name__", repr(op)))

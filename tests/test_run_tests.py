@@ -80,10 +80,11 @@ def test_bad_mpiexec_args_are_refused(tmp_path):
 
 @pytest.mark.parametrize("example", sorted({
     line.split('--mpiexec-args "', 1)[1].split('"', 1)[0]
-    for line in (ROOT / "README.md").read_text().splitlines() if '--mpiexec-args "' in line
+    for page in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+    for line in page.read_text().splitlines() if '--mpiexec-args "' in line
 } - {"..."}))
-def test_the_readmes_mpiexec_args_examples_are_accepted(tmp_path, example):
-    """Every ``--mpiexec-args "..."`` the README shows goes through the launcher."""
+def test_the_docs_mpiexec_args_examples_are_accepted(tmp_path, example):
+    """Every ``--mpiexec-args "..."`` the README or the docs show goes through the launcher."""
     prog = tmp_path / "p.py"
     prog.write_text("")
     r = subprocess.run([sys.executable, "-m", "sbpmpi.launch", "--dry-run", "-n", "2",

@@ -2,7 +2,7 @@
 private one-node cluster (tests/slurm_cluster.py) started for this test session.
 
 Skipped, with the reason, where Slurm is not installed or the user is not root. The
-commands are the README's ("Batch jobs"), typed as shown there, from a directory where
+commands are the docs' (docs/running.md, "Batch jobs"), typed as shown there, from a directory where
 ``scripts``, ``examples`` and ``tests`` lead to this checkout (so job output files land
 in a temporary directory, not in the checkout).
 """
@@ -23,14 +23,14 @@ import slurm_cluster
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 120  # seconds any one job may take here; each runs in a few seconds
 
-# the commands, as the README's "Batch jobs" shows them
+# the commands, as docs/running.md's "Batch jobs" shows them
 CPU_JOB = "sbatch {opts}scripts/slurm/cpu.sbatch examples/s6_data_parallel.py"
 FAILING_JOB = "sbatch -n 2 scripts/slurm/cpu.sbatch tests/fault_programs/uncaught.py main"
 SRUN_INFO = "srun -n 4 python -m sbpmpi info"
 LAUNCH_JOB = ("sbatch -n 2 -o launch-%j.out --wrap 'echo batch step ${SLURM_STEP_ID:-none}; "
               "python -m sbpmpi.launch -n 2 step_probe.py'")
 GPU_JOB = "sbatch -n 2 scripts/slurm/gpu.sbatch examples/s11_launch_env.py"
-README_COMMANDS = [CPU_JOB.format(opts=f"-n {n} " if n else "") for n in (None, 1, 2, 4)] + [
+DOCS_COMMANDS = [CPU_JOB.format(opts=f"-n {n} " if n else "") for n in (None, 1, 2, 4)] + [
     f"SBPMPI_SRUN_MPI=pmi2 {CPU_JOB.format(opts='-n 2 ')}", FAILING_JOB, SRUN_INFO, LAUNCH_JOB,
     GPU_JOB]
 
@@ -48,10 +48,10 @@ def test_unavailable_needs_root(monkeypatch):
     assert "needs root" in (slurm_cluster.unavailable() or ""), slurm_cluster.unavailable()
 
 
-def test_readme_shows_the_commands_the_tests_run():
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Batch jobs"):]
-    missing = [c for c in README_COMMANDS if c not in section]
+def test_docs_show_the_commands_the_tests_run():
+    text = (ROOT / "docs" / "running.md").read_text()
+    section = text[text.index("## Batch jobs"):]
+    missing = [c for c in DOCS_COMMANDS if c not in section]
     assert not missing, missing
 
 
@@ -130,7 +130,7 @@ def slurm() -> Iterator[slurm_cluster.SlurmCluster]:
 
 def run(slurm: slurm_cluster.SlurmCluster, command: str, *, timeout: float = 60,
         env: dict[str, str] | None = None):
-    """Run a README command line in the work directory."""
+    """Run a command line of the docs in the work directory."""
     old = slurm.env
     slurm.env = dict(old, **(env or {}))
     try:

@@ -83,9 +83,9 @@ def _map_block(size: int) -> tuple[np.ndarray, int]:
 
     Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
     threshold (up to 32 MiB) and serves blocks of that size from the heap, where they
-    start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a 16 MiB
-    S(0)->S(1) in a loop whose blocks came from the heap took 1.04-1.32x the raw call;
-    with blocks of their own, six runs gave 0.79-1.05x (0.89x in the middle).
+    start anywhere and are only partly backed by huge pages, so a conversion in a loop
+    touches fresh small pages on every call. Blocks of their own bring a conversion in a
+    loop back to the raw MPI call's time (docs/benchmarks.md, "The host buffer pool").
 
     A block of 2 MiB or more starts on a 2 MiB boundary and its whole 2 MiB pages are
     marked for transparent huge pages (where the system has them); the rest keeps

@@ -158,11 +158,12 @@ DEFAULT_TABLE = CostTable(
                                copy_beta=1 / 500e9, p2p_alpha=10e-6, step=10e-6),
 )
 
-# Device rows per GPU transport, estimated from measurements on one H100 shared by two
-# ranks (Open MPI 4.1 not CUDA-aware; issue 13): a staged step (device -> pinned host ->
-# MPI shared memory -> device) costs about 180 us and moves ~1.5 GB/s per rank; a CUDA IPC
-# copy out of a peer's buffer reads 64 MiB in 0.24 ms, plus a stream synchronisation and
-# node barriers per call. "mpi" (a CUDA-aware library) keeps the generic defaults.
+# Device rows per GPU transport, estimated from measurements on one GPU shared by two
+# ranks (docs/benchmarks.md, "GPU transport defaults"): a staged step goes device ->
+# pinned host -> MPI shared memory -> device, so it pays a large fixed cost and host
+# bandwidth; a CUDA IPC copy reads a peer's buffer at device bandwidth, plus a stream
+# synchronisation and node barriers per call. "mpi" (a CUDA-aware library) keeps the
+# generic defaults.
 # calibrate() replaces them with measurements.
 # Point-to-point moves (boxing's send_recv) are not carried by IPC yet: the ipc row keeps
 # the staged p2p parameters (on a CUDA-aware MPI, calibrate() measures what they are).

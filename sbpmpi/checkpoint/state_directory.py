@@ -98,7 +98,8 @@ def load_state(directory: str | os.PathLike[str], *,
 
     Returns
     -------
-    dict of name -> GlobalTensor, in the order they were saved.
+    dict
+        Name -> GlobalTensor, in the order they were saved.
     """
     d = path_arg(directory, "directory")
     verbose_arg(verbose, "sm.load_state")

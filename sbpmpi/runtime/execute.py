@@ -38,11 +38,9 @@ MAX_COUNT: int | None = max_count()
 # Reduce-scatter and all-to-all steps whose largest shard in the group holds at least
 # this many bytes send only the blocks for other ranks (an all-to-all with nothing to
 # itself) and handle this rank's own block locally: one pass over it fewer (tests lower
-# it). Measured at 2 ranks, S(0)->S(1) of float32 (rows, 240), runtime alone against the
-# raw packed Alltoall into preallocated buffers (paired medians, 30-40 interleaved
-# repeats, 2-3 runs each): 1 MiB shards 1.03-1.18x with the own block apart vs 1.23-1.30x
-# in one pass, 2 MiB 0.94-0.98x vs 0.93-1.03x, 4 MiB 0.89-0.98x vs 0.92-0.98x, 8 MiB
-# 0.80-0.86x vs 0.98-1.12x; at 3 and 4 ranks, 16 and 64 MiB tensors 0.85-0.91x vs 0.83-1.0x.
+# it). From a mebibyte per shard up, the pass saved outweighs the extra local copy call:
+# no slower than one pass in any measurement and clearly faster in some; smaller steps
+# keep the one call (docs/benchmarks.md, "The own block of a step").
 OWN_BLOCK_BYTES = 1 << 20
 
 _REDUCE = {name: comm.ReduceOp[r.reduce_op] for name, r in REDUCTIONS.items()}
