@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from .. import backend
 from ..boxing.cost import DEFAULT_TABLE, CostTable, table_for_transport
-from ..comm.gpu import select as _select
+from ..comm.gpu import gpu_transport
+from .cost_cache import cached_device_row
 
 __all__ = ["get_cost_table", "set_cost_table", "version"]
 
@@ -37,11 +38,9 @@ def _default_table() -> CostTable:
     """
     if not backend.cupy_available():
         return DEFAULT_TABLE
-    name = (_select._decision or _select.gpu_transport()).name
+    name = gpu_transport().name
     hit = _auto.get(name)
     if hit is None:
-        from .calibrate import cached_device_row
-
         row = cached_device_row(name)
         if row is not None:
             hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
