@@ -104,10 +104,12 @@ def _parse_switch(s: Setting[Any], text: str) -> bool:
     return on
 
 
-def _check_switch(s: Setting[Any], value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise s.bad_value(value, "True or False")
-    return value
+def _check_switch(s: Setting[Any], value: Any) -> bool | None:
+    automatic = s.default is None  # None: back to the automatic choice
+    if not (isinstance(value, bool) or (automatic and value is None)):
+        raise s.bad_value(value, "True or False" + (", or None for the automatic choice"
+                                                    if automatic else ""))
+    return value  # type: ignore[no-any-return]
 
 
 def _parse_seconds(s: Setting[Any], text: str) -> float | None:

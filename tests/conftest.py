@@ -11,7 +11,7 @@ import pytest
 # point SBPMPI_COST_CACHE at a temporary file themselves.
 os.environ.setdefault("SBPMPI_COST_CACHE", "off")
 
-from sbpmpi import backend
+from sbpmpi import backend, config
 
 DEVICE_TYPES = ["cpu", "cuda"]
 
@@ -103,7 +103,6 @@ class ArrayBackend:
 @pytest.fixture(params=ARRAY_BACKENDS)
 def array_backend(request: pytest.FixtureRequest):
     """The comm tests' one array-backend fixture (see ARRAY_BACKENDS)."""
-    from sbpmpi import comm as C
 
     kind, _, mode = request.param.partition("-")
     if kind == "numpy":
@@ -128,11 +127,8 @@ def array_backend(request: pytest.FixtureRequest):
 
         backend.bind_device()
         be = ArrayBackend(request.param, aware, cp.asarray, cp.asnumpy)
-    C.set_cuda_aware(aware)
-    try:
+    with config.override(cuda_aware=aware):
         yield be
-    finally:
-        C.set_cuda_aware(None)
 
 
 @pytest.fixture
