@@ -240,13 +240,16 @@ class Setting(Generic[T]):
         The allowed values of a choice (empty otherwise).
     help : str
         One line: what the setting does.
+    details : str
+        More about it, for the documentation (Markdown; may be empty).
     """
 
     __slots__ = ("name", "env", "kind", "default", "default_text", "choices", "help",
-                 "value", "source", "_callbacks")
+                 "details", "value", "source", "_callbacks")
 
     def __init__(self, name: str, kind: _Kind, default: T, help: str, *,
-                 default_text: str = "", choices: tuple[str, ...] = ()) -> None:
+                 default_text: str = "", choices: tuple[str, ...] = (), details: str = ""
+                 ) -> None:
         self.name = name
         self.env = PREFIX + name.upper()
         self.kind = kind
@@ -254,6 +257,7 @@ class Setting(Generic[T]):
         self.default_text = default_text or f"`{kind.spell(default)}`"
         self.choices = choices
         self.help = help
+        self.details = details
         self.value: T = default
         self.source = DEFAULT
         self._callbacks: list[Callable[[Any], None]] = []
@@ -304,44 +308,76 @@ abort_on_error: Setting[bool | None] = _declare(Setting(
     "abort_on_error", SWITCH, None,
     "An uncaught exception on any rank prints the rank, the cause and the traceback, then "
     "aborts the whole job (MPI_Abort) instead of leaving the other ranks waiting.",
-    default_text="on when the world has more than 1 process"))
+    default_text="on when the world has more than 1 process",
+    details="The report reads `sbpmpi: rank R: uncaught <Type>: <message>` and the traceback; "
+    "`0` turns the hooks off, `1` turns them on even for one process. They cannot see "
+    "`sys.exit(n)`: `python -m sbpmpi.abort prog.py ARGS` runs a program so that a "
+    "`sys.exit(n)` with `n != 0` on one rank also aborts the job."))
 check: Setting[bool] = _declare(Setting(
     "check", SWITCH, True,
     "Before each step that communicates, ranks compare a fingerprint of the step (op, "
     "shapes, dtypes, SBPs, placements) in one 16-byte all-reduce; local steps are folded "
-    "into the next comparison. 0: off (benchmarks)."))
+    "into the next comparison. 0: off (benchmarks).",
+    details="Local-only ops (no data moves) are folded into the next comparison, so they "
+    "cost no communication. While it waits, the check also watches for peers that reached "
+    "the end of the program. `0` turns the check off; the end-of-program handshake stays."))
 comm_check: Setting[bool] = _declare(Setting(
     "comm_check", SWITCH, False,
     "Checked mode of sm.comm: every call first compares its arguments across ranks (dtype, "
     "sizes, root, op), so a mistake made on one rank only raises on every rank instead of "
-    "hanging."))
+    "hanging.",
+    details="The comparison is one 16-byte all-reduce of a fingerprint of the arguments; "
+    "they are gathered only when they differ, so a wrong count or a root-only argument "
+    "raises the same error on every rank instead of hanging or corrupting data. A "
+    "conversion (`x.to_global`) is compared once, as a whole, and its calls skip their own "
+    "comparison."))
 cost_cache: Setting[str | None] = _declare(Setting(
     "cost_cache", PATH, None,
     "The file where sm.boxing.calibrate() keeps measured cost tables; off: no cache file.",
+    details="Entries are keyed by host, MPI library, GPU, GPU transport and number of ranks; "
+    "single-node GPU jobs use the cached device row at start, and `python -m sbpmpi info "
+    "--calibrate` measures and refreshes it.",
     default_text="`$XDG_CACHE_HOME/sbpmpi/cost-tables.json` (else `~/.cache/...`)"))
 cuda_aware: Setting[bool | None] = _declare(Setting(
     "cuda_aware", SWITCH, None,
     "Whether MPI takes device pointers: 1 hands GPU arrays to MPI directly, 0 stages them "
     "through pinned host buffers.",
-    default_text="what the MPI library reports"))
+    default_text="what the MPI library reports",
+    details="Detected at the first GPU transfer: Open MPI's `MPIX_Query_cuda_support`, "
+    "MPICH's `MPIX_GPU_query_support`, Cray's `MPICH_GPU_SUPPORT_ENABLED`, MVAPICH's "
+    "`MV2_USE_CUDA`, Intel MPI's `I_MPI_OFFLOAD`. `python -m sbpmpi info` shows the verdict "
+    "and the reason. It wins over `gpu_transport=mpi|staged`."))
 debug: Setting[bool] = _declare(Setting(
     "debug", SWITCH, False,
     "Checks every op at once (no folding) and also that the shards along broadcast mesh "
-    "axes are identical (a pass over the data: for debugging)."))
+    "axes are identical (a pass over the data: for debugging).",
+    details="The shards are compared by a hash of each, across the ranks of each broadcast "
+    "mesh axis; a difference raises `CollectiveMismatchError` naming the ranks."))
 exit_watch: Setting[bool] = _declare(Setting(
     "exit_watch", SWITCH, True,
     "A raw sm.comm call that waits more than a second on a peer that already reached the "
-    "end of the program ends the job, naming that peer."))
+    "end of the program ends the job, naming that peer.",
+    details="`0` turns it off; it costs well under a microsecond per call."))
 gpu_transport: Setting[str | None] = _declare(Setting(
     "gpu_transport", CHOICE, None,
     "How GPU shards move: ipc (CUDA IPC between the ranks of a node), mpi (device pointers "
     "to MPI) or staged (pinned host buffers).",
-    default_text="`mpi` on a CUDA-aware MPI, else `staged`", choices=("ipc", "mpi", "staged")))
+    default_text="`mpi` on a CUDA-aware MPI, else `staged`", choices=("ipc", "mpi", "staged"),
+    details="`ipc` copies straight out of the other ranks' GPU memory when the ranks of a "
+    "collective share a node; across nodes with the same number of ranks on each, "
+    "all-reduce and all-gather are hierarchical (IPC on each node, one staged MPI exchange "
+    "between nodes); other calls take the `mpi` or `staged` path, on every rank alike. "
+    "`ipc` is not the default yet: it has been tested against a stand-in device only. "
+    "`python -m sbpmpi info` and `sm.comm.info()` say which transport is in use and why."))
 host_pool_bytes: Setting[int | None] = _declare(Setting(
     "host_pool_bytes", BYTES, None,
     "Most idle bytes the host buffer pool keeps per process for large conversion outputs "
     "(512M, 2G or bytes); 0 turns the pool off.",
-    default_text="an eighth of the machine's memory / ranks on it, at least 64M"))
+    default_text="an eighth of the machine's memory / ranks on it, at least 64M",
+    details="Large host shards made by a conversion (1 MiB and up) reuse memory that a "
+    "freed shard gave back, instead of fresh pages every call; memory is reused only once "
+    "no array or view over it is alive. Lowering the limit frees idle blocks over it at "
+    "once."))
 ipc_node_size: Setting[int | None] = _declare(Setting(
     "ipc_node_size", COUNT, None,
     "With gpu_transport=ipc: every k consecutive ranks of a node act as one node, so one "
@@ -360,7 +396,11 @@ timeout: Setting[float | None] = _declare(Setting(
     "timeout", SECONDS, None,
     "Seconds a rank may wait inside one collective; then it prints the op, the ranks it "
     "waits on and its stack, and aborts the job (exit code 124).",
-    default_text="off"))
+    default_text="off",
+    details="It also names the peers that already reached the end of the program. Set it "
+    "well above your slowest legitimate collective, e.g. `SBPMPI_TIMEOUT=600`. It is needed "
+    "only for hangs the other mechanisms cannot see: a peer stuck in a computation or in a "
+    "different `sm.comm` call."))
 
 
 # -- reading and changing -----------------------------------------------------------------------
@@ -539,11 +579,18 @@ def markdown() -> str:
     for s in SETTINGS.values():
         lines.append(f"| `{s.env}` | `{s.name}` | {s.kind.name} | {s.default_text} | "
                      f"{_allowed(s)} | {s.help} |")
+    lines += ["", "## Details", ""]
+    for s in SETTINGS.values():
+        if s.details:
+            lines += [f"**`{s.env}`** ({s.name}). {s.details}", ""]
     lines += [
+        "## Other variables",
         "",
         "The Slurm job scripts (`scripts/slurm/*.sbatch`) read `SBPMPI_SRUN_MPI` and "
         "`SBPMPI_GPU_BIND` themselves, and the test runner `SBPMPI_TEST_*`; see those "
-        "scripts. sbpmpi itself does not read them.",
+        "scripts. sbpmpi itself does not read them. `MPIEXEC_TIMEOUT` (read by MPICH's and "
+        "Open MPI's launchers) kills the whole job after that many seconds; the test suite "
+        "sets it on every `mpiexec` it starts.",
         "",
     ]
     return "\n".join(lines)
