@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 # Tests never write the user's cost-table cache (~/.cache/sbpmpi); the tests of the cache
-# point SBPMPI_COST_CACHE at a temporary file themselves.
+# point the setting cost_cache at a temporary file themselves. Set in the environment
+# before sbpmpi is imported, so that the programs the tests start get it too.
 os.environ.setdefault("SBPMPI_COST_CACHE", "off")
 
 from sbpmpi import backend, config
