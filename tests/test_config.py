@@ -187,6 +187,20 @@ def test_the_command_line_shows_each_value_and_where_it_came_from():
     assert rows["SBPMPI_DEBUG"][1:] == ["0", "default"]
 
 
+def test_info_lists_every_setting_with_its_source():
+    env = dict(os.environ, SBPMPI_TIMEOUT="600")
+    res = subprocess.run([sys.executable, "-m", "sbpmpi", "info"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("settings"))
+    rows = {line.split()[0]: line.split() for line in lines[start + 3:start + 3 + len(
+        config.SETTINGS)]}
+    assert set(rows) == {s.env for s in config.SETTINGS.values()}, lines[start:]
+    assert rows["SBPMPI_TIMEOUT"][1:] == ["600.0", "environment"]
+    assert rows["SBPMPI_CHECK"][-1] in ("default", "environment")
+
+
 # -- the documentation page ---------------------------------------------------------------------
 
 def test_the_docs_page_is_generated_from_the_declarations():
