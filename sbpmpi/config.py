@@ -203,6 +203,11 @@ def _parse_cache(s: Setting[Any], text: str) -> str:
     return "off" if text.lower() in ("off", "0", "none", "no") else text
 
 
+def _check_cache(s: Setting[Any], value: Any) -> str | None:
+    value = _check_text(s, value)
+    return None if value is None or not value.strip() else _parse_cache(s, value.strip())
+
+
 def _spell_plain(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -217,7 +222,7 @@ COUNT = _Kind("positive int", _parse_positive,
               lambda s, v: _check_count(s, v, 1, "a positive int"), _spell_plain)
 CHOICE = _Kind("choice", _parse_choice, _check_choice, _spell_plain)
 TEXT = _Kind("text", _parse_text, _check_text, _spell_plain)
-PATH = _Kind("path or off", _parse_cache, _check_text, _spell_plain)
+PATH = _Kind("path or off", _parse_cache, _check_cache, _spell_plain)
 
 
 class Setting(Generic[T]):

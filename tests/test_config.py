@@ -108,6 +108,15 @@ def test_update_override_and_reset_with_their_sources(monkeypatch):
         assert rows["SBPMPI_CHECK"].value is config.check.value
 
 
+def test_program_values_are_normalised_as_the_environment_s():
+    with config.override(cost_cache="OFF", gpu_transport=" MPI", timeout=3):
+        assert config.cost_cache.value == "off" and config.gpu_transport.value == "mpi"
+        assert config.timeout.value == 3.0 and isinstance(config.timeout.value, float)
+        from sbpmpi.runtime import cost_cache
+
+        assert cost_cache.cache_path() is None
+
+
 def test_bad_updates_change_nothing():
     with config.override(check=True, debug=False):
         with pytest.raises(TypeError, match="check=1 is not allowed; expected True or False"):
