@@ -41,6 +41,9 @@ autodoc_typehints_description_target = "documented"
 autodoc_preserve_defaults = True
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
+# "Attributes" sections as fields of the class: autodoc documents slots and properties as
+# members already, and a second description of each would be a duplicate
+napoleon_use_ivar = True
 
 html_theme = "furo"
 html_title = f"sbpmpi {release}"

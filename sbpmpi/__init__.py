@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 from . import autograd as _autograd
-from . import comm, env, ops, protocols
+from . import comm, config, env, ops, protocols
 from . import conversion as _conversion
 from . import tensor as _tensor
 from ._version import __version__
@@ -58,7 +58,7 @@ _SUBMODULES: dict[str, str] = {
 }
 
 __all__ = [
-    "__version__", "comm", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
+    "__version__", "comm", "config", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
     "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     *_LAZY, *_SUBMODULES,

@@ -18,21 +18,7 @@ __all__ = [
     "get_local_world_size",
     "set_launcher_env",
     "lone_task_warning",
-    "switch",
 ]
-
-_ON = ("1", "true", "yes", "on")
-_OFF = ("0", "false", "no", "off")
-
-
-def switch(value: str | None) -> bool | None:
-    """An environment switch's value: True for 1/true/yes/on, False for 0/false/no/off
-    (any case, surrounding spaces ignored), None when unset or anything else (each caller
-    decides what that means: its default, an error, another reading)."""
-    if value is None:
-        return None
-    value = value.strip().lower()
-    return True if value in _ON else False if value in _OFF else None
 
 
 def get_rank() -> int:

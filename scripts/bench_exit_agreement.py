@@ -12,7 +12,7 @@ Rows (medians of ``--reps`` calls, microseconds, every rank timing the same loop
   simply waited for (what the blocking all-reduce cost before, hashing included).
 - ``sm.comm.all_reduce 8 B, exit watch on / off``: a small sm.comm collective with the
   default exit watch (one small object and a list append/remove) and without
-  (``SBPMPI_EXIT_WATCH=0`` equivalent).
+  (``sm.config.override(exit_watch=False)``, as ``SBPMPI_EXIT_WATCH=0``).
 Ratios are against the raw Allreduce.
 """
 
@@ -31,7 +31,6 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
-from sbpmpi.comm import watchdog  # noqa: E402
 from sbpmpi.comm.info import library_line  # noqa: E402
 from sbpmpi.runtime import consistency
 
@@ -72,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_agreement._comm = saved_comm
     res["sm.comm.all_reduce 8 B, exit watch on"] = _median_us(
         lambda: sm.comm.all_reduce(x), args.reps)
-    saved = watchdog._exit_on
-    watchdog._exit_on = False
-    res["sm.comm.all_reduce 8 B, exit watch off"] = _median_us(
-        lambda: sm.comm.all_reduce(x), args.reps)
-    watchdog._exit_on = saved
+    with sm.config.override(exit_watch=False):
+        res["sm.comm.all_reduce 8 B, exit watch off"] = _median_us(
+            lambda: sm.comm.all_reduce(x), args.reps)
     if comm.Get_rank() == 0:
         base = res["raw Allreduce 16 B"]
         print(f"exit-time agreement cost, {comm.Get_size()} ranks, median of {args.reps} "

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 # Tests never write the user's cost-table cache (~/.cache/sbpmpi); the tests of the cache
-# point SBPMPI_COST_CACHE at a temporary file themselves.
+# point the setting cost_cache at a temporary file themselves. Set in the environment
+# before sbpmpi is imported, so that the programs the tests start get it too.
 os.environ.setdefault("SBPMPI_COST_CACHE", "off")
 
-from sbpmpi import backend
+from sbpmpi import backend, config
 
 DEVICE_TYPES = ["cpu", "cuda"]
 
@@ -103,7 +104,6 @@ class ArrayBackend:
 @pytest.fixture(params=ARRAY_BACKENDS)
 def array_backend(request: pytest.FixtureRequest):
     """The comm tests' one array-backend fixture (see ARRAY_BACKENDS)."""
-    from sbpmpi import comm as C
 
     kind, _, mode = request.param.partition("-")
     if kind == "numpy":
@@ -128,11 +128,8 @@ def array_backend(request: pytest.FixtureRequest):
 
         backend.bind_device()
         be = ArrayBackend(request.param, aware, cp.asarray, cp.asnumpy)
-    C.set_cuda_aware(aware)
-    try:
+    with config.override(cuda_aware=aware):
         yield be
-    finally:
-        C.set_cuda_aware(None)
 
 
 @pytest.fixture

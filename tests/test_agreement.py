@@ -17,7 +17,7 @@ from conftest import assert_same_on_all_ranks, errors_of
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.comm import agreement, checks
+from sbpmpi.comm import agreement
 from sbpmpi.runtime import consistency
 
 comm = MPI.COMM_WORLD
@@ -26,12 +26,9 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 @pytest.fixture
 def checked():
-    """Checked mode on for the test, with the consistency check as it was."""
-    prev = checks.set_checking(True)
-    saved = consistency.check_enabled()
-    yield
-    checks.set_checking(prev)
-    consistency.configure(check=saved)
+    """Checked mode on for the test; both settings as they were after it."""
+    with sm.config.override(comm_check=True, check=sm.config.check.value):
+        yield
 
 
 def _x():
@@ -58,9 +55,9 @@ MODES = ["check", "checked mode", "both"]
 
 
 def _in_mode(mode: str):
-    """SBPMPI_CHECK on for "check" and "both", checked mode on for the other two."""
-    consistency.configure(check=mode != "checked mode")
-    checks.set_checking(mode != "check")
+    """The check on for "check" and "both", checked mode on for the other two."""
+    sm.config.update(check=mode != "checked mode")
+    sm.config.update(comm_check=mode != "check")
     return _x()
 
 
@@ -135,7 +132,7 @@ def _ops(t) -> list[str]:
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("check", [True, False])
 def test_checked_mode_makes_one_exchange_per_to_global(check, checked):
-    consistency.configure(check=check)
+    sm.config.update(check=check)
     a, x = _x()
     with sm.trace() as plain:
         x.to_global(sbp=sm.sbp.broadcast)
@@ -143,7 +140,7 @@ def test_checked_mode_makes_one_exchange_per_to_global(check, checked):
         y = x.to_global(sbp=sm.sbp.broadcast)
     np.testing.assert_array_equal(y.to_local(), a)
     # the data moves exactly as without checked mode ...
-    checks.set_checking(False)
+    sm.config.update(comm_check=False)
     with sm.trace() as unchecked:
         x.to_global(sbp=sm.sbp.broadcast)
     assert _ops(t) == _ops(unchecked) == _ops(plain), (str(t), str(unchecked))
@@ -156,7 +153,7 @@ def test_checked_mode_makes_one_exchange_per_to_global(check, checked):
     if size == 4:
         mesh = sm.placement("cpu", [[0, 1], [2, 3]])
         z = sm.tensor(a, placement=mesh, sbp=(sm.sbp.split(0), sm.sbp.split(1)))
-        checks.set_checking(True)
+        sm.config.update(comm_check=True)
         with sm.trace() as t:
             w = z.to_global(sbp=(sm.sbp.broadcast, sm.sbp.broadcast))
         assert len(t) >= 2 and len(t.agreements) == 1, (str(t), t.agreements)
@@ -167,7 +164,7 @@ def test_checked_mode_makes_one_exchange_per_to_global(check, checked):
 def test_box_and_numpy_in_checked_mode_make_one_exchange(checked):
     a, x = _x()
     for check in (True, False):
-        consistency.configure(check=check)
+        sm.config.update(check=check)
         with sm.trace() as t:
             y = sm.boxing.box(x, sbp=sm.sbp.broadcast)  # no consistency check of its own
         assert len(t.agreements) == (size > 1), t.agreements
@@ -213,9 +210,9 @@ def test_decisions_are_traced_as_agreements():
 def test_a_consistency_check_and_a_checked_comm_call_meet(checked):
     # rank 0 converts a tensor, the others call sm.comm.all_reduce in checked mode: the
     # same exchange on every rank, so every rank explains instead of hanging
-    consistency.configure(check=True)
+    sm.config.update(check=True)
     a, x = _x()
-    checks.set_checking(True)
+    sm.config.update(comm_check=True)
 
     def step():
         if rank == 0:

@@ -52,11 +52,8 @@ def _rank_dependent(c: Any, same: Any, last: Any) -> Any:
 
 def _comm_checked(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` in comm's checked mode: root-only arguments are checked on every rank."""
-    prev = sm.comm.set_checking(True)
-    try:
+    with sm.config.override(comm_check=True):
         return fn()
-    finally:
-        sm.comm.set_checking(prev)
 
 
 def _no_cupy() -> None:
@@ -193,7 +190,7 @@ ROWS = [
     Row("comm-gather-list-length-checked",
         lambda c: _comm_checked(lambda: sm.comm.gather(np.zeros(2), [np.zeros(2)] * (size + 1),
                                                        dst=0)),
-        ValueError, f"gather_list has {size + 1} arrays", needs="sbpmpi.comm:set_checking"),
+        ValueError, f"gather_list has {size + 1} arrays", needs="sbpmpi.comm:gather"),
     # -- checkpoints ----------------------------------------------------------------------------
     Row("save-not-global", lambda c: sm.save(np.zeros(3), c.path("a.npy")), TypeError,
         "sm.save needs a GlobalTensor, got ndarray"),

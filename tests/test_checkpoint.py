@@ -306,21 +306,21 @@ def exchange_log(monkeypatch) -> list[str]:
     return labels
 
 
+@pytest.fixture
+def checked_and_watched():
+    """The consistency check on, and a timeout, so that every exchange runs under a watch."""
+    with sm.config.override(check=True, timeout=600.0):
+        yield
+
+
 @pytest.mark.mpi(min_size=2)
-def test_one_exchange_per_decision(shared_dir, monkeypatch, request):
+def test_one_exchange_per_decision(shared_dir, monkeypatch, checked_and_watched):
     """Metadata exchanges per call, the same at any n >= 2. sm.save: 4 (the arguments agree,
     rank 0's temporary name, every rank wrote, rank 0's rename), also when a write fails on
     one rank (there were 5: all_ok then raise_if_any's own all-reduce for the same decision);
     sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
     save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
     tensor checked the arguments the state call had checked already)."""
-    from sbpmpi.comm import watchdog
-    from sbpmpi.runtime import consistency
-
-    prev = consistency.configure(check=True)
-    request.addfinalizer(lambda: consistency.configure(*prev))
-    prev_timeout = watchdog.configure(600.0)  # every exchange then runs under a watch
-    request.addfinalizer(lambda: watchdog.configure(prev_timeout))
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
     b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)

@@ -16,7 +16,7 @@ from comm_helpers import NUMERIC, OPAQUE, data, reduction_ok, reference, run_col
 from fake_cuda import FakeCudaArray
 from mpi4py import MPI
 
-from sbpmpi import backend
+from sbpmpi import backend, config
 from sbpmpi import comm as C
 from sbpmpi.comm import ReduceOp
 from sbpmpi.comm.buffers import POOL
@@ -320,8 +320,7 @@ def test_sizes_non_contiguous_and_mixed_on_every_backend(chk, array_backend):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(120)
 def test_staging_buffers_are_reused(chk):
-    C.set_cuda_aware(False)
-    try:
+    with config.override(cuda_aware=False):
         x = FakeCudaArray.from_numpy(np.ones(1000))
         C.all_reduce(x)  # warm the pool for this size
         allocs, reuses = POOL.allocations, POOL.reuses
@@ -333,5 +332,3 @@ def test_staging_buffers_are_reused(chk):
         chk.true(POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
         info = C.info()
         chk.true(info["cuda_aware"] is False and "pinned" in info["staging"], str(info))
-    finally:
-        C.set_cuda_aware(None)

@@ -12,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from sbpmpi import comm as C
+from sbpmpi import config
 from sbpmpi.comm import ReduceOp
 
 world = MPI.COMM_WORLD
@@ -126,8 +127,7 @@ def test_recv_size_mismatch_is_reported(chk):
 
 @pytest.mark.mpi(min_size=2)
 def test_checked_mode_turns_one_rank_errors_into_errors_everywhere():
-    prev = C.set_checking(True)
-    try:
+    with config.override(comm_check=True):
         # only the last rank passes a bad output buffer
         out = np.zeros(3 * size + (1 if rank == size - 1 else 0))
         with pytest.raises(ValueError, match=rf"raised on group rank {size - 1}"):
@@ -160,5 +160,3 @@ def test_checked_mode_turns_one_rank_errors_into_errors_everywhere():
         x = np.arange(3.0) + rank
         C.all_reduce(x)
         assert (x == sum(np.arange(3.0) + r for r in range(size))).all()
-    finally:
-        C.set_checking(prev)

@@ -26,12 +26,14 @@ trace = importlib.import_module("sbpmpi.comm.trace")  # the module; sm.trace is 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    for var in ("SBPMPI_CUDA_AWARE", "MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA",
-                "MPIR_CVAR_ENABLE_GPU", "I_MPI_OFFLOAD"):
+    """The MPI libraries' GPU variables unset and both settings automatic; after the test,
+    the settings as they were (the decision is then made again)."""
+    for var in ("MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA", "MPIR_CVAR_ENABLE_GPU",
+                "I_MPI_OFFLOAD"):
         monkeypatch.delenv(var, raising=False)
-    yield monkeypatch
-    monkeypatch.undo()
-    cuda_aware.set_cuda_aware(None)
+    with sm.config.override(cuda_aware=None, gpu_transport=None):
+        yield monkeypatch
+        monkeypatch.undo()
 
 
 def lib(monkeypatch, text):
@@ -50,16 +52,22 @@ class FakeFn:
 
 
 def test_override_wins(fresh):
+    sm.config.update(cuda_aware=True)
+    d = cuda_aware.detect()
+    assert d.aware and "cuda_aware=True (set in the program)" in d.reason
+    assert "override" in d.reason
     fresh.setenv("SBPMPI_CUDA_AWARE", "1")
+    sm.config.reset("cuda_aware")  # the environment's value, read again
     d = cuda_aware.detect()
     assert d.aware and "SBPMPI_CUDA_AWARE=1" in d.reason and "override" in d.reason
     fresh.setenv("SBPMPI_CUDA_AWARE", "0")
+    sm.config.reset("cuda_aware")
     lib(fresh, "Open MPI v5.0.3")
     fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(1))
-    assert cuda_aware.detect().aware is False
+    assert cuda_aware.detect().aware is False and cuda_aware.is_cuda_aware() is False
     fresh.setenv("SBPMPI_CUDA_AWARE", "maybe")
-    with pytest.raises(ValueError, match="SBPMPI_CUDA_AWARE='maybe'"):
-        cuda_aware.detect()
+    with pytest.raises(ValueError, match="SBPMPI_CUDA_AWARE='maybe' is not understood"):
+        sm.config.reset("cuda_aware")
 
 
 def test_open_mpi_query(fresh):
@@ -109,15 +117,15 @@ def test_this_mpi_is_detected(fresh):
     d = cuda_aware.detect()
     assert isinstance(d.aware, bool) and d.reason
     assert cuda_aware.library_name().split()[0] in MPI.Get_library_version()
-    cuda_aware.set_cuda_aware(True)
+    sm.config.update(cuda_aware=True)
     assert cuda_aware.is_cuda_aware()
-    cuda_aware.set_cuda_aware(None)
+    sm.config.update(cuda_aware=None)  # detected again
     assert cuda_aware.is_cuda_aware() == d.aware
 
 
 def test_info_reports_the_decision(fresh):
     fresh.setenv("SBPMPI_CUDA_AWARE", "0")
-    cuda_aware.set_cuda_aware(None)
+    sm.config.reset("cuda_aware")
     info = sm.comm.info()
     assert info["cuda_aware"] is False and "SBPMPI_CUDA_AWARE=0" in info["cuda_aware_reason"]
     assert "pinned host buffers" in info["staging"]
@@ -251,8 +259,7 @@ def test_fake_cuda_never_reaches_cupy(gpu_cupy):
     assert backend.from_dlpack(d) is d
     device_copy.sync_for_transfer(d)
     for aware in (False, True):
-        cuda_aware.set_cuda_aware(aware)
-        try:
+        with sm.config.override(cuda_aware=aware):
             st = Stager()
             m = describe(nc, "arr", "t")
             buf = st.inp(nc, m)  # a non-contiguous device input: copied by the stand-in
@@ -268,13 +275,10 @@ def test_fake_cuda_never_reaches_cupy(gpu_cupy):
             st.release()
             if not aware:
                 np.testing.assert_array_equal(out.get(), np.arange(6.0))
-        finally:
-            cuda_aware.set_cuda_aware(None)
 
 
 def test_stager_round_trip_without_mpi():
-    cuda_aware.set_cuda_aware(False)
-    try:
+    with sm.config.override(cuda_aware=False):
         d = FakeCudaArray.from_numpy(np.arange(5.0))
         st = Stager()
         m = describe(d, "arr", "t")
@@ -284,8 +288,6 @@ def test_stager_round_trip_without_mpi():
         st.finish()
         st.release()
         np.testing.assert_array_equal(d.get(), np.arange(5.0) * 3)
-    finally:
-        cuda_aware.set_cuda_aware(None)
 
 
 # ----------------------------------------------------------------------------- trace
@@ -321,9 +323,9 @@ def test_trace_is_callable_from_the_package():
     assert isinstance(t, trace.Trace) and len(t) == 0
 
 
-def test_env_switch_words():
-    """One vocabulary for every on/off environment variable (sbpmpi.env.switch)."""
-    from sbpmpi.env import switch
+def test_switch_words():
+    """One vocabulary for every on/off environment variable (sbpmpi.config.switch)."""
+    from sbpmpi.config import switch
 
     for word in ("1", "true", "Yes", " ON "):
         assert switch(word) is True, word

@@ -152,14 +152,11 @@ def test_partner_with_inf_is_not_cached():
 @pytest.mark.mpi(min_size=1)
 def test_check_off_and_on_at_run_time():
     a, b, x, y = _pair(4)
-    saved = consistency.check_enabled()
-    try:
+    with sm.config.override(check=sm.config.check.value):
         for value in (False, True, False):
-            consistency.configure(check=value)  # SBPMPI_CHECK=0/1, changed at run time
+            sm.config.update(check=value)  # SBPMPI_CHECK=0/1, changed at run time
             for _ in range(2):
                 np.testing.assert_array_equal((x + y).numpy(), a + b)
-    finally:
-        consistency.configure(check=saved)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -32,8 +32,8 @@ _P2P = ("send", "recv", "isend", "irecv")
 def test_split_to_split_with_empty_ranks_makes_one_mpi_call_per_group():
     pl = sm.placement("cpu", list(range(size)))
     shapes = [(max(size - 1, 1), max(size - 1, 1), 3000), (2, 2, 4000), (size + 1, 3, 5)]
-    prev = checks.set_checking(True)  # ranks that call different MPI collectives now raise
-    try:
+    # in checked mode, ranks that call different MPI collectives raise
+    with sm.config.override(comm_check=True):
         for shape in shapes:
             a = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
             for i, j in ((0, 1), (1, 0), (0, 2), (2, 1)):
@@ -47,8 +47,6 @@ def test_split_to_split_with_empty_ranks_makes_one_mpi_call_per_group():
                 assert_same_on_all_ranks([(r.op, r.group_ranks, r.dtype) for r in t
                                           if r.op not in _P2P])
                 np.testing.assert_array_equal(y.numpy(), a)
-    finally:
-        checks.set_checking(prev)
 
 
 def test_comm_check_message_names_the_differing_fields():
@@ -65,8 +63,7 @@ def test_comm_check_message_names_the_differing_fields():
 
 @pytest.mark.mpi(min_size=2)
 def test_ranks_calling_different_collectives_get_one_clear_error_in_checked_mode():
-    prev = checks.set_checking(True)
-    try:
+    with sm.config.override(comm_check=True):
         out = np.zeros(size)
         src = np.ones(size)
         if rank == 0:
@@ -75,8 +72,6 @@ def test_ranks_calling_different_collectives_get_one_clear_error_in_checked_mode
             fn = lambda: sm.comm.all_to_all(out, src)  # noqa: E731
         kind, msg = errors_of(fn)
         assert kind == "ValueError" and "ranks called different collectives" in msg, msg
-    finally:
-        checks.set_checking(prev)
 
 
 # -- 7 and 8: read-only, memory-mapped and foreign inputs ----------------------------------------

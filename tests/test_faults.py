@@ -2,7 +2,7 @@
 
 Each scenario runs under its own ``mpiexec`` (tests/fault_programs) from a serial test
 with a time limit: the job must end by itself, non-zero, well before the limit.
-Also serial unit tests of the pieces (env parsing, fingerprints, the hooks).
+Also serial unit tests of the pieces (settings, fingerprints, the hooks).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 
+from sbpmpi import config
 from sbpmpi.comm import abort, watchdog
 from sbpmpi.errors import CollectiveMismatchError
 from sbpmpi.runtime import consistency
@@ -23,20 +24,11 @@ needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH
 
 
 @pytest.fixture
-def switches(monkeypatch):
-    """``switches(name, value)``: set (or, with None, unset) SBPMPI_CHECK / SBPMPI_DEBUG and
-    have consistency re-read them (it reads them once); restored after the test."""
-    saved = (consistency.check_enabled(), consistency.debug_enabled())
-
-    def set_switch(name: str, value: str | None) -> None:
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-        consistency.configure()
-
-    yield set_switch
-    consistency.configure(check=saved[0], debug=saved[1])
+def switches():
+    """``switches(check=..., debug=...)``: sm.config.update for the test; both settings
+    (values and sources) as they were after it."""
+    with config.override(check=config.check.value, debug=config.debug.value):
+        yield config.update
 
 
 def skip_if_not_wired(res) -> None:
@@ -83,26 +75,32 @@ def test_import_sbpmpi_installs_the_abort_hook():
 
 
 def test_abort_switch_parsing():
-    assert abort.enabled(2, {}) and abort.enabled(4, {"SBPMPI_ABORT_ON_ERROR": ""})
-    assert not abort.enabled(1, {})
+    setting = config.abort_on_error
+    assert setting.parse(None) is None and setting.parse("") is None and setting.parse(" ") is None
     for off in ("0", "false", "OFF", " no "):
-        assert not abort.enabled(4, {"SBPMPI_ABORT_ON_ERROR": off})
+        assert setting.parse(off) is False
     for on in ("1", "true", "yes"):
-        assert abort.enabled(1, {"SBPMPI_ABORT_ON_ERROR": on})
+        assert setting.parse(on) is True
     with pytest.raises(ValueError, match="SBPMPI_ABORT_ON_ERROR='maybe' is not understood"):
-        abort.enabled(2, {"SBPMPI_ABORT_ON_ERROR": "maybe"})
+        setting.parse("maybe")
+    with config.override(abort_on_error=None):  # unset: on exactly for more than 1 process
+        assert abort.enabled(2) and abort.enabled(4) and not abort.enabled(1)
+    with config.override(abort_on_error=False):
+        assert not abort.enabled(4)
+    with config.override(abort_on_error=True):
+        assert abort.enabled(1)
 
 
-def test_install_is_off_for_one_process_and_restorable(monkeypatch):
-    monkeypatch.delenv("SBPMPI_ABORT_ON_ERROR", raising=False)
+def test_install_is_off_for_one_process_and_restorable():
     before_sys, before_thread = sys.excepthook, threading.excepthook
     was = abort.installed()
     abort.uninstall()
     try:
-        assert abort.install() is False  # a world of one process
+        with config.override(abort_on_error=None):
+            assert abort.install() is False  # a world of one process
         assert sys.excepthook is not abort._sys_hook
-        monkeypatch.setenv("SBPMPI_ABORT_ON_ERROR", "0")
-        assert abort.install() is False
+        with config.override(abort_on_error=False):
+            assert abort.install() is False
         assert abort.install(force=True) is True and abort.installed()
         assert threading.excepthook is abort._thread_hook
         abort.uninstall()
@@ -176,30 +174,37 @@ def test_describe_and_fingerprint_are_stable_and_metadata_only():
 
 
 def test_check_switches(switches, monkeypatch):
-    switches("SBPMPI_CHECK", None)
-    switches("SBPMPI_DEBUG", None)
+    monkeypatch.delenv("SBPMPI_CHECK", raising=False)
+    monkeypatch.delenv("SBPMPI_DEBUG", raising=False)
+    config.reset("check", "debug")
+    assert consistency.check_enabled() and not consistency.debug_enabled()  # the defaults
+    assert config.check.source == config.debug.source == "default"
+    monkeypatch.setenv("SBPMPI_CHECK", "0")
+    monkeypatch.setenv("SBPMPI_DEBUG", "1")
+    # read at import: the environment alone changes nothing until reset() reads it again
     assert consistency.check_enabled() and not consistency.debug_enabled()
-    switches("SBPMPI_CHECK", "0")
-    switches("SBPMPI_DEBUG", "1")
+    config.reset("check", "debug")
     assert not consistency.check_enabled() and consistency.debug_enabled()
+    assert config.check.source == "environment"
     before = consistency.stats()["checks"]
     assert consistency.check_collective("add", ()) is False
     assert consistency.stats()["checks"] == before  # off: not even counted
-    # read once: the environment alone changes nothing until configure() re-reads it
-    monkeypatch.setenv("SBPMPI_CHECK", "1")
-    assert not consistency.check_enabled()
-    # the setter: returns the previous (check, debug); None re-reads one switch
-    assert consistency.configure(check=True) == (False, True)
+    # the program wins over the environment, one setting at a time
+    switches(check=True)
     assert consistency.check_enabled() and consistency.debug_enabled()
-    assert consistency.configure(debug=False) == (True, True)
+    assert config.check.source == "program" and config.debug.source == "environment"
+    switches(debug=False)
     assert consistency.check_enabled() and not consistency.debug_enabled()
     monkeypatch.setenv("SBPMPI_DEBUG", "yes")
     monkeypatch.setenv("SBPMPI_CHECK", "off")
-    assert consistency.configure(debug=None) == (True, False)
+    config.reset("debug")  # debug from the environment again; check stays the program's
     assert consistency.check_enabled() and consistency.debug_enabled()
-    monkeypatch.setenv("SBPMPI_CHECK", "maybe")  # not a switch value: the default (on)
-    consistency.configure()
-    assert consistency.check_enabled() and consistency.debug_enabled()
+    monkeypatch.setenv("SBPMPI_CHECK", "maybe")  # not a switch value: an error naming it
+    with pytest.raises(ValueError, match="SBPMPI_CHECK='maybe' is not understood"):
+        config.reset("check")
+    assert consistency.check_enabled() and config.check.source == "program"  # unchanged
+    with pytest.raises(TypeError, match="check='0' is not allowed; expected True or False"):
+        switches(check="0")
 
 
 # -- exit-time agreement (issue 10, item 1) ------------------------------------------------------
@@ -288,33 +293,33 @@ def test_watchdog_is_wired_into_comm():
 
 
 def test_watchdog_parsing_and_noop_when_off(monkeypatch):
-    monkeypatch.delenv("SBPMPI_TIMEOUT", raising=False)
-    try:
-        assert watchdog.configure() is None
+    with config.override(timeout=None):
+        assert watchdog.timeout() is None
         assert watchdog.watch("x") is watchdog.watch("y")  # the shared no-op
-        for bad in ("-1", "abc", "inf", "nan"):
-            monkeypatch.setenv("SBPMPI_TIMEOUT", bad)
-            with pytest.raises(ValueError, match="SBPMPI_TIMEOUT=.* is not a positive number"):
-                watchdog.configure()
-        monkeypatch.setenv("SBPMPI_TIMEOUT", "2.5")
-        assert watchdog.configure() == 2.5
+    for bad in ("-1", "abc", "inf", "nan"):
+        with pytest.raises(ValueError, match="SBPMPI_TIMEOUT=.* is not understood; expected a "
+                                             "positive number of seconds"):
+            config.timeout.parse(bad)
+    assert config.timeout.parse("2.5") == 2.5
+    assert config.timeout.parse("0") is config.timeout.parse("off") is None
+    monkeypatch.setenv("SBPMPI_TIMEOUT", "2.5")
+    with config.override(timeout=None):
+        config.reset("timeout")  # read from the environment
+        assert watchdog.timeout() == 2.5
+    for bad in (0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="positive number"):
-            watchdog.configure(0)
-    finally:
-        monkeypatch.delenv("SBPMPI_TIMEOUT", raising=False)
-        watchdog.configure()
+            config.update(timeout=bad)
+    with pytest.raises(TypeError, match="positive number"):
+        config.update(timeout="60")
 
 
 def test_watchdog_tracks_open_blocks_and_lets_fast_ones_pass():
-    try:
-        watchdog.configure(30)
+    with config.override(timeout=30):
         with watchdog.watch("outer", peers=[0, 1]):
             with watchdog.watch("inner", peers=range(3)):
                 act = watchdog.active()
                 assert [a[:2] for a in act] == [("outer", (0, 1)), ("inner", (0, 1, 2))]
         assert watchdog.active() == []
-    finally:
-        watchdog.configure()
 
 
 # -- in-process MPI tests of the checks (n = 1..4) --------------------------------------------------
@@ -326,7 +331,7 @@ def test_check_collective_agrees_or_names_every_side(switches):
 
     import sbpmpi as sm
 
-    switches("SBPMPI_CHECK", None)
+    switches(check=True)
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(6.0).reshape(3, 2), placement=pl, sbp=sm.sbp.split(0))
@@ -345,7 +350,7 @@ def test_check_collective_agrees_or_names_every_side(switches):
     got = errors_of(lambda: consistency.check_collective(f"op{rank}", (x,)))
     assert all(f"rank {r}: op{r}(tensor((3, 2), float64" in got[1] for r in range(size)), got
     # switched off: no communication, no error (every rank must agree on the switch)
-    switches("SBPMPI_CHECK", "0")
+    switches(check=False)
     assert errors_of(lambda: consistency.check_collective(f"op{rank}", ())) == ("no error", "")
 
 
@@ -353,8 +358,8 @@ def test_check_collective_agrees_or_names_every_side(switches):
 def test_local_steps_are_verified_at_the_next_check(switches):
     from mpi4py import MPI
 
-    switches("SBPMPI_CHECK", None)
-    switches("SBPMPI_DEBUG", None)  # debug mode checks every step at once
+    switches(check=True)
+    switches(debug=False)  # debug mode checks every step at once
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     for k in range(3):
         consistency.note_step("add", ((4, 3), k))
@@ -407,10 +412,10 @@ def test_debug_mode_finds_diverged_broadcast_shards(switches):
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(12.0).reshape(4, 3), placement=pl, sbp=sm.sbp.broadcast)
-    switches("SBPMPI_DEBUG", "0")
+    switches(debug=False)
     x.to_local()[0, 0] += rank  # diverge on ranks > 0
     assert errors_of(lambda: consistency.check_broadcast_shards(x, "x")) == ("no error", "")
-    switches("SBPMPI_DEBUG", "1")
+    switches(debug=True)
     got = errors_of(lambda: consistency.check_broadcast_shards(x, "x"))
     if size == 1:
         assert got == ("no error", "")

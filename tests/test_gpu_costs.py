@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -10,40 +9,36 @@ import pytest
 import sbpmpi as sm
 from sbpmpi.boxing import cost
 from sbpmpi.comm.gpu import select
-from sbpmpi.runtime import cost_table
-
-cal = importlib.import_module("sbpmpi.runtime.calibrate")  # sm.boxing.calibrate is the function
+from sbpmpi.runtime import cost_cache, cost_table
 
 
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
-    monkeypatch.delenv("SBPMPI_GPU_TRANSPORT", raising=False)
     monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: True)  # as on a GPU node
-    monkeypatch.setenv("SBPMPI_COST_CACHE", str(tmp_path / "costs.json"))
     prev_installed = cost_table._installed
     prev = cost_table._current
     cost_table.set_cost_table(None)
-    yield monkeypatch
-    monkeypatch.undo()
-    select.set_gpu_transport(None)
+    with sm.config.override(gpu_transport=None, cost_cache=str(tmp_path / "costs.json")):
+        yield monkeypatch
+        monkeypatch.undo()
     cost_table.set_cost_table(prev if prev_installed else None)
 
 
 def test_default_device_row_follows_the_transport(clean):
     for name in ("ipc", "staged", "mpi"):
-        select.set_gpu_transport(name)
+        sm.config.update(gpu_transport=name)
         t = sm.boxing.get_cost_table()
         assert t.device == cost.GPU_TRANSPORT_COSTS[name] and t.host == cost.DEFAULT_TABLE.host
         assert (name in t.source) or name == "mpi"
-    select.set_gpu_transport("ipc")
+    sm.config.update(gpu_transport="ipc")
     ipc = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda", cost_table.get_cost_table())
-    select.set_gpu_transport("staged")
+    sm.config.update(gpu_transport="staged")
     staged = cost.primitive_seconds("all_gather", 2, 64 << 20, "cuda", cost_table.get_cost_table())
     assert staged > 50 * ipc  # the planner sees why staged steps are dear
     assert cost.step_seconds("cuda", cost_table.get_cost_table()) == cost.GPU_TRANSPORT_COSTS["staged"].step
     mine = cost.table_for_transport("ipc")
     cost_table.set_cost_table(mine)
-    select.set_gpu_transport("staged")
+    sm.config.update(gpu_transport="staged")
     assert sm.boxing.get_cost_table() is mine  # an installed table wins
     with pytest.raises(ValueError, match="transport 'nccl' is not one of"):
         cost.table_for_transport("nccl")
@@ -51,35 +46,35 @@ def test_default_device_row_follows_the_transport(clean):
 
 def test_cache_round_trip_and_reuse(clean, tmp_path):
     path = str(tmp_path / "costs.json")
-    assert cal.cache_path() == path
+    assert cost_cache.cache_path() == path
     table = cost.table_for_transport("ipc")
-    key = cal.cache_key()
+    key = cost_cache.cache_key()
     assert key.endswith("1 ranks") and "transport" in key and "|" in key
-    assert cal.write_cache_entry(key, table) == path
+    assert cost_cache.write_cache_entry(key, table) == path
     doc = json.load(open(path))
     assert set(doc[key]) >= {"cpu", "cuda", "source", "measured"}
-    got = cal._table_from(cal.read_cache()[key], key)
+    got = cost_cache.table_from(cost_cache.read_cache()[key], key)
     assert got.host == table.host and got.device == table.device and "cached" in got.source
     # calibrate(reuse=True) installs the cached entry without measuring
     reused = sm.boxing.calibrate(reuse=True)
     assert reused.device == table.device and sm.boxing.get_cost_table() is reused
-    clean.setenv("SBPMPI_COST_CACHE", "off")
-    assert cal.cache_path() is None and cal.read_cache() == {}
-    assert cal.write_cache_entry(key, table) is None
+    sm.config.update(cost_cache="off")
+    assert cost_cache.cache_path() is None and cost_cache.read_cache() == {}
+    assert cost_cache.write_cache_entry(key, table) is None
 
 
 def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
     t = sm.boxing.calibrate(["cpu"], repeats=1, large_bytes=1 << 16)
-    entry = cal.read_cache()[cal.cache_key()]
-    assert cal._costs(entry["cpu"]) == t.host
+    entry = cost_cache.read_cache()[cost_cache.cache_key()]
+    assert cost_cache.costs_from(entry["cpu"]) == t.host
     # with a GPU on a single node, the cached device row is the default at start
-    key = cal.cache_key()
-    clean.setattr(cal, "cache_key", lambda world_size=None: key)
+    key = cost_cache.cache_key()
+    clean.setattr(cost_cache, "cache_key", lambda world_size=None: key)
     name = select.gpu_transport().name
-    row = cal.cached_device_row(name)
+    row = cost_cache.cached_device_row(name)
     assert row is not None and row[0] == t.device and "cached" in row[1]
     other = "ipc" if name != "ipc" else "staged"
-    assert cal.cached_device_row(other) is None  # another transport's entry does not count
+    assert cost_cache.cached_device_row(other) is None  # another transport's entry does not count
     cost_table.set_cost_table(None)
     assert sm.boxing.get_cost_table().device == t.device
     assert "cached" in sm.boxing.get_cost_table().source
@@ -103,10 +98,10 @@ def test_bench_table_has_the_device_copy_proxy():
 
 def test_without_a_gpu_the_plain_defaults(monkeypatch):
     monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: False)
-    monkeypatch.setenv("SBPMPI_GPU_TRANSPORT", "ipc")
     prev_installed, prev = cost_table._installed, cost_table._current
     cost_table.set_cost_table(None)
     try:
-        assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
+        with sm.config.override(gpu_transport="ipc"):
+            assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
     finally:
         cost_table.set_cost_table(prev if prev_installed else None)

@@ -1,8 +1,8 @@
 """The CUDA IPC transport on a real GPU with CuPy (skipped without one).
 
-Every call of sbpmpi.comm on CuPy arrays with ``set_gpu_transport("ipc")``: CuPy's pool
-packs the arrays into shared allocations, so the handles are those of base allocations
-plus offsets; freeing the pool's blocks and allocating again must give correct results
+Every call of sbpmpi.comm on CuPy arrays with the transport ``ipc``
+(``sm.config.override(gpu_transport="ipc")``): CuPy's pool packs the arrays into shared
+allocations, so the handles are those of base allocations plus offsets; freeing the pool's blocks and allocating again must give correct results
 (stale mappings closed). Results are compared with NumPy.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from comm_helpers import data, run_all
 from mpi4py import MPI
 
-from sbpmpi import backend
+from sbpmpi import backend, config
 from sbpmpi import comm as C
 from sbpmpi.comm.gpu import route
 from sbpmpi.comm.gpu.ipc import IpcTransport
@@ -29,9 +29,8 @@ def ipc():
         pytest.skip("no CuPy / no GPU")
     backend.bind_device()
     route.set_device(None)
-    C.set_gpu_transport("ipc")
-    yield
-    C.set_gpu_transport(None)
+    with config.override(gpu_transport="ipc"):
+        yield
     route.set_device(None)
 
 

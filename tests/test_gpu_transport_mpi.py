@@ -1,6 +1,6 @@
 """sbpmpi.comm's collectives over the CUDA IPC transport, on MPI ranks, with a stand-in device.
 
-``SBPMPI_GPU_TRANSPORT=ipc`` semantics (``set_gpu_transport("ipc")``) with the device of
+``SBPMPI_GPU_TRANSPORT=ipc`` semantics (``sm.config.override(gpu_transport="ipc")``) with the device of
 ``fake_ipc.py``: each rank's "device memory" is shared files, so peers really read each
 other's buffers through handle + offset, across processes. Every result is compared with
 NumPy on the whole array; the transport's counters show that IPC carried the calls.
@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import comm as C
+from sbpmpi import config
 from sbpmpi.comm import ReduceOp
 from sbpmpi.comm.gpu import route
 
@@ -31,19 +32,18 @@ def _ipc_device(name: str) -> Iterator[FakeIpcDevice]:
     """A stand-in device installed as the IPC transport's, removed afterwards."""
     d = FakeIpcDevice(name)
     route.set_device(d)
-    C.set_gpu_transport("ipc")
-    yield d
-    route.set_device(None)
-    C.set_gpu_transport(None)
+    with config.override(gpu_transport="ipc"):
+        yield d
+        route.set_device(None)
     world.Barrier()  # no rank removes its files while a peer may still map them
     d.cleanup()
 
 
 @pytest.fixture
-def dev(monkeypatch):
+def dev():
     """The stand-in device, all ranks on one node (whatever SBPMPI_IPC_NODE_SIZE says)."""
-    monkeypatch.delenv("SBPMPI_IPC_NODE_SIZE", raising=False)
-    yield from _ipc_device(f"r{rank}")
+    with config.override(ipc_node_size=None):
+        yield from _ipc_device(f"r{rank}")
 
 
 def stats(group=None) -> dict:
@@ -203,10 +203,10 @@ def test_info_names_ipc(chk, dev):
 
 
 @pytest.fixture
-def pseudo_nodes(monkeypatch):
-    """Nodes of two ranks (SBPMPI_IPC_NODE_SIZE=2): the hierarchical path on one machine."""
-    monkeypatch.setenv("SBPMPI_IPC_NODE_SIZE", "2")
-    yield from _ipc_device(f"h{rank}")
+def pseudo_nodes():
+    """Nodes of two ranks (the setting ipc_node_size=2): the hierarchical path on one machine."""
+    with config.override(ipc_node_size=2):
+        yield from _ipc_device(f"h{rank}")
 
 
 def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):

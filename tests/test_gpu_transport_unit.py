@@ -377,11 +377,10 @@ def test_mapping_cache_closes_freed_allocations():
 
 @pytest.fixture
 def env(monkeypatch):
-    for var in ("SBPMPI_GPU_TRANSPORT", "SBPMPI_CUDA_AWARE"):
-        monkeypatch.delenv(var, raising=False)
-    yield monkeypatch
-    monkeypatch.undo()
-    select.set_gpu_transport(None)
+    """Both settings automatic for the test; as they were after it."""
+    with sm.config.override(gpu_transport=None, cuda_aware=None):
+        yield monkeypatch
+        monkeypatch.undo()
 
 
 def test_transport_selection_and_reasons(env):
@@ -393,62 +392,72 @@ def test_transport_selection_and_reasons(env):
     d = select.detect()
     assert d.name == "mpi" and "lib says yes" in d.reason
     env.setenv("SBPMPI_GPU_TRANSPORT", "IPC ")
+    sm.config.reset("gpu_transport")  # the environment's value, read again
     d = select.detect()
     assert d.name == "ipc" and d.forced and "explicit override" in d.reason
-    assert "go mpi" in d.reason
-    env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
-    with pytest.raises(ValueError, match=r"SBPMPI_GPU_TRANSPORT='nccl' is not one of ipc, mpi, "
-                                         r"staged"):
-        select.detect()
-    with pytest.raises(ValueError, match="name='tcp'"):
-        select.set_gpu_transport("tcp")
+    assert "SBPMPI_GPU_TRANSPORT=ipc (environment)" in d.reason and "go mpi" in d.reason
+    sm.config.update(gpu_transport="Staged")
+    d = select.detect()
+    assert d.name == "staged" and d.forced and "gpu_transport='staged' (set in the program)" \
+        in d.reason
+    with pytest.raises(ValueError, match=r"SBPMPI_GPU_TRANSPORT='nccl' is not understood; "
+                                         r"expected one of ipc, mpi, staged"):
+        sm.config.gpu_transport.parse("nccl")
+    with pytest.raises(ValueError, match="gpu_transport='tcp' is not allowed"):
+        sm.config.update(gpu_transport="tcp")
+    with pytest.raises(TypeError, match="gpu_transport=1 is not allowed"):
+        sm.config.update(gpu_transport=1)
 
 
 def test_forced_mpi_and_staged_decide_the_staging(env):
     env.setenv("SBPMPI_GPU_TRANSPORT", "mpi")
+    sm.config.reset("gpu_transport")
     d = cuda_aware.detect()
     assert d.aware and "SBPMPI_GPU_TRANSPORT=mpi" in d.reason
-    env.setenv("SBPMPI_GPU_TRANSPORT", "staged")
+    sm.config.update(gpu_transport="staged")
     assert not cuda_aware.detect().aware
-    env.setenv("SBPMPI_CUDA_AWARE", "1")  # the older override still wins
+    sm.config.update(cuda_aware=True)  # the setting cuda_aware still wins
     assert cuda_aware.detect().aware
-    env.delenv("SBPMPI_CUDA_AWARE")
-    env.setenv("SBPMPI_GPU_TRANSPORT", "mpi")
+    sm.config.update(cuda_aware=None, gpu_transport="mpi")
     if not cuda_aware.detect_library().aware:
         assert "may crash" in select.detect().reason
-    select.set_gpu_transport("staged")
+    # the decisions are made again at each change: the cached ones follow
+    sm.config.update(gpu_transport="staged")
     assert not cuda_aware.is_cuda_aware() and not route.ENABLED
-    select.set_gpu_transport("ipc")
-    assert route.ENABLED
-    select.set_gpu_transport("mpi")
+    assert select.gpu_transport().name == "staged"
+    sm.config.update(gpu_transport="ipc")
+    assert route.ENABLED and select.gpu_transport().name == "ipc"
+    sm.config.update(gpu_transport="mpi")
     assert cuda_aware.is_cuda_aware() and not route.ENABLED
+    with sm.config.override(gpu_transport="ipc"):
+        assert route.ENABLED
+    assert not route.ENABLED and select.gpu_transport().name == "mpi"
 
 
 def test_info_reports_the_transport(env):
-    select.set_gpu_transport("ipc")
+    sm.config.update(gpu_transport="ipc")
     info = sm.comm.info()
-    assert info["gpu_transport"] == "ipc" and "set_gpu_transport" in info["gpu_transport_reason"]
-    select.set_gpu_transport(None)
+    assert info["gpu_transport"] == "ipc" and "set in the program" in info["gpu_transport_reason"]
+    sm.config.update(gpu_transport=None)
     info = sm.comm.info()
     assert info["gpu_transport"] in ("mpi", "staged") and info["gpu_transport_reason"]
 
 
 def test_route_is_off_by_default_without_the_variable(env):
-    select.set_gpu_transport(None)
+    sm.config.update(gpu_transport=None)
     assert select.gpu_transport().name != "ipc" and not route.ENABLED
 
 
-def test_an_invalid_transport_fails_the_first_gpu_collective(env):
+def test_an_invalid_transport_is_refused_when_read(env):
     from fake_cuda import FakeCudaArray
 
     env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
-    select._decision = None
-    env.setattr(route, "_checked", False)
-    env.setattr(route, "ENABLED", True)  # as set at import from the variable
-    with pytest.raises(ValueError, match="SBPMPI_GPU_TRANSPORT='nccl' is not one of"):
-        sm.comm.all_reduce(FakeCudaArray.from_numpy(np.ones(3)))
-    sm.comm.all_reduce(np.ones(3))  # host arrays never look at the GPU transport
-    env.delenv("SBPMPI_GPU_TRANSPORT")
+    with pytest.raises(ValueError, match="SBPMPI_GPU_TRANSPORT='nccl' is not understood"):
+        sm.config.reset("gpu_transport")  # as at import: the program does not start
+    assert sm.config.gpu_transport.value is None and not route.ENABLED  # unchanged
+    x = FakeCudaArray.from_numpy(np.ones(3))
+    sm.comm.all_reduce(x)  # the automatic transport
+    np.testing.assert_array_equal(x.get(), np.ones(3) * sm.comm.WORLD.size)
 
 
 def test_allocations_without_an_id_are_keyed_by_handle():

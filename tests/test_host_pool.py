@@ -23,14 +23,12 @@ MIB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
-def fresh_pool(monkeypatch):
-    """Each test starts from an empty pool with the limit from the environment."""
-    monkeypatch.delenv(host_pool.POOL_ENV, raising=False)
-    host_pool.set_host_pool_limit()
+def fresh_pool():
+    """Each test starts from an empty pool with the default limit; after it, the setting
+    ``host_pool_bytes`` as it was."""
     host_pool.clear_host_pool()
-    yield
-    monkeypatch.undo()
-    host_pool.set_host_pool_limit()
+    with sm.config.override(host_pool_bytes=None):
+        yield
     host_pool.clear_host_pool()
 
 
@@ -187,7 +185,7 @@ def test_a_block_in_a_reference_cycle_comes_back_after_collection():
 
 
 def test_idle_memory_stays_under_the_limit():
-    host_pool.set_host_pool_limit(3 * MIB)
+    sm.config.update(host_pool_bytes=3 * MIB)
     arrays = [backend.empty(np, (MIB,), np.uint8) for _ in range(5)]
     big = backend.empty(np, (4 * MIB,), np.uint8)  # over the limit: freed, not kept
     del arrays
@@ -200,12 +198,14 @@ def test_idle_memory_stays_under_the_limit():
     del c
     s = stats()
     assert s["idle_bytes"] <= 3 * MIB and s["idle_blocks"] == 2
-    assert host_pool.set_host_pool_limit(0) == 0 and stats()["idle_bytes"] == 0
+    assert s["idle_bytes"] > 0
+    sm.config.update(host_pool_bytes=0)  # the pool frees its idle blocks at once
+    assert host_pool.host_pool_limit() == 0 and stats()["idle_bytes"] == 0
 
 
-def test_limit_zero_turns_the_pool_off(monkeypatch):
-    monkeypatch.setenv(host_pool.POOL_ENV, "0")
-    assert host_pool.set_host_pool_limit() == 0
+def test_limit_zero_turns_the_pool_off():
+    sm.config.update(host_pool_bytes=0)
+    assert host_pool.host_pool_limit() == 0
     a = backend.empty(np, (8 * MIB,), np.uint8)
     assert a.flags.owndata
     del a
@@ -215,21 +215,27 @@ def test_limit_zero_turns_the_pool_off(monkeypatch):
 @pytest.mark.parametrize("text, want", [("1048576", MIB), ("512M", 512 * MIB), ("2g", 2 << 30),
                                         ("64KiB", 64 << 10), (" 3 MB ", 3 * MIB), ("0", 0)])
 def test_environment_variable_sizes(monkeypatch, text, want):
-    monkeypatch.setenv(host_pool.POOL_ENV, text)
-    assert host_pool.set_host_pool_limit() == want == host_pool.host_pool_limit()
+    assert sm.config.host_pool_bytes.parse(text) == want
+    monkeypatch.setenv("SBPMPI_HOST_POOL_BYTES", text)
+    sm.config.reset("host_pool_bytes")  # the environment's value, read again
+    assert host_pool.host_pool_limit() == want
+    assert sm.config.host_pool_bytes.source == "environment"
 
 
 @pytest.mark.parametrize("text", ["lots", "-5", "1.5G", "12T"])
 def test_bad_environment_variable_names_it(monkeypatch, text):
-    monkeypatch.setenv(host_pool.POOL_ENV, text)
-    with pytest.raises(ValueError, match=host_pool.POOL_ENV):
-        host_pool.set_host_pool_limit()
+    monkeypatch.setenv("SBPMPI_HOST_POOL_BYTES", text)
+    with pytest.raises(ValueError, match=f"SBPMPI_HOST_POOL_BYTES='{text}' is not understood"):
+        sm.config.reset("host_pool_bytes")
+    assert sm.config.host_pool_bytes.value is None  # unchanged
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "1M"])
-def test_bad_limit_argument(bad):
-    with pytest.raises(ValueError, match="host pool limit"):
-        host_pool.set_host_pool_limit(bad)
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError),
+                                        ("1M", TypeError)])
+def test_bad_limit_argument(bad, error):
+    with pytest.raises(error, match=r"host_pool_bytes=.* is not allowed; expected a number of "
+                                    r"bytes >= 0"):
+        sm.config.update(host_pool_bytes=bad)
 
 
 def test_default_limit_is_sane():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sbpmpi import config
 from sbpmpi.tools import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,11 +58,11 @@ def test_find_mpiexec_belongs_to_mpi4pys_library():
     assert lib.version == MPI.Get_library_version().strip().splitlines()[0].strip()
 
 
-def test_mpiexec_override(monkeypatch, tmp_path):
+def test_mpiexec_override(tmp_path):
     real = launch.find_mpiexec().path
     assert launch.find_mpiexec(real).path == real
-    monkeypatch.setenv("SBPMPI_MPIEXEC", real)
-    assert launch.find_mpiexec().how.startswith("given with")
+    with config.override(mpiexec=real):  # as SBPMPI_MPIEXEC
+        assert launch.find_mpiexec().how.startswith("given with")
     missing = str(tmp_path / "no-such-mpiexec")
     with pytest.raises(FileNotFoundError, match="no-such-mpiexec"):
         launch.find_mpiexec(missing)
@@ -207,27 +208,33 @@ def dry_run(capsys, args):
     (["--mpiexec-args", "-genv A 1", "--mpiexec-args", "--verbose"], ["-genv", "A", "1",
                                                                        "--verbose"]),
 ])
-def test_mpiexec_args_accept_values_starting_with_dashes(capsys, tmp_path, monkeypatch,
-                                                         given, expected):
-    monkeypatch.delenv("SBPMPI_MPIEXEC_ARGS", raising=False)
+def test_mpiexec_args_accept_values_starting_with_dashes(capsys, tmp_path, given, expected):
     prog = tmp_path / "prog.py"
     prog.write_text("")
-    cmd = dry_run(capsys, ["-n", "2", *given, str(prog), "--mpiexec-args", "x"])[-1].split()
+    with config.override(mpiexec_args=""):
+        cmd = dry_run(capsys, ["-n", "2", *given, str(prog), "--mpiexec-args", "x"])[-1].split()
     i = cmd.index("2") + 1
     assert cmd[i:i + len(expected)] == expected
     assert cmd[i + len(expected)] == sys.executable
     assert cmd[-3:] == [str(prog), "--mpiexec-args", "x"]  # the program's own arguments
 
 
-def test_mpiexec_args_from_the_environment_come_first(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("SBPMPI_MPIEXEC_ARGS", "-bind-to none")
+def test_mpiexec_args_from_the_environment_come_first(capsys, tmp_path):
     prog = tmp_path / "prog.py"
     prog.write_text("")
-    cmd = dry_run(capsys, ["-n", "2", "--mpiexec-args", "--verbose", str(prog)])[-1].split()
+    with config.override(mpiexec_args="-bind-to none"):  # as SBPMPI_MPIEXEC_ARGS
+        cmd = dry_run(capsys, ["-n", "2", "--mpiexec-args", "--verbose", str(prog)])[-1].split()
+        i = cmd.index("2") + 1
+        assert cmd[i:i + 3] == ["-bind-to", "none", "--verbose"]
+    with config.override(mpiexec_args="x"):
+        assert launch.mpiexec_args_from(["'a b' c"]) == ["x", "a b", "c"]
+    # the variable itself, in the launcher's environment
+    res = run(["--dry-run", "-n", "2", "--mpiexec-args", "--verbose", str(prog)],
+              extra_env={"SBPMPI_MPIEXEC_ARGS": "-bind-to none"})
+    assert res.returncode == 0, res.stderr
+    cmd = res.stdout.strip().splitlines()[-1].split()
     i = cmd.index("2") + 1
-    assert cmd[i:i + 3] == ["-bind-to", "none", "--verbose"]
-    assert launch.mpiexec_args_from(["'a b' c"], {"SBPMPI_MPIEXEC_ARGS": "x"}) == \
-        ["x", "a b", "c"]
+    assert cmd[i:i + 3] == ["-bind-to", "none", "--verbose"], cmd
 
 
 def test_bad_mpiexec_args_are_refused(tmp_path):

@@ -19,7 +19,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "sbpmpi"
 
 #: Layers from the bottom up: (name, module prefixes). The longest matching prefix wins.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("sbpmpi._version", "sbpmpi.errors", "sbpmpi.core")),
+    ("core", ("sbpmpi._version", "sbpmpi.errors", "sbpmpi.config", "sbpmpi.core")),
     ("boxing", ("sbpmpi.boxing",)),
     ("platform", ("sbpmpi.env", "sbpmpi.backend")),
     ("comm", ("sbpmpi.comm",)),

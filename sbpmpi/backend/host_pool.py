@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
+
 __all__ = [
     "empty",
-    "POOL_ENV",
     "host_pool_limit",
-    "set_host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
 ]
@@ -28,29 +28,10 @@ __all__ = [
 # one) has one ``_Lease`` object as its NumPy base; only when the last of them is gone
 # does the lease die and its block go back to the pool. So a block is never handed to a
 # second array while any array over it is alive. The pool keeps at most
-# ``host_pool_limit()`` idle bytes (least recently returned size classes go first);
-# CuPy keeps its own device pool.
+# ``host_pool_limit()`` idle bytes (least recently returned size classes go first; the
+# setting :data:`sbpmpi.config.host_pool_bytes`); CuPy keeps its own device pool.
 
-POOL_ENV = "SBPMPI_HOST_POOL_BYTES"
 _POOL_MIN = 1 << 20  # smaller arrays come from np.empty: malloc reuses its heap for them
-_UNSET: Any = object()
-
-
-def _parse_bytes(value: str) -> int:
-    """``value`` of :data:`POOL_ENV` in bytes: an integer, optionally with K, M or G (2**10..)."""
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    scale = 1
-    if text and text[-1] in "KMG":
-        scale = 1 << (10 * ("KMG".index(text[-1]) + 1))
-        text = text[:-1]
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{POOL_ENV}={value!r} is not a size in bytes: set e.g. {POOL_ENV}=512M, "
-                         f"{POOL_ENV}=1073741824, or {POOL_ENV}=0 to turn the host pool off")
-    return n * scale
 
 
 def _default_limit() -> int:
@@ -120,14 +101,13 @@ class _HostPool:
         self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
         self.free: OrderedDict[int, list[tuple[np.ndarray, int]]] = OrderedDict()
         self.idle = 0
-        self.limit: int | None = None  # read from the environment on first use
+        self.limit: int | None = None  # from the setting, on first use
         self.hits = self.misses = self.dropped = 0
 
     def get_limit(self) -> int:
         if self.limit is None:
-            value = os.environ.get(POOL_ENV)
-            self.limit = _default_limit() if value is None or not value.strip() else \
-                _parse_bytes(value)
+            value = config.host_pool_bytes.value
+            self.limit = _default_limit() if value is None else value
         return self.limit
 
     def new_block(self, size: int) -> tuple[np.ndarray, int]:
@@ -225,8 +205,8 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     """``xp.empty(shape, dtype)`` (C order); large NumPy arrays over reused pooled memory.
 
     The memory is handed out again only after every array over it (views included) is
-    garbage: it is never shared by two live arrays. :data:`POOL_ENV` (bytes, ``0``: off)
-    caps the idle memory the pool keeps.
+    garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
+    (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
     if xp is not np:
         return xp.empty(shape, dtype=dtype)
@@ -270,20 +250,15 @@ def host_pool_limit() -> int:
     return _POOL.get_limit()
 
 
-def set_host_pool_limit(nbytes: int | None | Any = _UNSET) -> int:
-    """Set the host pool's idle-byte limit (0 turns it off); with no argument re-read
-    :data:`POOL_ENV`. Idle blocks over the new limit are freed. Returns the limit."""
+def _follow_setting(_: object) -> None:
+    """The setting ``host_pool_bytes`` changed: idle blocks over the new limit are freed."""
     with _POOL.lock:
-        if nbytes is _UNSET or nbytes is None:
-            _POOL.limit = None
-        elif isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise ValueError(f"host pool limit must be a number of bytes >= 0, got {nbytes!r}")
-        else:
-            _POOL.limit = nbytes
-        limit = _POOL.get_limit()
-        if _POOL.idle > limit:
+        _POOL.limit = None
+        if _POOL.idle > _POOL.get_limit():
             _POOL.clear()
-        return limit
+
+
+config.on_update("host_pool_bytes", _follow_setting)
 
 
 def host_pool_stats() -> dict[str, int]:

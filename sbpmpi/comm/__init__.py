@@ -16,7 +16,7 @@ trace, watchdog, staging),
 on a node, and which one is used).
 """
 
-from .checks import checking, set_checking
+from .checks import checking
 from .collectives import (
     all_gather,
     all_reduce,
@@ -28,8 +28,8 @@ from .collectives import (
     reduce_scatter,
     scatter,
 )
-from .cuda_aware import is_cuda_aware, set_cuda_aware
-from .gpu import gpu_transport, set_gpu_transport
+from .cuda_aware import is_cuda_aware
+from .gpu import gpu_transport
 from .group import WORLD, Group, get_group, mesh_groups, new_group, placement_group
 from .info import info
 from .objects import all_agree, all_gather_object, broadcast_object
@@ -44,6 +44,5 @@ __all__ = [
     "barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
     "reduce_scatter", "all_to_all",
     "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v",
-    "info", "is_cuda_aware", "set_cuda_aware", "checking", "set_checking",
-    "gpu_transport", "set_gpu_transport",
+    "info", "is_cuda_aware", "checking", "gpu_transport",
 ]

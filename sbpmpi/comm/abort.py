@@ -7,7 +7,8 @@ until the allocation runs out. :func:`install` sets ``sys.excepthook`` and
 calls ``MPI_Abort`` on the world, as ``python -m mpi4py`` does.
 
 It is on by default when the world has more than one process and off for a
-single process; ``SBPMPI_ABORT_ON_ERROR=0`` turns it off, ``=1`` forces it on.
+single process; the setting :data:`sbpmpi.config.abort_on_error`
+(``SBPMPI_ABORT_ON_ERROR=0`` / ``1``) turns it off or forces it on.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
-from ..env import switch
+from .. import config
 
-__all__ = ["ENV_VAR", "enabled", "install", "uninstall", "installed", "abort", "format_report",
+__all__ = ["enabled", "install", "uninstall", "installed", "abort", "format_report",
            "main"]
-
-ENV_VAR = "SBPMPI_ABORT_ON_ERROR"
 
 _prev_sys_hook: Any = None
 _prev_thread_hook: Any = None
@@ -43,22 +42,15 @@ def _world() -> tuple[int, int]:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
-def enabled(world_size: int | None = None, environ: Mapping[str, str] | None = None) -> bool:
+def enabled(world_size: int | None = None) -> bool:
     """Whether uncaught exceptions should abort the job.
 
-    ``SBPMPI_ABORT_ON_ERROR`` decides when set (``0``/``1``, also ``false``/``true``,
-    ``no``/``yes``, ``off``/``on``); otherwise on exactly when ``world_size > 1``.
+    The setting ``abort_on_error`` decides when set (``SBPMPI_ABORT_ON_ERROR=0``/``1``);
+    otherwise on exactly when ``world_size`` (default: the world's) is more than 1.
     """
-    env = os.environ if environ is None else environ
-    value = env.get(ENV_VAR, "")
-    on = switch(value)
+    on = config.abort_on_error.value
     if on is not None:
         return on
-    if value.strip():
-        raise ValueError(
-            f"{ENV_VAR}={env[ENV_VAR]!r} is not understood; expected 0 (off) or 1 (on), "
-            f"or leave it unset (on when the world has more than one process)"
-        )
     if world_size is None:
         world_size = _world()[1]
     return world_size > 1
@@ -72,7 +64,8 @@ def format_report(kind: str, exc_type: type[BaseException] | None, exc: BaseExce
     first = text.split("\n", 1)[0] + (" [...]" if "\n" in text else "")  # all of it is below
     head = f"sbpmpi: rank {rank}: {kind} {name}: {first}\n"
     body = "".join(traceback.format_exception(exc_type, exc, tb)) if exc_type else ""
-    tail = (f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort); set {ENV_VAR}=0 "
+    tail = (f"sbpmpi: rank {rank}: aborting all {size} ranks (MPI_Abort); set "
+            f"{config.abort_on_error.env}=0 "
             f"to let ranks exit on their own\n")
     return head + body + tail
 
@@ -179,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "   or: python -m sbpmpi.abort -m module [args...]\n"
               "   or: python -m sbpmpi.abort -c code [args...]", file=sys.stderr)
         raise SystemExit(0 if args[:1] in (["-h"], ["--help"]) else 2)
-    install(force=None if os.environ.get(ENV_VAR) else True)
+    install(force=None if config.abort_on_error.value is not None else True)
     try:
         run_command_line(args)
     except SystemExit as e:

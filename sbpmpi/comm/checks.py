@@ -2,7 +2,8 @@
 
 By default each call validates its arguments locally, before any communication; an
 error that every rank makes the same way (the usual SPMD case) is raised on every rank.
-In checked mode (``SBPMPI_COMM_CHECK=1`` or :func:`set_checking`) every collective first
+In checked mode (``SBPMPI_COMM_CHECK=1``, or ``sm.config.update(comm_check=True)``: the
+setting :data:`sbpmpi.config.comm_check`) every collective first
 agrees on its local verdict and a signature (dtype, sizes, root, op) through
 :func:`.agreement.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
 gathered only when they differ), so that an error made on one rank only, or ranks that
@@ -16,44 +17,49 @@ layouts.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..env import switch
+from .. import config
 from ..errors import CollectiveMismatchError
 from . import agreement
 from .exit_agreement import group_lines
 from .group import Group
 
-__all__ = ["checking", "set_checking", "agree", "agreed"]
+__all__ = ["checking", "agree", "agreed"]
 
-_enabled = switch(os.environ.get("SBPMPI_COMM_CHECK")) is True
+# The calls test this flag first (one global read): the setting, off inside agreed().
+_enabled: bool = config.comm_check.value
+_agreed_depth = 0
+
+
+def _refresh(_: object = None) -> None:
+    global _enabled
+    _enabled = config.comm_check.value and not _agreed_depth
+
+
+config.on_update("comm_check", _refresh)
 
 
 def checking() -> bool:
-    """True in checked mode."""
+    """True in checked mode (the setting :data:`sbpmpi.config.comm_check`, outside
+    :func:`agreed`)."""
     return _enabled
-
-
-def set_checking(enabled: bool) -> bool:
-    """Turn checked mode on or off (on every rank alike); returns the previous setting."""
-    global _enabled
-    prev, _enabled = _enabled, bool(enabled)
-    return prev
 
 
 @contextmanager
 def agreed() -> Iterator[None]:
     """Within the block, calls skip checked mode's exchange (the ranks agreed on the step
     that makes them, e.g. one layout conversion, in one exchange before it)."""
-    global _enabled
-    prev, _enabled = _enabled, False
+    global _agreed_depth
+    _agreed_depth += 1
+    _refresh()
     try:
         yield
     finally:
-        _enabled = prev
+        _agreed_depth -= 1
+        _refresh()
 
 
 def _fmt(sig: Sequence[tuple[str, Any]]) -> str:

@@ -3,8 +3,10 @@
 mpi4py has no query for this, and handing a device pointer to an MPI that is not
 CUDA-aware usually crashes, so the decision is conservative, in this order:
 
-1. ``SBPMPI_CUDA_AWARE=1`` / ``0`` in the environment (an explicit override), then
-   ``SBPMPI_GPU_TRANSPORT=mpi`` / ``staged`` (the transport forced: direct / staged);
+1. the setting :data:`sbpmpi.config.cuda_aware` (``SBPMPI_CUDA_AWARE=1`` / ``0``, or
+   ``sm.config.update(cuda_aware=...)``: an explicit override), then the setting
+   :data:`sbpmpi.config.gpu_transport` when it forces ``mpi`` / ``staged`` (direct /
+   staged);
 2. what the library reports, identified by ``MPI.Get_library_version()``:
    Cray MPICH: ``MPICH_GPU_SUPPORT_ENABLED=1``; MVAPICH: ``MV2_USE_CUDA=1``;
    Open MPI: ``MPIX_Query_cuda_support()``; MPICH: ``MPIR_CVAR_ENABLE_GPU`` not 0 and
@@ -22,13 +24,12 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from ..env import switch
+from .. import config
+from ..config import switch
 from .info import library_name
 
-__all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
-           "detect_library", "library_name"]
-
-ENV = "SBPMPI_CUDA_AWARE"
+__all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "detect", "detect_library",
+           "library_name"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def _mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defi
 
 
 def _env_flag(name: str) -> bool | None:
+    """An MPI library's on/off variable ``name`` (a switch word or a number > 0)."""
     v = os.environ.get(name)
     on = switch(v)
     if on is not None or v is None:
@@ -89,21 +91,15 @@ def _mpich_gpu_query() -> tuple[bool | None, str]:
     return bool(out.value), f"MPIX_GPU_query_support(CUDA) returned {out.value}"
 
 
-TRANSPORT_ENV = "SBPMPI_GPU_TRANSPORT"
-
-
 def detect() -> CudaAwareness:
     """Decide CUDA-awareness now (see the module docstring for the order)."""
-    override = os.environ.get(ENV)
-    if override is not None and override.strip():
-        flag = _env_flag(ENV)
-        if flag is None:
-            raise ValueError(f"{ENV}={override!r} is not one of 0/1 (or true/false)")
-        return CudaAwareness(flag, f"{ENV}={override.strip()} (explicit override)")
-    transport = os.environ.get(TRANSPORT_ENV, "").strip().lower()
-    if transport in ("mpi", "staged"):
-        return CudaAwareness(transport == "mpi", f"{TRANSPORT_ENV}={transport} (explicit "
-                             "override of the transport)")
+    aware = config.cuda_aware
+    if aware.value is not None:
+        return CudaAwareness(aware.value, f"{aware.origin()}: explicit override")
+    transport = config.gpu_transport
+    if transport.value in ("mpi", "staged"):
+        return CudaAwareness(transport.value == "mpi", f"{transport.origin()}: explicit "
+                             "override of the transport")
     return detect_library()
 
 
@@ -138,23 +134,27 @@ _decision: CudaAwareness | None = None
 
 
 def cuda_awareness() -> CudaAwareness:
-    """The cached decision (made on first call)."""
-    return _decision if _decision is not None else set_cuda_aware(None)
+    """The cached decision (made on first call, again after either setting changes)."""
+    global _decision
+    if _decision is None:
+        _decision = detect()
+    return _decision
 
 
 def is_cuda_aware() -> bool:
-    """True when GPU arrays are handed to MPI directly."""
+    """True when GPU arrays are handed to MPI directly.
+
+    Forced with ``sm.config.update(cuda_aware=True)`` (or False; None detects again), for
+    tests and for sites whose MPI reports wrongly.
+    """
     d = _decision
     return (d if d is not None else cuda_awareness()).aware
 
 
-def set_cuda_aware(aware: bool | None) -> CudaAwareness:
-    """Force the decision (True/False), or re-detect it (None); returns the new decision.
-
-    For tests and for sites whose MPI reports wrongly; every rank may choose for itself,
-    the results are the same either way.
-    """
+def _forget(_: object) -> None:
     global _decision
-    _decision = detect() if aware is None else CudaAwareness(
-        bool(aware), f"set_cuda_aware({bool(aware)})")
-    return _decision
+    _decision = None
+
+
+config.on_update("cuda_aware", _forget)
+config.on_update("gpu_transport", _forget)

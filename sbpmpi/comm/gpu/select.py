@@ -9,28 +9,30 @@
   across nodes, host arrays, memory that cannot be exported) take the ``mpi`` path where
   the library is CUDA-aware, else ``staged``; every rank of the call agrees.
 
-``mpi`` and ``staged`` forced by the environment act through
-:func:`..cuda_aware.cuda_awareness` (``SBPMPI_CUDA_AWARE`` still wins over them, and
-``set_cuda_aware`` over both).
+This module owns the decision and its one setting, :data:`sbpmpi.config.gpu_transport`
+(``SBPMPI_GPU_TRANSPORT=ipc|mpi|staged``, or ``sm.config.update(gpu_transport=...)``; None:
+the automatic choice). ``mpi`` and ``staged`` act through
+:func:`..cuda_aware.cuda_awareness` (the setting ``cuda_aware`` still wins over them).
 
-Order: ``SBPMPI_GPU_TRANSPORT=ipc|mpi|staged`` (an explicit override), else ``mpi`` where
-the library is CUDA-aware (see :mod:`..cuda_aware`), else ``staged``. CUDA IPC is not the
-default yet: it has been unit-tested against a stand-in device only, and becomes the
-default on GPU nodes once measured there. The decision is made once, on first use, and
-must be the same on every rank (it depends on the environment and the MPI library only).
+Order: the setting (an explicit override), else ``mpi`` where the library is CUDA-aware
+(see :mod:`..cuda_aware`), else ``staged``. CUDA IPC is not the default yet: it has been
+unit-tested against a stand-in device only, and becomes the default on GPU nodes once
+measured there; so whether IPC is on follows from the setting alone (:func:`ipc_chosen`),
+without detecting anything. The decision is made once, on first use, again after the
+setting changes, and must be the same on every rank (it depends on the settings and the
+MPI library only).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..cuda_aware import cuda_awareness, detect_library, set_cuda_aware
+from ... import config
+from ..cuda_aware import cuda_awareness, detect_library
 
-__all__ = ["ENV", "TRANSPORTS", "GpuTransport", "detect", "gpu_transport", "set_gpu_transport"]
+__all__ = ["TRANSPORTS", "GpuTransport", "detect", "gpu_transport", "ipc_chosen"]
 
-ENV = "SBPMPI_GPU_TRANSPORT"
-TRANSPORTS = ("ipc", "mpi", "staged")
+TRANSPORTS = config.gpu_transport.choices
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,17 @@ class GpuTransport:
     forced: bool = False
 
 
-def _validate(value: str, arg: str) -> str:
-    v = value.strip().lower()
-    if v not in TRANSPORTS:
-        raise ValueError(f"{arg}={value!r} is not one of {', '.join(TRANSPORTS)} "
-                         f"(or unset for the automatic choice)")
-    return v
+def ipc_chosen() -> bool:
+    """True when the transport is ``ipc`` (only ever chosen by the setting)."""
+    return config.gpu_transport.value == "ipc"
 
 
 def detect() -> GpuTransport:
     """Decide now (see the module docstring for the order)."""
-    raw = os.environ.get(ENV)
-    if raw is not None and raw.strip():
-        v = _validate(raw, ENV)
-        reason = f"{ENV}={v} (explicit override)"
+    setting = config.gpu_transport
+    if setting.value is not None:
+        v = setting.value
+        reason = f"{setting.origin()}: explicit override"
         if v == "mpi" and not detect_library().aware:
             reason += ("; the MPI library does not report CUDA support "
                        f"({detect_library().reason}): device pointers may crash it")
@@ -68,37 +67,24 @@ def detect() -> GpuTransport:
         return GpuTransport("mpi", f"GPU arrays go to MPI directly ({aware.reason})")
     return GpuTransport("staged", f"GPU arrays are staged through host memory "
                         f"({aware.reason}); CUDA IPC between the ranks of a node is "
-                        f"available with {ENV}=ipc")
+                        f"available with {setting.env}=ipc")
 
 
 _decision: GpuTransport | None = None
 
 
 def gpu_transport() -> GpuTransport:
-    """The cached decision (made on first call)."""
+    """The cached decision (made on first call, again after the setting changes)."""
     global _decision
     if _decision is None:
         _decision = detect()
     return _decision
 
 
-def set_gpu_transport(name: str | None) -> GpuTransport:
-    """Force the transport (``"ipc"``, ``"mpi"``, ``"staged"``) or re-detect it (None).
-
-    Every rank must make the same choice.
-    """
+def _forget(_: object) -> None:
     global _decision
-    if name is None:
-        set_cuda_aware(None)
-        _decision = detect()
-    else:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be 'ipc', 'mpi', 'staged' or None, got {name!r}")
-        v = _validate(name, "name")
-        if v != "ipc":
-            set_cuda_aware(v == "mpi")
-        _decision = GpuTransport(v, f"set_gpu_transport({v!r})", True)
-    from . import route
+    _decision = None
 
-    route.configure(_decision.name == "ipc")
-    return _decision
+
+config.on_update("gpu_transport", _forget)
+config.on_update("cuda_aware", _forget)  # the automatic choice follows it
