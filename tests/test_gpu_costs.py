@@ -152,5 +152,6 @@ def test_cpu_only_work_binds_no_gpu(monkeypatch, tmp_path):
         assert ("use", 0) not in calls  # named, never bound
         assert backend.bind_device() == 0 and calls[-1] == ("use", 0)  # real GPU work binds
     finally:
+        monkeypatch.undo()  # the real cupy (or none) again, before anything looks it up
         backend._cupy.cache_clear()
         cost_table.set_cost_table(prev if prev_installed else None)
