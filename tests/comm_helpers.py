@@ -111,20 +111,33 @@ def checker() -> Iterator[Checker]:
 # supplies (mk, host, aware) for NumPy, the fake CUDA array and CuPy.
 
 
+def ipc_calls() -> int:
+    """The calls the CUDA IPC transport has carried in this process, over every group."""
+    from sbpmpi.comm.gpu import route
+
+    return sum(t.stats["calls"] for t in route.transports().values() if not isinstance(t, str))
+
+
 def run_collectives(chk, mk, host, aware: bool | None, n: int = 5, ipc: bool = False) -> None:
-    """The fixed-size collectives. ``ipc``: they go over CUDA IPC (never staged), not MPI."""
+    """The fixed-size collectives. Whether a call went over CUDA IPC (never staged) or MPI
+    is asked of the transport (with ``SBPMPI_GPU_TRANSPORT=ipc`` it carries the device
+    cases); ``ipc``: it must have."""
     import sbpmpi as sm
     from sbpmpi import comm as C
 
     rank = world.Get_rank()
     p = world.Get_size()
     allx = [data(r, n, np.float32, 1) for r in range(p)]
+    before = ipc_calls()
     with sm.trace() as t:
         x = mk(allx[rank])
         C.all_reduce(x)
+    carried = ipc_calls() > before
     chk.same(host(x), sum(allx), "all_reduce")
     dev = "cpu" if aware is None else "cuda"
-    chk.true(t[0].device == dev and t[0].staged == (aware is False and not ipc), f"trace {t[0]}")
+    chk.true(t[0].device == dev and t[0].staged == (aware is False and not carried),
+             f"trace {t[0]} (carried by CUDA IPC: {carried})")
+    chk.true(carried or not ipc, "CUDA IPC carried the all_reduce")
     for op in ReduceOp:
         x = mk(allx[rank])
         C.all_reduce(x, op=op)
@@ -133,11 +146,14 @@ def run_collectives(chk, mk, host, aware: bool | None, n: int = 5, ipc: bool = F
                 ReduceOp.AVG: np.add.reduce(np.stack(allx), axis=0) / np.float32(p)}[op]
         chk.same(host(x), want, f"all_reduce {op}")
     h16 = [data(r, n, np.float16, 2) for r in range(p)]
+    before = ipc_calls()
     with sm.trace() as t:
         x = mk(h16[rank])
         C.all_reduce(x)  # a user-defined MPI op: staged even when aware
+    carried = ipc_calls() > before
     chk.same(host(x), np.add.reduce(np.stack(h16), axis=0, dtype=np.float16), "float16 sum")
-    chk.true(t[0].staged == (aware is not None and not ipc),
+    chk.true(carried or not ipc, "CUDA IPC carried the float16 all_reduce")
+    chk.true(t[0].staged == (aware is not None and not carried),
              "float16 reductions: host memory on MPI, device on IPC")
     x = mk(allx[rank])
     C.broadcast(x, src=p - 1)

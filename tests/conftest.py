@@ -120,7 +120,10 @@ def array_backend(request: pytest.FixtureRequest):
         if aware:
             from sbpmpi.comm import cuda_aware
 
-            lib = cuda_aware.detect()  # what the library says, not the forced choice
+            # what the MPI library itself reports: SBPMPI_CUDA_AWARE=1 or
+            # SBPMPI_GPU_TRANSPORT=mpi in the environment must not send device pointers
+            # to an MPI that is not CUDA-aware
+            lib = cuda_aware.detect_library()
             if not lib.aware:
                 pytest.skip(f"the MPI library is not CUDA-aware ({lib.reason}): handing it "
                             "device pointers would crash; the staged case covers this MPI")

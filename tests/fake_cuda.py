@@ -63,3 +63,21 @@ class FakeCudaArray:
     def get(self) -> np.ndarray:
         """A host copy of the values (as ``cupy.ndarray.get``)."""
         return self._host.copy()
+
+
+def fake_cupy_module(calls: list[tuple[str, int]], gpus: int = 1) -> Any:
+    """A stand-in for the ``cupy`` module's device queries, recording in ``calls`` every
+    ``("use", id)`` (binding a device: CUDA creates a context there) and
+    ``("properties", id)``; no arrays."""
+    import types
+
+    def device(i: int = 0) -> Any:
+        return types.SimpleNamespace(id=i, use=lambda: calls.append(("use", i)))
+
+    def properties(i: int) -> dict[str, Any]:
+        calls.append(("properties", i))
+        return {"name": b"Stand-in GPU"}
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus, getDeviceProperties=properties)
+    return types.SimpleNamespace(__name__="cupy", __version__="0-stand-in",
+                                 cuda=types.SimpleNamespace(runtime=runtime, Device=device))

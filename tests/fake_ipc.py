@@ -7,11 +7,22 @@ Like CuPy's memory pool, :meth:`FakeIpcDevice.array` packs small arrays into sha
 handle + offset. Arrays are :class:`fake_cuda.FakeCudaArray` views of the mapped bytes.
 Every call is logged in ``log`` so tests can check the order of synchronisations,
 barriers and reads.
+
+It keeps CUDA's IPC rules, so that a protocol that breaks them fails here as on a GPU:
+
+- a process cannot open the same handle twice while the first mapping is open
+  (``cudaIpcOpenMemHandle`` refuses it), nor open a handle of its own allocations;
+- closing a mapping that is not open (e.g. twice) fails (``cudaIpcCloseMemHandle``);
+- freeing an allocation that a peer still maps (CUDA leaves it undefined; in practice
+  the memory stays with the peer, out of reach of ``free_all_blocks``) is recorded in
+  :attr:`FakeIpcDevice.violations`: each open leaves a marker file beside the exporter's
+  allocation, each close removes it, and :meth:`FakeIpcDevice.free` looks for them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
 import itertools
 import mmap
 import os
@@ -56,7 +67,10 @@ class FakeIpcDevice:
         self.dir = tempfile.mkdtemp(prefix=f"sbpmpi-fake-ipc-{tag}-{os.getpid()}-")
         self.chunk = chunk
         self.allocs: list[_Alloc] = []
-        self.opened: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self.opened: dict[int, tuple[mmap.mmap, np.ndarray, str]] = {}  # base -> map, path
+        self.open_paths: dict[str, int] = {}  # handle (path) -> base: one open per handle
+        self.violations: list[str] = []  # CUDA IPC rules broken by this process or its peers
+        self.token = f"{os.getpid()}-{id(self):x}"  # this "process" in marker names
         self.log: list[tuple[Any, ...]] = []
         self._cur: _Alloc | None = None
 
@@ -91,10 +105,20 @@ class FakeIpcDevice:
         return out
 
     def free(self) -> None:
-        """Free every allocation (the files go; new arrays get new allocations)."""
+        """Free every allocation (the files go; new arrays get new allocations), as
+        ``free_all_blocks`` does once the arrays are gone. An allocation that a peer still
+        maps is recorded in :attr:`violations`."""
         for a in self.allocs:
+            holders = sorted(m.rsplit(".map-", 1)[1] for m in glob.glob(a.path + ".map-*"))
+            if holders:
+                self.violations.append(f"allocation a{a.id} freed while mapped by {holders}")
             os.unlink(a.path)
         self.allocs, self._cur = [], None
+
+    def mapped_by_peers(self) -> list[str]:
+        """The markers of peers' open mappings of this device's allocations."""
+        return sorted(os.path.basename(m) for a in self.allocs
+                      for m in glob.glob(a.path + ".map-*"))
 
     def cleanup(self) -> None:
         for base in list(self.opened):
@@ -102,6 +126,8 @@ class FakeIpcDevice:
         for a in self.allocs:
             if os.path.exists(a.path):
                 os.unlink(a.path)
+        for m in glob.glob(os.path.join(self.dir, "*.map-*")):
+            os.unlink(m)
         try:
             os.rmdir(self.dir)
         except OSError:
@@ -134,17 +160,33 @@ class FakeIpcDevice:
 
     def open(self, handle: bytes) -> int:
         path = handle.rstrip(b"\0").decode()
+        if os.path.dirname(path) == self.dir:
+            raise RuntimeError(f"cudaIpcOpenMemHandle: {os.path.basename(path)} is this "
+                               "process's own allocation (stand-in of CUDA's rule)")
+        if path in self.open_paths:
+            raise RuntimeError(f"cudaIpcOpenMemHandle: the handle of {os.path.basename(path)} "
+                               "is already open in this process (CUDA refuses a second open; "
+                               "stand-in)")
         with open(path, "r+b") as f:
             mm = mmap.mmap(f.fileno(), 0)
         arr = np.frombuffer(mm, dtype=np.uint8)
         base = int(arr.ctypes.data)
-        self.opened[base] = (mm, arr)
+        self.opened[base] = (mm, arr, path)
+        self.open_paths[path] = base
+        open(f"{path}.map-{self.token}", "w").close()
         self.log.append(("open", os.path.basename(path)))
         return base
 
     def close(self, mapped: int) -> None:
-        mm, arr = self.opened.pop(mapped)
-        del arr
+        if mapped not in self.opened:
+            raise RuntimeError(f"cudaIpcCloseMemHandle: {mapped:#x} is not an open mapping "
+                               "(closed twice?) (stand-in of CUDA's rule)")
+        mm, arr, path = self.opened.pop(mapped)
+        del self.open_paths[path], arr
+        try:
+            os.unlink(f"{path}.map-{self.token}")
+        except FileNotFoundError:  # the exporter's cleanup already removed it
+            pass
         self.log.append(("close", mapped))
         try:
             mm.close()

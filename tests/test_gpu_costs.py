@@ -105,3 +105,48 @@ def test_without_a_gpu_the_plain_defaults(monkeypatch):
             assert sm.boxing.get_cost_table() is cost.DEFAULT_TABLE
     finally:
         cost_table.set_cost_table(prev if prev_installed else None)
+
+
+def test_cpu_only_work_binds_no_gpu(monkeypatch, tmp_path):
+    """With CuPy and a GPU present (a stand-in module), looking up the cost table names the
+    GPU only when the cache holds an entry of this machine, and never binds it."""
+    import sys
+
+    from fake_cuda import fake_cupy_module
+
+    from sbpmpi import backend
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy_module(calls))
+    monkeypatch.setattr(backend, "_bound", None)
+    backend._cupy.cache_clear()  # the module is looked up once per process
+    prev_installed, prev = cost_table._installed, cost_table._current
+    try:
+        assert backend.cupy_available()
+
+        def table() -> cost.CostTable:
+            cost_table.set_cost_table(None)  # forget the cached default
+            return sm.boxing.get_cost_table()
+
+        sm.config.update(gpu_transport=None, cost_cache="off")
+        assert table().device == cost.table_for_transport(select.gpu_transport().name).device
+        path = tmp_path / "costs.json"
+        sm.config.update(cost_cache=str(path))
+        assert table().source  # no file yet
+        cost_cache.write_cache_entry("another-host | lib | GPU | transport staged | 1 ranks",
+                              cost.table_for_transport("ipc"), str(path))
+        table()
+        assert calls == []  # nothing of this machine cached: the GPU is not even named
+        key = cost_cache.cache_key()
+        assert "Stand-in GPU" in key and calls == [("properties", 0)]
+        mine = cost.table_for_transport("ipc")
+        cost_cache.write_cache_entry(key, mine, str(path))
+        got = table()
+        assert got.device == mine.device and "cached" in got.source  # the cached row is used
+        assert ("use", 0) not in calls  # named, never bound
+        assert backend.bind_device() == 0 and calls[-1] == ("use", 0)  # real GPU work binds
+    finally:
+        sm.config.reset("gpu_transport", "cost_cache")
+        monkeypatch.undo()  # the real cupy (or none) again, before anything looks it up
+        backend._cupy.cache_clear()
+        cost_table.set_cost_table(prev if prev_installed else None)

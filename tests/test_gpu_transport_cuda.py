@@ -2,8 +2,9 @@
 
 Every call of sbpmpi.comm on CuPy arrays with the transport ``ipc``
 (``sm.config.override(gpu_transport="ipc")``): CuPy's pool packs the arrays into shared
-allocations, so the handles are those of base allocations plus offsets; freeing the pool's blocks and allocating again must give correct results
-(stale mappings closed). Results are compared with NumPy.
+allocations, so the handles are those of base allocations plus offsets; no mapping
+outlives its call, so freeing the pool's blocks gives the memory back and allocating again
+gives correct results. Results are compared with NumPy.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def test_cupy_interior_pointers_and_freed_pool(chk, ipc):
         want = sum(data(r, p * (8 << 20) // 4, np.float32, 9) for r in range(p))
         chk.same(cp.asnumpy(y), want[rank * y.size:(rank + 1) * y.size], f"reduce_scatter {it}")
         del pads, x, out, big, y
+        chk.true(not route.transports()[C.WORLD.ranks].mapped,  # type: ignore[union-attr]
+                 "no peer allocation stays mapped between calls")
         world.Barrier()
         cp.get_default_memory_pool().free_all_blocks()  # allocations go; addresses are reused
     s = _stats()

@@ -251,3 +251,162 @@ def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):
         chk.true(isinstance(t, Hierarchical) and t.stats["calls"] >= 18, str(t))
     else:  # 3 ranks: nodes of 2 and 1: no hierarchy, the MPI path
         chk.true(isinstance(t, str) and "same number" in t, str(t))
+
+
+# ----------------------------------------------------------------------------- CUDA's IPC rules
+# The stand-in refuses what CUDA refuses (a second open of a handle in one process, a second
+# close) and records an allocation freed while a peer maps it. These tests run the calls
+# boxing makes on a mesh (the 2x2 mesh's rows {0,1}, {2,3}, columns {0,2}, {1,3}, WORLD)
+# over arrays packed in the same allocations, flat and across pseudo-nodes.
+
+
+@pytest.fixture(params=["flat", "pseudo-nodes"])
+def rules_dev(request, monkeypatch):
+    """The stand-in device, on one node or on pseudo-nodes of two ranks."""
+    with sm.config.override(ipc_node_size=None if request.param == "flat" else 2):
+        yield from _ipc_device(f"{request.param[0]}{rank}")
+
+
+def _mesh_groups(p: int) -> list[C.Group]:
+    """Rows and columns of a (2, p/2) mesh (of (1, p) for odd p), WORLD and WORLD reversed,
+    in one order on every rank."""
+    mesh = np.arange(p).reshape((2, p // 2) if p % 2 == 0 else (1, p))
+    lists = [list(r) for r in mesh] + [list(c) for c in mesh.T] + [
+        list(range(p)), list(range(p))[::-1]]
+    return [C.new_group([int(r) for r in ranks]) for ranks in lists]
+
+
+def _boxing_calls(chk, dev: FakeIpcDevice, g: C.Group, rnd: int) -> None:
+    """The calls boxing makes on one mesh axis, on arrays of the shared allocations."""
+    q, me = g.size, g.rank
+    ranks = list(g.ranks)
+    n = 3 * q + 1
+    xs = [data(r, n, np.float32, 20 + rnd) for r in ranks]
+    x = dev.array(xs[me], offset_pad=8 * me + 8)
+    C.all_reduce(x, group=g)
+    chk.same(x.get(), np.add.reduce(np.stack(xs), axis=0), f"all_reduce on {ranks} round {rnd}")
+    out = dev.empty((q, n), np.float32)
+    C.all_gather(out, dev.array(xs[me]), group=g)
+    chk.same(out.get(), np.stack(xs), f"all_gather on {ranks} round {rnd}")
+    y = dev.empty(3, np.float32)
+    big = [data(r, 3 * q, np.float32, 30 + rnd) for r in ranks]
+    C.reduce_scatter(y, dev.array(big[me]), op=ReduceOp.MAX, group=g)
+    chk.same(y.get(), np.maximum.reduce(np.stack(big), axis=0)[3 * me:3 * me + 3],
+             f"reduce_scatter on {ranks} round {rnd}")
+    out = dev.empty(3 * q, np.float32)
+    C.all_to_all(out, dev.array(big[me]), group=g)
+    chk.same(out.get(), np.concatenate([b[3 * me:3 * me + 3] for b in big]),
+             f"all_to_all on {ranks} round {rnd}")
+
+
+def test_mesh_groups_share_the_peer_allocations(chk, rules_dev):
+    """Every group maps the same peer allocations: each is opened once at a time in a
+    process, never closed twice, and no allocation is freed while a peer maps it."""
+    dev = rules_dev
+    groups = _mesh_groups(size)
+    for rnd in range(3):
+        for g in groups:
+            if g.is_member():
+                _boxing_calls(chk, dev, g, rnd)
+        world.Barrier()
+        chk.true(not dev.mapped_by_peers(), f"round {rnd}: peers still map this rank's "
+                 f"allocations after the calls returned: {dev.mapped_by_peers()}")
+        world.Barrier()  # every rank has looked before any frees
+        dev.free()  # the arrays are gone: the pool gives their memory back (free_all_blocks)
+        chk.true(not dev.violations, f"round {rnd}: {dev.violations}")
+        chk.true(not dev.opened, f"round {rnd}: mappings left open: {len(dev.opened)}")
+    ipc = [t.stats for t in route.transports().values() if not isinstance(t, str)]
+    opens, closes = sum(s["opens"] for s in ipc), sum(s["closes"] for s in ipc)
+    chk.true(opens == closes and sum(s["calls"] for s in ipc) > 0, f"IPC counters: {ipc}")
+
+
+def test_run_collectives_asks_which_transport_carried_the_call(chk, dev):
+    """The backend helper of test_comm_collectives, with the IPC route on (as with
+    SBPMPI_GPU_TRANSPORT=ipc) and the MPI taken as not CUDA-aware (the staged case)."""
+    from comm_helpers import run_collectives
+
+    with sm.config.override(cuda_aware=False):
+        run_collectives(chk, dev.array, lambda a: a.get(), False)
+    chk.true(stats()["calls"] > 0, f"IPC carried some calls: {stats()}")
+
+
+def _boom(*args, **kwargs):
+    raise MemoryError("out of memory (injected)")
+
+
+def _raised_everywhere(fn) -> list[tuple[str, str]]:
+    """(type name, message) of what ``fn`` raised on each rank ("no error" if nothing).
+    Messages may differ (each names its own path), the cause must reach them all."""
+    try:
+        fn()
+    except Exception as e:
+        got = (type(e).__name__, str(e))
+    else:
+        got = ("no error", "")
+    return world.allgather(got)
+
+
+@pytest.mark.timeout(60)
+def test_a_scratch_allocation_failing_on_one_rank_raises_on_every_rank(rules_dev, monkeypatch):
+    dev = rules_dev
+    if rank == size - 1:
+        monkeypatch.setattr(dev, "scratch", _boom)
+    xs = [data(r, 9, np.float32, 40) for r in range(size)]
+    x = dev.array(xs[rank])
+    every = _raised_everywhere(lambda: C.all_reduce(x))
+    t = route.transports()[C.WORLD.ranks]
+    if size == 1 or isinstance(t, str):  # no scratch (one rank), or no IPC (3 ranks on nodes of 2)
+        assert all(kind == "no error" for kind, _ in every), every
+        np.testing.assert_array_equal(x.get(), np.add.reduce(np.stack(xs), axis=0))
+    else:
+        assert all(kind == "IpcError" and "MemoryError: out of memory (injected)" in msg
+                   for kind, msg in every), every
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["all_reduce", "all_gather"])
+def test_a_hierarchical_leg_failing_on_one_rank_raises_on_every_rank(pseudo_nodes, monkeypatch,
+                                                                     call):
+    """The inter-node leg's host buffer fails on rank 0 only: its partner on the other node
+    (and every rank) raises instead of waiting in the inter-node exchange."""
+    from sbpmpi.comm.buffers import POOL
+    from sbpmpi.comm.gpu.hier import Hierarchical
+
+    dev = pseudo_nodes
+    xs = [data(r, 2 * size + 1, np.float32, 41) for r in range(size)]
+
+    def run() -> np.ndarray:
+        x = dev.array(xs[rank])
+        if call == "all_reduce":
+            C.all_reduce(x)
+            return x.get()
+        out = dev.empty((size, x.size), np.float32)
+        C.all_gather(out, x)
+        return out.get()
+
+    want = np.add.reduce(np.stack(xs), axis=0) if call == "all_reduce" else np.stack(xs)
+    np.testing.assert_array_equal(run(), want)  # builds the transport
+    hier = isinstance(route.transports()[C.WORLD.ranks], Hierarchical)
+    if hier and rank == 0:
+        monkeypatch.setattr(POOL, "acquire", _boom)
+    every = _raised_everywhere(run)
+    if hier:
+        assert all(kind == "IpcError" and "MemoryError: out of memory (injected)" in msg
+                   for kind, msg in every), every
+    else:
+        assert all(kind == "no error" for kind, _ in every), every
+
+
+@pytest.mark.parametrize("op", [ReduceOp.MAX, ReduceOp.MIN])
+def test_nan_propagates_in_max_and_min_flat_and_hierarchical(chk, rules_dev, op):
+    """NaN held by one rank (at its own index) wins, as in np.maximum.reduce, on every path."""
+    dev = rules_dev
+    n = size + 3
+    for dt in (np.float32, np.float64, np.float16):
+        xs = [data(r, n, dt, 42) for r in range(size)]
+        for r, x in enumerate(xs):
+            x[r] = np.nan
+        xs[0][-1] = np.inf if op is ReduceOp.MAX else -np.inf
+        x = dev.array(xs[rank])
+        C.all_reduce(x, op=op)
+        chk.same(x.get(), UFUNC[op].reduce(np.stack(xs), axis=0), f"all_reduce {op} {dt}")

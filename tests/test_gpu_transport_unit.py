@@ -18,7 +18,8 @@ from sbpmpi.comm import ReduceOp, cuda_aware
 from sbpmpi.comm.gpu import route, select
 from sbpmpi.comm.gpu import schedule as S
 from sbpmpi.comm.gpu.device import Allocation
-from sbpmpi.comm.gpu.ipc import MAX_MAPPINGS, Buffer, IpcError, IpcTransport
+from sbpmpi.comm.gpu.ipc import Buffer, IpcError, IpcTransport
+from sbpmpi.comm.gpu.mappings import Lease, MappingCache
 
 # ----------------------------------------------------------------------------- schedules
 
@@ -203,6 +204,10 @@ class ThreadComm:
         got = self._exchange(buf.copy())
         buf[...] = np.max(got, axis=0)
 
+    def allgather(self, item: Any) -> list[Any]:
+        self.log.append(("allgather-objects",))
+        return self._exchange(item)
+
     def Free(self) -> None:  # noqa: N802
         pass
 
@@ -261,14 +266,16 @@ def test_ipc_handles_offsets_cache_and_order():
                                                               for k in range(p)]))
         kinds = [e[0] for e in log1]
         # synchronise, export once, gather the records (the first barrier), open each peer's
-        # allocation once, copy, then synchronise and meet before returning
+        # allocation once, copy, then synchronise, unmap and meet before returning
         assert kinds[:3] == ["sync", "export", "allgather"], kinds
         assert kinds.count("open") == p - 1 and kinds.count("copy") == p
-        assert kinds[-2:] == ["sync", "barrier"], kinds
+        assert kinds[-(p + 1):] == ["sync"] + ["close"] * (p - 1) + ["barrier"], kinds
         assert max(i for i, k in enumerate(kinds) if k == "copy") < kinds.index("barrier")
         kinds2 = [e[0] for e in log2]
-        assert "export" not in kinds2 and "open" not in kinds2, kinds2
-        assert stats["opens"] == p - 1 and stats["exports"] == 1 and stats["calls"] == 2
+        # the export is kept; the mappings live for one call: opened and closed again
+        assert "export" not in kinds2 and kinds2.count("open") == p - 1, kinds2
+        assert stats["opens"] == stats["closes"] == 2 * (p - 1), stats
+        assert stats["exports"] == 1 and stats["calls"] == 2
 
 
 def test_ipc_all_reduce_phases_are_separated_by_barriers():
@@ -291,14 +298,14 @@ def test_ipc_all_reduce_phases_are_separated_by_barriers():
         i0 = kinds.index("allgather")
         mid = kinds.index("barrier")
         assert "reduce" in kinds[i0:mid] and kinds[mid - 1] == "sync"
-        assert "copy" in kinds[mid + 1:] and kinds[-2:] == ["sync", "barrier"]
+        assert "copy" in kinds[mid + 1:] and kinds[-3:] == ["sync", "close", "barrier"]
 
     for got, kinds in _threads(p, body_of(S.all_reduce_direct)):
         np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
-        # reads, then one barrier, then the local copy back and no final barrier
+        # reads, unmapping, then one barrier, then the local copy back and no final barrier
         assert kinds.count("barrier") == 1 and kinds.count("allgather") == 1
         mid = kinds.index("barrier")
-        assert kinds[mid - 1] == "sync" and "reduce" in kinds[:mid]
+        assert kinds[mid - 2:mid] == ["sync", "close"] and "reduce" in kinds[:mid]
         assert kinds[mid + 1:] == ["copy", "sync"], kinds
 
 
@@ -327,8 +334,56 @@ def test_ipc_falls_back_together_and_fails_together():
 
     res = _threads(p, broken)
     assert all(isinstance(e, IpcError) for e in res), res
-    assert "failed on another rank" in str(res[0]) and "cudaErrorMapBufferObjectFailed" in str(
-        res[1])
+    # every rank names the rank that failed and its cause
+    assert all("node rank 1: OSError: cudaErrorMapBufferObjectFailed" in str(e) for e in res), res
+
+
+def test_ipc_scratch_failing_on_one_rank_raises_on_every_rank_with_the_cause():
+    p = 3
+
+    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        if r == 1:
+            def no_memory(nbytes: int) -> Any:
+                raise MemoryError("cudaErrorMemoryAllocation (stand-in)")
+            dev.scratch = no_memory  # type: ignore[method-assign]
+        x = dev.array(np.arange(4.0))
+        b = Buffer(dev.pointer(x), 32)
+        try:
+            return t.run("all_reduce", {"in": b, "out": b}, True,
+                         lambda _: S.all_reduce_direct(p, r, 4, 8), (), np.dtype(np.float64),
+                         ReduceOp.SUM, export=("out",))
+        finally:
+            assert not t.mappings.mapped  # released on the way out, even after a failure
+
+    res = _threads(p, body)
+    assert all(isinstance(e, IpcError) for e in res), res
+    assert all("node rank 1: MemoryError: cudaErrorMemoryAllocation" in str(e) for e in res), res
+
+
+def test_the_stand_in_keeps_cuda_ipc_rules():
+    exporter, peer = FakeIpcDevice("exp"), FakeIpcDevice("peer")
+    try:
+        x = exporter.array(np.arange(3.0))
+        handle = exporter.export(exporter.allocation(exporter.pointer(x)).base)
+        with pytest.raises(RuntimeError, match="own allocation"):
+            exporter.open(handle)
+        base = peer.open(handle)
+        with pytest.raises(RuntimeError, match="already open in this process"):
+            peer.open(handle)
+        assert exporter.mapped_by_peers() == [f"a{exporter.allocs[0].id}.map-{peer.token}"]
+        exporter.free()
+        assert len(exporter.violations) == 1 and peer.token in exporter.violations[0]
+        peer.close(base)
+        with pytest.raises(RuntimeError, match="closed twice"):
+            peer.close(base)
+        y = exporter.array(np.arange(3.0))  # a new allocation, opened and closed before free
+        b2 = peer.open(exporter.export(exporter.allocation(exporter.pointer(y)).base))
+        peer.close(b2)
+        exporter.free()
+        assert len(exporter.violations) == 1
+    finally:
+        peer.cleanup()
+        exporter.cleanup()
 
 
 class _StubDevice:
@@ -352,24 +407,35 @@ class _StubDevice:
         return b"h%d" % base
 
 
-def test_mapping_cache_closes_freed_allocations():
+def test_one_reference_counted_mapping_cache_per_process():
     dev = _StubDevice()
-    t = IpcTransport(dev, None)  # type: ignore[arg-type]
-    a = t._open(1, 7, 0x1000, 0x100, b"a")
-    assert t._open(1, 7, 0x1000, 0x100, b"a") == a and dev.opened == [b"a"]
-    t._open(2, 9, 0x1000, 0x100, b"b")  # another peer's address space: no conflict
-    assert dev.closed == []
-    # peer 1 freed allocation 7; its new allocation 8 overlaps the old range
-    b = t._open(1, 8, 0x1080, 0x100, b"c")
-    assert dev.closed == [a] and b != a and (1, 7) not in t.mapped
-    for i in range(MAX_MAPPINGS + 5):  # bounded: the least recently used are closed
-        t._open(3, 100 + i, 0x100000 * (i + 1), 0x100, b"x")
-    assert len(t.mapped) == MAX_MAPPINGS
+    t1 = IpcTransport(dev, None)  # type: ignore[arg-type]
+    t2 = IpcTransport(dev, None)  # type: ignore[arg-type]  # another group, same process
+    cache = t1.mappings
+    assert t2.mappings is cache and MappingCache.of(dev) is cache  # type: ignore[arg-type]
+    assert IpcTransport(_StubDevice(), None).mappings is not cache  # type: ignore[arg-type]
+    one, two = Lease(cache), Lease(cache)
+    a = one.map(11, 7, b"a")
+    assert one.map(11, 7, b"a") == a and two.map(11, 7, b"a") == a  # one open for all
+    b = one.map(12, 7, b"b")  # another exporting process: its own allocation 7
+    assert dev.opened == [b"a", b"b"] and b != a and len(cache) == 2
+    one.release()
+    assert dev.closed == [b] and len(cache) == 1  # the other lease still holds (11, 7)
+    two.release()
+    assert dev.closed == [b, a] and len(cache) == 0 and one.opens == 2 and one.closes == 1
+    with pytest.raises(KeyError):
+        cache.release((11, 7))  # released twice: refused, never a second close
     # exports: once per allocation; a new allocation over a freed one replaces it
-    h1 = t._export(0x50010)
-    assert t._export(0x50020) is h1 and t.stats["exports"] == 1
-    t.close_all()
-    assert not t.mapped and not t.exported
+    h1 = cache.export(0x50010)
+    assert h1 is not None and h1[2]
+    h2 = cache.export(0x50020)
+    assert h2 is not None and h2[:2] == h1[:2] and not h2[2]
+    dev.allocation = lambda ptr: Allocation(0x50000, 0x10000, 99)  # type: ignore[method-assign]
+    h3 = cache.export(0x50010)
+    assert h3 is not None and h3[2] and list(cache.exported) == [99]
+    one.map(11, 8, b"c")
+    cache.close_all()
+    assert len(cache) == 0 and not cache.exported and len(dev.closed) == 3
 
 
 # ----------------------------------------------------------------------------- selection
@@ -463,14 +529,16 @@ def test_an_invalid_transport_is_refused_when_read(env):
 def test_allocations_without_an_id_are_keyed_by_handle():
     dev = _StubDevice()
     dev.allocation = lambda ptr: Allocation(ptr & ~0xFFFF, 0x10000, -1)  # type: ignore[method-assign]
-    t = IpcTransport(dev, None)  # type: ignore[arg-type]
-    t._export(0x50010)
-    t._export(0x50020)
-    assert t.stats["exports"] == 2 and not t.exported  # never cached
-    a = t._open(1, -1, 0x1000, 0x100, b"a")
-    assert t._open(1, -1, 0x1000, 0x100, b"a") == a and len(dev.opened) == 1
-    b = t._open(1, -1, 0x1000, 0x100, b"b")  # same range, new handle: the old one was freed
-    assert b != a and dev.closed == [a]
+    cache = MappingCache(dev)  # type: ignore[arg-type]
+    assert all(cache.export(ptr)[2] for ptr in (0x50010, 0x50020))  # type: ignore[index]
+    assert not cache.exported  # never kept
+    lease = Lease(cache)
+    a = lease.map(1, -1, b"a")
+    assert lease.map(1, -1, b"a") == a and len(dev.opened) == 1
+    b = lease.map(1, -1, b"b")  # same range, new handle: another allocation
+    assert b != a and len(dev.opened) == 2
+    lease.release()
+    assert sorted(dev.closed) == sorted([a, b])
 
 
 # ----------------------------------------------------------------------------- CupyDevice

@@ -22,6 +22,7 @@ __all__ = [
     "cupy_available",
     "cuda_device_count",
     "bind_device",
+    "device_to_bind",
     "device_type_of",
     "is_device_array",
     "asnumpy",
@@ -61,17 +62,26 @@ def cuda_device_count() -> int:
 _bound: int | None = None
 
 
+def device_to_bind() -> int:
+    """The GPU :func:`bind_device` binds this process to (``local_rank % device_count``),
+    without binding it: naming the GPU must not create a CUDA context."""
+    if _bound is not None:
+        return _bound
+    cp = _cupy()
+    if cp is None:
+        raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
+    from ..env import get_local_rank
+
+    return get_local_rank() % cp.cuda.runtime.getDeviceCount()
+
+
 def bind_device() -> int:
     """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
     global _bound
     if _bound is None:
-        cp = _cupy()
-        if cp is None:
-            raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
-        from ..env import get_local_rank
-
-        _bound = get_local_rank() % cp.cuda.runtime.getDeviceCount()
-        cp.cuda.Device(_bound).use()
+        dev = device_to_bind()
+        _cupy().cuda.Device(dev).use()  # type: ignore[union-attr]
+        _bound = dev
     return _bound
 
 

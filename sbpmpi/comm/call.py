@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import backend
 from . import checks
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
-from .reduce_op import ORDERED, UFUNCS, MPIReduction, ReduceOp, user_op
+from .nan_reduction import nan_safe
+from .reduce_op import ORDERED, MPIReduction, ReduceOp
 from .tracing import ACTIVE, note
 from .watchdog import watch
 
@@ -128,40 +128,3 @@ def call(name: str, group: Group | None) -> Call:
         c = Call(name, group)
         _CALLS[name, group] = c
         return c
-
-
-# -- NaN-safe MAX/MIN ---------------------------------------------------------------------------
-
-_NAN_OPS: dict[tuple[ReduceOp, str], MPIReduction] = {}
-
-
-def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
-    """A user-defined MAX/MIN that propagates NaN as ``np.maximum``/``np.minimum`` do."""
-    key = (op, dtype.str)
-    red = _NAN_OPS.get(key)
-    if red is None:
-        red = _NAN_OPS[key] = MPIReduction(user_op(UFUNCS[op], dtype), host_only=True)
-    return red
-
-
-def _has_nan(a: Any) -> bool:
-    ne = a != a  # NaN is the only value unequal to itself (NumPy and CuPy alike)
-    return bool(ne.any()) if hasattr(ne, "any") else bool(ne)
-
-
-def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm: Any,
-             ranks: Any) -> MPIReduction:
-    """``red``, or a NaN-propagating op when a MAX/MIN of floats meets a NaN on any rank.
-
-    MPI's MAX and MIN do not propagate NaN (the result depends on the order in which
-    ranks are combined, so ranks can even disagree). One flag is all-reduced first (a few
-    microseconds); only when some rank holds a NaN does the reduction run as a
-    user-defined op with NumPy's semantics. Collective over ``comm``.
-    """
-    if op not in ORDERED or dtype.kind != "f" or red.host_only:
-        return red
-    arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)
-    with watch("NaN flag of a max/min reduction", ranks):
-        comm.Allreduce(MPI.IN_PLACE, [flag, 1, MPI.UNSIGNED_CHAR], op=MPI.MAX)
-    return _nan_op(op, dtype) if flag[0] else red

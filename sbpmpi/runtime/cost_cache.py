@@ -44,7 +44,7 @@ def _gpu_name() -> str:
     try:
         import cupy as cp
 
-        dev = backend.bind_device()
+        dev = backend.device_to_bind()  # named, not bound: no CUDA context for a key
         name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
         return name.decode() if isinstance(name, bytes) else str(name)
     except Exception as e:  # a key, not a diagnosis
@@ -103,15 +103,27 @@ def write_cache_entry(key: str, table: CostTable, path: str | None = None) -> st
 def cached_device_row(transport: str) -> tuple[DeviceCosts, str] | None:
     """The cached device row for this machine and ``transport``, for a single-node job
     with a GPU (every rank reads the same file on the same host, so all agree without
-    communicating); None otherwise."""
+    communicating); None otherwise.
+
+    The GPU is named (for the key) only when the file holds an entry of this host, MPI
+    library, transport and size, and never bound: CPU-only work creates no CUDA context.
+    """
     from .. import env
 
     if not backend.cupy_available() or env.get_local_world_size() != env.get_world_size():
         return None
-    key = cache_key()
-    if f"transport {transport} |" not in key + " |":
+    path = cache_path()
+    if not path:
         return None
-    entry = read_cache().get(key)
+    doc = read_cache(path)
+    head = f"{socket.gethostname()} | {library_name()} | "
+    tail = f" | transport {transport} | {comm.WORLD.size} ranks"
+    if not any(k.startswith(head) and k.endswith(tail) for k in doc):
+        return None
+    key = cache_key()
+    if not key.endswith(tail):  # the transport in use is another one
+        return None
+    entry = doc.get(key)
     if not entry:
         return None
     try:

@@ -15,8 +15,16 @@ the *cross* communicator, whose leg goes through pinned host buffers (MPI, stage
 With ``m >= 2`` this moves ``m`` times fewer bytes through host memory and MPI than the
 flat staged call, and the node legs run at device speed, so it is the cheaper plan under
 every cost row of :mod:`sbpmpi.boxing.cost`; with ``m = 1`` it is the flat call, which is
-used instead. The setting :data:`sbpmpi.config.ipc_node_size` (``SBPMPI_IPC_NODE_SIZE=k``)
-splits each node into pseudo-nodes of ``k`` ranks, so that one machine exercises this path.
+used instead.
+
+The inter-node leg runs as a hook inside the node protocol (:mod:`.ipc`). Before its MPI
+exchange the ranks of each cross communicator agree on one error flag, so that a rank
+whose local part failed (a host buffer, a device copy) does not leave its partners on the
+other nodes waiting: they all raise, naming the cause, and the node barriers carry it to
+every rank. MAX and MIN of floats go through :func:`sbpmpi.comm.nan_reduction.nan_safe`,
+as on the flat MPI path: NaN propagates as in NumPy, whatever node holds it. The setting
+:data:`sbpmpi.config.ipc_node_size` (``SBPMPI_IPC_NODE_SIZE=k``) splits each node into
+pseudo-nodes of ``k`` ranks, so that one machine exercises this path.
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ from ... import config
 from ...core.layout import block_starts
 from ..buffers import POOL
 from ..dtypes import dtype_info
+from ..nan_reduction import nan_safe
 from ..reduce_op import ReduceOp, mpi_reduction
 from . import schedule as S
-from .ipc import Buffer, IpcTransport
+from .ipc import Buffer, IpcError, IpcTransport
 
 __all__ = ["Hierarchical", "node_split", "node_all_reduce_schedules",
            "node_all_gather_schedule"]
@@ -128,6 +137,21 @@ class Hierarchical:
     def _host(self, nbytes: int) -> np.ndarray:
         return POOL.acquire(max(nbytes, 1))
 
+    @property
+    def cross_ranks(self) -> tuple[int, ...]:
+        """The group ranks of this rank's cross communicator, in its order."""
+        return tuple(row[self.local] for row in self.members)
+
+    def _agree(self, err: BaseException | None) -> None:
+        """Collective over ``cross``: raise on every rank of it when any has failed."""
+        flag = np.array([int(err is not None)], dtype=np.int64)
+        self.cross.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
+        if flag[0]:
+            me = self.cross_ranks[self.cross.Get_rank()]
+            mine = f"group rank {me}: {type(err).__name__}: {err}" if err is not None else ""
+            causes = "; ".join(c for c in self.cross.allgather(mine) if c)
+            raise IpcError(f"the inter-node leg failed on {causes}") from err
+
     def all_reduce(self, name: str, arr_ptr: int, ok: bool, count: int, dtype: np.dtype,
                    op: ReduceOp) -> bool:
         it = dtype.itemsize
@@ -136,21 +160,32 @@ class Hierarchical:
         red = mpi_reduction(op, dtype_info(dtype))
         t = dtype_info(dtype).mpi
 
-        def cross_leg(ptrs: Mapping[str, int]) -> None:
+        def cross_leg(ptrs: Mapping[str, int], failure: str | None) -> None:
             n = (b - a) * it
             if self.cross.Get_size() == 1:
                 return
-            h = self._host(n)
+            h: np.ndarray | None = None
+            err: BaseException | None = IpcError(failure) if failure else None
             try:
+                if err is not None:
+                    raise err
+                h = self._host(n)
                 if n:
                     self.device.copy(h.ctypes.data, ptrs["out"] + a * it, n)
                     self.device.synchronize()
-                self.cross.Allreduce(MPI.IN_PLACE, [h, b - a, t], op=red.op)
+            except Exception as e:  # the partners on the other nodes must hear of it
+                err = e
+            try:
+                self._agree(err)
+                assert h is not None
+                r = nan_safe(red, op, dtype, h[:n].view(dtype), self.cross, self.cross_ranks)
+                self.cross.Allreduce(MPI.IN_PLACE, [h, b - a, t], op=r.op)
                 if n:
                     self.device.copy(ptrs["out"] + a * it, h.ctypes.data, n)
                     self.device.synchronize()
             finally:
-                POOL.release(h)
+                if h is not None:
+                    POOL.release(h)
 
         sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
                            rs.tmp_bytes)
@@ -164,14 +199,23 @@ class Hierarchical:
         rows = self.members
         mine = [row[self.local] for row in rows]  # the group ranks of my cross comm
 
-        def cross_leg(ptrs: Mapping[str, int]) -> None:
+        def cross_leg(ptrs: Mapping[str, int], failure: str | None) -> None:
             sizes = [nbytes[r] for r in mine]
-            h = self._host(sum(sizes))
+            me = mine[self.cross.Get_rank()]
+            h: np.ndarray | None = None
+            err: BaseException | None = IpcError(failure) if failure else None
             try:
-                me = mine[self.cross.Get_rank()]
+                if err is not None:
+                    raise err
+                h = self._host(sum(sizes))
                 if nbytes[me]:
                     self.device.copy(h.ctypes.data, ptrs["in"], nbytes[me])
                     self.device.synchronize()
+            except Exception as e:  # the partners on the other nodes must hear of it
+                err = e
+            try:
+                self._agree(err)
+                assert h is not None
                 send = h[:nbytes[me]].copy()
                 self.cross.Allgatherv([send, MPI.BYTE], [h, (sizes, block_starts(sizes)), MPI.BYTE])
                 off = 0
@@ -181,7 +225,8 @@ class Hierarchical:
                     off += n
                 self.device.synchronize()
             finally:
-                POOL.release(h)
+                if h is not None:
+                    POOL.release(h)
 
         node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
         sched = S.Schedule(((),) + node_moves.phases, ("out",))
