@@ -1,0 +1,338 @@
+"""Optimizers that update each rank's parameter shards in place, with no communication.
+
+``p.grad`` has p's placement and SBP (backward boxes it there), so shard ``i`` of the
+gradient belongs to shard ``i`` of the parameter and every update is local; the state
+tensors (momentum, Adam moments) live in the parameter's layout too. Broadcast copies
+stay identical because every rank applies the same arithmetic to the same values.
+
+A parameter with a partial SBP is refused: its value is a sum (or max) over ranks, and
+updates such as Adam's are not linear in the shards. Make such a tensor broadcast or
+split first (``p.to_global(sbp=...)``) and use that as the parameter.
+
+Learning-rate schedules (torch's names and formulas) are in :mod:`sbpmpi.optim.lr_scheduler`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ..autograd.mode import no_grad
+from ..core.sbp import Partial, broadcast
+from ..creation import full, tensor
+from ..tensor import GlobalTensor
+from . import lr_scheduler
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
+
+
+def _number(owner: str, name: str, value: Any, low: float = 0.0, high: float = math.inf,
+            open_high: bool = False) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise TypeError(f"{owner}: {name} must be a real number, got {type(value).__name__} "
+                        f"{value!r}")
+    v = float(value)
+    if not (low <= v and (v < high if open_high else v <= high)):
+        bound = f"[{low}, {high}{')' if open_high else ']'}"
+        raise ValueError(f"{owner}: {name} must lie in {bound}, got {value!r}")
+    return v
+
+
+class Optimizer:
+    """Base class: checked parameters in parameter groups, per-parameter state tensors,
+    ``zero_grad``, flat ``state_dict`` of GlobalTensors (saved with ``sm.save_state``).
+
+    ``params`` is an iterable of GlobalTensors, or of dicts (parameter groups, as torch):
+    ``{"params": [...], "weight_decay": 0.0}`` gives those parameters their own values
+    of the optimizer's options; options a group leaves out take the constructor's
+    values. ``param_groups`` holds the groups (a learning-rate schedule sets their
+    ``"lr"``); ``opt.lr`` and the other options read group 0 (and setting one sets it
+    in every group).
+    """
+
+    #: names of the state tensors each parameter gets (in the parameter's layout)
+    buffers: tuple[str, ...] = ()
+    #: the options of a parameter group, kept in ``state_dict`` (as 0-d float64 tensors)
+    hyper: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 defaults: Mapping[str, Any] | None = None) -> None:
+        name = type(self).__name__
+        if isinstance(params, GlobalTensor):
+            raise TypeError(f"{name}: params must be an iterable of GlobalTensors (e.g. "
+                            f"model.parameters()), got one GlobalTensor: wrap it in a list")
+        items: list[Any] = list(params)
+        if not items:
+            raise ValueError(f"{name}: got an empty parameter list")
+        defaults = dict(defaults or {})
+        if any(isinstance(g, Mapping) for g in items):
+            if not all(isinstance(g, Mapping) for g in items):
+                raise TypeError(f"{name}: params must be all GlobalTensors or all parameter "
+                                f"groups (dicts with a 'params' list), not a mix")
+            raw = [dict(g) for g in items]
+        else:
+            raw = [{"params": items}]
+        groups: list[dict[str, Any]] = []
+        for k, g in enumerate(raw):
+            if "params" not in g:
+                raise ValueError(f"{name}: parameter group {k} has no 'params' entry")
+            unknown = sorted(set(g) - {"params", *self.hyper})
+            if unknown:
+                raise ValueError(f"{name}: parameter group {k} has unknown options {unknown}; "
+                                 f"{name} takes {list(self.hyper)}")
+            ps = g["params"]
+            ps = [ps] if isinstance(ps, GlobalTensor) else list(ps)
+            if not ps:
+                raise ValueError(f"{name}: parameter group {k} has an empty parameter list")
+            group = {"params": ps}
+            for h in self.hyper:
+                group[h] = self._check_option(h, g.get(h, defaults.get(h)))
+            groups.append(group)
+        self.param_groups: list[dict[str, Any]] = groups
+        self.params: list[GlobalTensor] = [p for g in groups for p in g["params"]]
+        #: index in ``param_groups`` of each parameter
+        self.group_of: list[int] = [k for k, g in enumerate(groups) for _ in g["params"]]
+        seen: set[int] = set()
+        for i, p in enumerate(self.params):
+            what = f"{name}: params[{i}]"
+            if not isinstance(p, GlobalTensor):
+                raise TypeError(f"{what} must be a GlobalTensor, got {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError(f"{what} is not a leaf (it is the result of "
+                                 f"{p.grad_fn!r}): an optimizer updates leaf tensors; use "
+                                 f"x.detach().requires_grad_() to make one")
+            if not p.requires_grad:
+                raise ValueError(f"{what} does not require grad: call p.requires_grad_() "
+                                 f"or create it with requires_grad=True")
+            if any(isinstance(s, Partial) for s in p.sbp):
+                raise ValueError(f"{what} has SBP {tuple(p.sbp)}: the update of a partial "
+                                 f"parameter is not local to its shards; convert it to "
+                                 f"broadcast or split (p.to_global(sbp=...)) and optimize that")
+            if id(p) in seen:
+                raise ValueError(f"{what} appears more than once in the parameter list")
+            seen.add(id(p))
+        self.state: list[dict[str, GlobalTensor]] = [
+            {b: full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
+             for b in self._buffers(self.param_groups[k])}
+            for p, k in zip(self.params, self.group_of)]
+        self.steps = [0] * len(self.params)
+
+    def _check_option(self, name: str, value: Any) -> Any:
+        """The checked value of option ``name`` of a group (TypeError/ValueError)."""
+        return _number(type(self).__name__, name, value)
+
+    def _buffers(self, group: Mapping[str, Any]) -> tuple[str, ...]:
+        """The state tensors of the parameters of ``group``."""
+        return self.buffers
+
+    def __getattr__(self, name: str) -> Any:
+        # opt.lr & co: group 0's option (as before parameter groups existed)
+        if name in type(self).hyper and "param_groups" in self.__dict__:
+            return self.param_groups[0][name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self).hyper and "param_groups" in self.__dict__:
+            value = self._check_option(name, value)
+            for g in self.param_groups:
+                g[name] = value
+            return
+        super().__setattr__(name, value)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
+        (never in place: a gradient may be shared by several leaves)."""
+        for p in self.params:
+            p._grad = None if set_to_none or p.grad is None else \
+                full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
+
+    def step(self) -> None:
+        """Update every parameter that has a gradient (local to each rank's shards)."""
+        with no_grad():
+            for i, p in enumerate(self.params):
+                g = p.grad
+                if g is None:
+                    continue
+                if g.layout != p.layout:  # only a user assignment can do this
+                    raise ValueError(f"{type(self).__name__}: params[{i}].grad has layout "
+                                     f"{g.layout}, the parameter {p.layout}")
+                self.steps[i] += 1
+                local = p.to_local()
+                if local.size:
+                    xp = backend.get_xp(p.placement.type)
+                    self._update(xp, local, g.to_local(),
+                                 {k: v.to_local() for k, v in self.state[i].items()},
+                                 self.steps[i], self.param_groups[self.group_of[i]])
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- state ---------------------------------------------------------------------------
+    def _hyper_keys(self) -> list[tuple[str, int, str]]:
+        """``(state_dict key, group, option)``: group 0's options under their names,
+        group k's under ``groups.{k}.{name}``."""
+        return [(h if k == 0 else f"groups.{k}.{h}", k, h)
+                for k in range(len(self.param_groups)) for h in self.hyper]
+
+    def state_dict(self) -> dict[str, GlobalTensor]:
+        """Flat dict of GlobalTensors: ``"{i}.{buffer}"`` in params[i]'s layout,
+        ``"{i}.step"`` and the options as 0-d broadcast tensors (group 0's under their
+        names, group ``k``'s as ``"groups.{k}.{name}"``).
+
+        Save it with ``sm.save_state``; :meth:`load_state_dict` takes it back on any
+        world size and layout (each tensor is boxed into its parameter's layout).
+        """
+        out: dict[str, GlobalTensor] = {}
+        pl = self.params[0].placement
+        b = (broadcast,) * pl.ndim
+        for i, p in enumerate(self.params):
+            for k, v in self.state[i].items():
+                out[f"{i}.{k}"] = v
+            out[f"{i}.step"] = full((), self.steps[i], placement=p.placement,
+                                    sbp=(broadcast,) * p.placement.ndim, dtype=np.int64)
+        for key, gi, h in self._hyper_keys():
+            out[key] = tensor(np.asarray(self.param_groups[gi][h], dtype=np.float64),
+                              placement=pl, sbp=b)
+        return out
+
+    def load_state_dict(self, state: Mapping[str, GlobalTensor]) -> None:
+        """Restore from :meth:`state_dict` (collective: boxes each tensor to its layout)."""
+        name = type(self).__name__
+        want = set(self.state_dict())
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{name}.load_state_dict: needs a dict of name -> GlobalTensor, "
+                            f"got {type(state).__name__}")
+        missing = sorted(want - set(state))
+        if missing:
+            raise KeyError(f"{name}.load_state_dict: state lacks {missing}")
+        for k in want:
+            v = state[k]
+            if not isinstance(v, GlobalTensor):
+                raise TypeError(f"{name}.load_state_dict: {k!r} must be a GlobalTensor, got "
+                                f"{type(v).__name__}")
+        for i, p in enumerate(self.params):
+            for k in self.state[i]:
+                v = state[f"{i}.{k}"]
+                if v.shape != p.shape:
+                    raise ValueError(f"{name}.load_state_dict: {i}.{k} has shape {v.shape}, "
+                                     f"params[{i}] {p.shape}")
+                self.state[i][k] = _into(v, p)
+            self.steps[i] = int(state[f"{i}.step"].item())
+        for key, gi, h in self._hyper_keys():
+            a = state[key].numpy()
+            self.param_groups[gi][h] = tuple(float(x) for x in a) if h == "betas" else float(a)
+
+
+def _into(v: GlobalTensor, like: GlobalTensor) -> GlobalTensor:
+    """``v`` in ``like``'s layout and dtype, as a new tensor the optimizer owns."""
+    with no_grad():
+        if v.dtype != like.dtype:
+            v = v.astype(like.dtype)
+        v = v.to_global(placement=like.placement, sbp=like.sbp)
+    local = v.to_local()
+    return GlobalTensor(local.copy(), v.layout, v.dtype)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum and weight decay (as torch.optim.SGD).
+
+    ``g = grad + weight_decay * p``; ``buf = momentum * buf + g`` (when momentum > 0);
+    ``p -= lr * buf`` (or ``lr * g``). ``params`` may be parameter groups (see
+    :class:`Optimizer`).
+    """
+
+    hyper = ("lr", "momentum", "weight_decay")
+
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum,
+                                  "weight_decay": weight_decay})
+
+    def _buffers(self, group: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("momentum_buffer",) if group["momentum"] else ()
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        if group["weight_decay"]:
+            g = g + group["weight_decay"] * p
+        if group["momentum"]:
+            buf = state["momentum_buffer"]
+            buf *= group["momentum"]
+            buf += g
+            g = buf
+        p -= group["lr"] * g
+
+
+class Adam(Optimizer):
+    """Adam (as torch.optim.Adam, L2 weight decay added to the gradient).
+
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
+    ``p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``params`` may be
+    parameter groups (see :class:`Optimizer`).
+    """
+
+    buffers = ("exp_avg", "exp_avg_sq")
+    hyper = ("lr", "betas", "eps", "weight_decay")
+
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})
+
+    def _check_option(self, name: str, value: Any) -> Any:
+        owner = type(self).__name__
+        if name != "betas":
+            return super()._check_option(name, value)
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise TypeError(f"{owner}: betas must be a pair of floats, got {value!r}")
+        return (_number(owner, "betas[0]", value[0], 0.0, 1.0, open_high=True),
+                _number(owner, "betas[1]", value[1], 0.0, 1.0, open_high=True))
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        b1, b2 = group["betas"]
+        if group["weight_decay"]:
+            g = g + group["weight_decay"] * p
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * (g * g)
+        denom = xp.sqrt(v / (1 - b2 ** step)) + group["eps"]
+        p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
+
+
+class AdamW(Adam):
+    """AdamW (as torch.optim.AdamW): Adam with decoupled weight decay.
+
+    ``p *= 1 - lr * weight_decay``, then ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t)
+    + eps)``. Give biases and norm weights a group with ``weight_decay=0.0`` to leave
+    them undecayed (see :class:`Optimizer`).
+    """
+
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        b1, b2 = group["betas"]
+        lr = group["lr"]
+        if group["weight_decay"]:
+            p *= 1 - lr * group["weight_decay"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * (g * g)
+        denom = xp.sqrt(v) / math.sqrt(1 - b2 ** step) + group["eps"]
+        p -= (lr / (1 - b1 ** step)) * (m / denom)
