@@ -59,5 +59,5 @@ __all__ = [
 OPS: dict[str, GlobalOp] = {op.name: op for op in (
     matmul, add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge, where,
     neg, abs, exp, log, sqrt, tanh, relu, sigmoid, sum, mean, max, min, softmax, log_softmax,
-    transpose, reshape, getitem, astype, cat, embedding,
+    transpose, reshape, getitem, astype, cat,
 )}
