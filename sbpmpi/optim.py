@@ -8,23 +8,30 @@ stay identical because every rank applies the same arithmetic to the same values
 A parameter with a partial SBP is refused: its value is a sum (or max) over ranks, and
 updates such as Adam's are not linear in the shards. Make such a tensor broadcast or
 split first (``p.to_global(sbp=...)``) and use that as the parameter.
+
+Learning-rate schedules (torch's names and formulas) are ``sm.optim.lr_scheduler``
+(:mod:`sbpmpi.lr_scheduler`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from . import backend
+from . import backend, lr_scheduler
 from .autograd.mode import no_grad
 from .core.sbp import Partial, broadcast
 from .creation import full, tensor
 from .tensor import GlobalTensor
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+# torch's import path: ``from sbpmpi.optim.lr_scheduler import LinearLR`` (as os.path)
+sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
 
 
 def _number(owner: str, name: str, value: Any, low: float = 0.0, high: float = math.inf,
@@ -41,22 +48,59 @@ def _number(owner: str, name: str, value: Any, low: float = 0.0, high: float = m
 
 
 class Optimizer:
-    """Base class: checked parameters, per-parameter state tensors, ``zero_grad``,
-    flat ``state_dict`` of GlobalTensors (saved with ``sm.save_state``)."""
+    """Base class: checked parameters in parameter groups, per-parameter state tensors,
+    ``zero_grad``, flat ``state_dict`` of GlobalTensors (saved with ``sm.save_state``).
+
+    ``params`` is an iterable of GlobalTensors, or of dicts (parameter groups, as torch):
+    ``{"params": [...], "weight_decay": 0.0}`` gives those parameters their own values
+    of the optimizer's options; options a group leaves out take the constructor's
+    values. ``param_groups`` holds the groups (a learning-rate schedule sets their
+    ``"lr"``); ``opt.lr`` and the other options read group 0 (and setting one sets it
+    in every group).
+    """
 
     #: names of the state tensors each parameter gets (in the parameter's layout)
     buffers: tuple[str, ...] = ()
-    #: hyperparameters kept in ``state_dict`` (as 0-d float64 tensors)
+    #: the options of a parameter group, kept in ``state_dict`` (as 0-d float64 tensors)
     hyper: tuple[str, ...] = ()
 
-    def __init__(self, params: Iterable[GlobalTensor]) -> None:
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 defaults: Mapping[str, Any] | None = None) -> None:
         name = type(self).__name__
         if isinstance(params, GlobalTensor):
             raise TypeError(f"{name}: params must be an iterable of GlobalTensors (e.g. "
                             f"model.parameters()), got one GlobalTensor: wrap it in a list")
-        self.params: list[GlobalTensor] = list(params)
-        if not self.params:
+        items: list[Any] = list(params)
+        if not items:
             raise ValueError(f"{name}: got an empty parameter list")
+        defaults = dict(defaults or {})
+        if any(isinstance(g, Mapping) for g in items):
+            if not all(isinstance(g, Mapping) for g in items):
+                raise TypeError(f"{name}: params must be all GlobalTensors or all parameter "
+                                f"groups (dicts with a 'params' list), not a mix")
+            raw = [dict(g) for g in items]
+        else:
+            raw = [{"params": items}]
+        groups: list[dict[str, Any]] = []
+        for k, g in enumerate(raw):
+            if "params" not in g:
+                raise ValueError(f"{name}: parameter group {k} has no 'params' entry")
+            unknown = sorted(set(g) - {"params", *self.hyper})
+            if unknown:
+                raise ValueError(f"{name}: parameter group {k} has unknown options {unknown}; "
+                                 f"{name} takes {list(self.hyper)}")
+            ps = g["params"]
+            ps = [ps] if isinstance(ps, GlobalTensor) else list(ps)
+            if not ps:
+                raise ValueError(f"{name}: parameter group {k} has an empty parameter list")
+            group = {"params": ps}
+            for h in self.hyper:
+                group[h] = self._check_option(h, g.get(h, defaults.get(h)))
+            groups.append(group)
+        self.param_groups: list[dict[str, Any]] = groups
+        self.params: list[GlobalTensor] = [p for g in groups for p in g["params"]]
+        #: index in ``param_groups`` of each parameter
+        self.group_of: list[int] = [k for k, g in enumerate(groups) for _ in g["params"]]
         seen: set[int] = set()
         for i, p in enumerate(self.params):
             what = f"{name}: params[{i}]"
@@ -78,8 +122,31 @@ class Optimizer:
             seen.add(id(p))
         self.state: list[dict[str, GlobalTensor]] = [
             {b: full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
-             for b in self.buffers} for p in self.params]
+             for b in self._buffers(self.param_groups[k])}
+            for p, k in zip(self.params, self.group_of)]
         self.steps = [0] * len(self.params)
+
+    def _check_option(self, name: str, value: Any) -> Any:
+        """The checked value of option ``name`` of a group (TypeError/ValueError)."""
+        return _number(type(self).__name__, name, value)
+
+    def _buffers(self, group: Mapping[str, Any]) -> tuple[str, ...]:
+        """The state tensors of the parameters of ``group``."""
+        return self.buffers
+
+    def __getattr__(self, name: str) -> Any:
+        # opt.lr & co: group 0's option (as before parameter groups existed)
+        if name in type(self).hyper and "param_groups" in self.__dict__:
+            return self.param_groups[0][name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self).hyper and "param_groups" in self.__dict__:
+            value = self._check_option(name, value)
+            for g in self.param_groups:
+                g[name] = value
+            return
+        super().__setattr__(name, value)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
@@ -104,15 +171,23 @@ class Optimizer:
                     xp = backend.get_xp(p.placement.type)
                     self._update(xp, local, g.to_local(),
                                  {k: v.to_local() for k, v in self.state[i].items()},
-                                 self.steps[i])
+                                 self.steps[i], self.param_groups[self.group_of[i]])
 
-    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int) -> None:
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
     # -- state ---------------------------------------------------------------------------
+    def _hyper_keys(self) -> list[tuple[str, int, str]]:
+        """``(state_dict key, group, option)``: group 0's options under their names,
+        group k's under ``groups.{k}.{name}``."""
+        return [(h if k == 0 else f"groups.{k}.{h}", k, h)
+                for k in range(len(self.param_groups)) for h in self.hyper]
+
     def state_dict(self) -> dict[str, GlobalTensor]:
         """Flat dict of GlobalTensors: ``"{i}.{buffer}"`` in params[i]'s layout,
-        ``"{i}.step"`` and the hyperparameters as 0-d broadcast tensors.
+        ``"{i}.step"`` and the options as 0-d broadcast tensors (group 0's under their
+        names, group ``k``'s as ``"groups.{k}.{name}"``).
 
         Save it with ``sm.save_state``; :meth:`load_state_dict` takes it back on any
         world size and layout (each tensor is boxed into its parameter's layout).
@@ -125,8 +200,9 @@ class Optimizer:
                 out[f"{i}.{k}"] = v
             out[f"{i}.step"] = full((), self.steps[i], placement=p.placement,
                                     sbp=(broadcast,) * p.placement.ndim, dtype=np.int64)
-        for h in self.hyper:
-            out[h] = tensor(np.asarray(getattr(self, h), dtype=np.float64), placement=pl, sbp=b)
+        for key, gi, h in self._hyper_keys():
+            out[key] = tensor(np.asarray(self.param_groups[gi][h], dtype=np.float64),
+                              placement=pl, sbp=b)
         return out
 
     def load_state_dict(self, state: Mapping[str, GlobalTensor]) -> None:
@@ -152,9 +228,9 @@ class Optimizer:
                                      f"params[{i}] {p.shape}")
                 self.state[i][k] = _into(v, p)
             self.steps[i] = int(state[f"{i}.step"].item())
-        for h in self.hyper:
-            a = state[h].numpy()
-            setattr(self, h, tuple(float(x) for x in a) if h == "betas" else float(a))
+        for key, gi, h in self._hyper_keys():
+            a = state[key].numpy()
+            self.param_groups[gi][h] = tuple(float(x) for x in a) if h == "betas" else float(a)
 
 
 def _into(v: GlobalTensor, like: GlobalTensor) -> GlobalTensor:
@@ -171,60 +247,96 @@ class SGD(Optimizer):
     """Stochastic gradient descent with momentum and weight decay (as torch.optim.SGD).
 
     ``g = grad + weight_decay * p``; ``buf = momentum * buf + g`` (when momentum > 0);
-    ``p -= lr * buf`` (or ``lr * g``).
+    ``p -= lr * buf`` (or ``lr * g``). ``params`` may be parameter groups (see
+    :class:`Optimizer`).
     """
 
     hyper = ("lr", "momentum", "weight_decay")
 
-    def __init__(self, params: Iterable[GlobalTensor], lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> None:
-        self.lr = _number("SGD", "lr", lr)
-        self.momentum = _number("SGD", "momentum", momentum)
-        self.weight_decay = _number("SGD", "weight_decay", weight_decay)
-        self.buffers = ("momentum_buffer",) if self.momentum else ()
-        super().__init__(params)
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum,
+                                  "weight_decay": weight_decay})
 
-    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int) -> None:
-        if self.weight_decay:
-            g = g + self.weight_decay * p
-        if self.momentum:
+    def _buffers(self, group: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("momentum_buffer",) if group["momentum"] else ()
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        if group["weight_decay"]:
+            g = g + group["weight_decay"] * p
+        if group["momentum"]:
             buf = state["momentum_buffer"]
-            buf *= self.momentum
+            buf *= group["momentum"]
             buf += g
             g = buf
-        p -= self.lr * g
+        p -= group["lr"] * g
 
 
 class Adam(Optimizer):
     """Adam (as torch.optim.Adam, L2 weight decay added to the gradient).
 
     ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
-    ``p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
+    ``p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``params`` may be
+    parameter groups (see :class:`Optimizer`).
     """
 
     buffers = ("exp_avg", "exp_avg_sq")
     hyper = ("lr", "betas", "eps", "weight_decay")
 
-    def __init__(self, params: Iterable[GlobalTensor], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
-        self.lr = _number("Adam", "lr", lr)
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TypeError(f"Adam: betas must be a pair of floats, got {betas!r}")
-        self.betas = (_number("Adam", "betas[0]", betas[0], 0.0, 1.0, open_high=True),
-                      _number("Adam", "betas[1]", betas[1], 0.0, 1.0, open_high=True))
-        self.eps = _number("Adam", "eps", eps)
-        self.weight_decay = _number("Adam", "weight_decay", weight_decay)
-        super().__init__(params)
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})
 
-    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int) -> None:
-        b1, b2 = self.betas
-        if self.weight_decay:
-            g = g + self.weight_decay * p
+    def _check_option(self, name: str, value: Any) -> Any:
+        owner = type(self).__name__
+        if name != "betas":
+            return super()._check_option(name, value)
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise TypeError(f"{owner}: betas must be a pair of floats, got {value!r}")
+        return (_number(owner, "betas[0]", value[0], 0.0, 1.0, open_high=True),
+                _number(owner, "betas[1]", value[1], 0.0, 1.0, open_high=True))
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        b1, b2 = group["betas"]
+        if group["weight_decay"]:
+            g = g + group["weight_decay"] * p
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m *= b1
         m += (1 - b1) * g
         v *= b2
         v += (1 - b2) * (g * g)
-        denom = xp.sqrt(v / (1 - b2 ** step)) + self.eps
-        p -= (self.lr / (1 - b1 ** step)) * (m / denom)
+        denom = xp.sqrt(v / (1 - b2 ** step)) + group["eps"]
+        p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
+
+
+class AdamW(Adam):
+    """AdamW (as torch.optim.AdamW): Adam with decoupled weight decay.
+
+    ``p *= 1 - lr * weight_decay``, then ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t)
+    + eps)``. Give biases and norm weights a group with ``weight_decay=0.0`` to leave
+    them undecayed (see :class:`Optimizer`).
+    """
+
+    def __init__(self, params: Iterable[GlobalTensor] | Iterable[Mapping[str, Any]],
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
+                group: Mapping[str, Any]) -> None:
+        b1, b2 = group["betas"]
+        lr = group["lr"]
+        if group["weight_decay"]:
+            p *= 1 - lr * group["weight_decay"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * (g * g)
+        denom = xp.sqrt(v) / math.sqrt(1 - b2 ** step) + group["eps"]
+        p -= (lr / (1 - b1 ** step)) * (m / denom)

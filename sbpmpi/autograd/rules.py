@@ -22,6 +22,7 @@ from .. import ops
 from ..core.sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..creation import zeros
 from ..ops.call import OpCall, norm_dim, norm_dims
+from ..ops.embedding import embedding_backward
 from ..ops.linalg import MATMUL, batch_matches
 from ..ops.op import GlobalOp
 from ..ops.shape import _index_key
@@ -337,6 +338,12 @@ def _cross_entropy(node: Node, g: GlobalTensor) -> Grads:
     return [cross_entropy_grad(logits, labels, g), None]
 
 
+def _embedding(node: Node, g: GlobalTensor) -> Grads:
+    """The weight's gradient: ``g`` scatter-added at the ids, in the rows each rank owns."""
+    ids, weight, rows = node.inputs
+    return [None, embedding_backward(ids, g, rows) if node.needs[1] else None, None]
+
+
 def _to_global(node: Node, g: GlobalTensor) -> Grads:
     """The gradient goes back to the source placement in the conjugate SBP (same cost table)."""
     src = node.inputs[0]
@@ -354,5 +361,5 @@ RULES: dict[str, Rule] = {
     "matmul": _matmul, "sum": _sum, "mean": _mean, "max": _max_min, "min": _max_min,
     "softmax": _softmax, "log_softmax": _log_softmax, "transpose": _transpose,
     "getitem": _getitem, "cat": _cat, "to_global": _to_global,
-    "cross_entropy": _cross_entropy,
+    "cross_entropy": _cross_entropy, "embedding": _embedding,
 }

@@ -34,6 +34,7 @@ from .elementwise import (
     tanh,
     where,
 )
+from .embedding import embedding, embedding_backward
 from .inference import Candidate, Inference, infer
 from .linalg import matmul
 from .op import GlobalOp, execute
@@ -49,7 +50,7 @@ __all__ = [
     "eq", "ne", "lt", "le", "gt", "ge", "where",
     "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "sum", "mean", "max", "min", "softmax", "log_softmax",
-    "transpose", "reshape", "getitem", "astype", "cat",
+    "transpose", "reshape", "getitem", "astype", "cat", "embedding", "embedding_backward",
     "OPS", "GlobalOp", "OpCall", "Signature", "AnySplit", "DimMatch", "Resolved",
     "Candidate", "Inference", "infer", "execute",
 ]
