@@ -137,7 +137,8 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path):
         module = getattr(sm, name)
         text = _read(html / page.relative_to(DOCS).with_suffix(".html"))
         missing += [f"sm.{name}.{member}" for member in getattr(module, "__all__", ())
-                    if f'id="{module.__name__}.{member}"' not in text]
+                    if f'id="{module.__name__}.{member}"' not in text
+                    and f'id="module-{module.__name__}.{member}"' not in text]  # a submodule
     assert not missing, f"documented names without an entry in the built site: {missing}"
 
 

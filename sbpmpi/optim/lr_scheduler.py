@@ -1,4 +1,4 @@
-"""Learning-rate schedules in the torch style: they set ``"lr"`` of each parameter group.
+"""Learning-rate schedules in the torch style: they set ``"lr"`` of each parameter group::
 
     opt = sm.optim.AdamW(model.parameters(), lr=3e-4)
     warmup = LinearLR(opt, start_factor=0.01, total_iters=100)

@@ -10,26 +10,23 @@ updates such as Adam's are not linear in the shards. Make such a tensor broadcas
 split first (``p.to_global(sbp=...)``) and use that as the parameter.
 
 Learning-rate schedules (torch's names and formulas) are ``sm.optim.lr_scheduler``
-(:mod:`sbpmpi.lr_scheduler`).
+(:mod:`sbpmpi.optim.lr_scheduler`).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from . import backend, lr_scheduler
-from .autograd.mode import no_grad
-from .core.sbp import Partial, broadcast
-from .creation import full, tensor
-from .tensor import GlobalTensor
-
-# torch's import path: ``from sbpmpi.optim.lr_scheduler import LinearLR`` (as os.path)
-sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler
+from .. import backend
+from ..autograd.mode import no_grad
+from ..core.sbp import Partial, broadcast
+from ..creation import full, tensor
+from ..tensor import GlobalTensor
+from . import lr_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
 
