@@ -9,14 +9,14 @@ result, and :mod:`sbpmpi.ops.dispatch` short-cuts calls seen before. ``sm.explai
 
 from __future__ import annotations
 
-from .call import OpCall
 from .activation import gelu, gelu_backward
+from .call import OpCall
 from .elementwise import (
     abs,
-    erf,
     add,
     div,
     eq,
+    erf,
     exp,
     ge,
     gt,

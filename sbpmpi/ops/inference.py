@@ -384,11 +384,17 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
         return tuple(Layout(o.shape, pl, tuple(rows[k].inputs[i] for k in ks)) if is_t[i]
                      else None for i, o in enumerate(ops))
 
+    # only a partial operand boxed to a partial layout can be refused (see refusal)
+    refusable = any(is_t[i] and any(isinstance(s, Partial) for s in ops[i].sbp)
+                    and any(isinstance(r.inputs[i], Partial) for r in rows)
+                    for i in range(len(ops)))
+
     def total(ks: tuple[int, ...]) -> tuple[float, int, int]:
         # a combination whose conversions boxing refuses is never kept: the per-axis
         # estimates cannot see that a whole layout is unreachable
-        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks)) \
-            if _feasible(ops, need_of(ks)) else float("inf")
+        ok = not refusable or _feasible(ops, need_of(ks))
+        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks)) if ok \
+            else float("inf")
         moved = sum(1 for i in tens if any(est[a][k][0][i] or r_in(k, i) != ops[i].sbp[a]
                                            for a, k in enumerate(ks)))
         order = 0

@@ -207,17 +207,18 @@ class _Softmax(GlobalOp):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x = args[0] if args else kwargs.get("x")
-        if isinstance(x, GlobalTensor):
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        if isinstance(x, GlobalTensor) and isinstance(dim, (int, np.integer)) \
+                and not isinstance(dim, (bool, np.bool_)) and -x.ndim <= dim < x.ndim \
+                and any(isinstance(s, Split) and s.dim == dim % x.ndim for s in x.sbp):
             call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
-            dim = norm_dim(self.name, args[1] if len(args) > 1 else kwargs.get("dim", -1),
-                           x.ndim)
-            if any(isinstance(s, Split) and s.dim == dim for s in x.sbp):
-                with no_grad():
-                    xf = x if x.dtype == call.out_dtype else x.astype(call.out_dtype)
-                    m = reduced(max_(xf, dim, keepdim=True))  # used twice: reduced once
-                    s = sum_exp(xf, m, dim)
-                    out = softmax_finish(xf, m, s, self.log)
-                return record_op(self.name, (x,), args, kwargs, out)
+            d = int(dim) % x.ndim
+            with no_grad():
+                xf = x if x.dtype == call.out_dtype else x.astype(call.out_dtype)
+                m = reduced(max_(xf, d, keepdim=True))  # used twice: reduced once
+                s = sum_exp(xf, m, d)
+                out = softmax_finish(xf, m, s, self.log)
+            return record_op(self.name, (x,), args, kwargs, out)
         return super().__call__(*args, **kwargs)
 
 
