@@ -25,6 +25,20 @@ mpi = pytest.mark.mpi(min_size=1)
 SAMPLE = 10  # SBP combinations per placement where the product is larger
 
 
+def _placements() -> list:
+    """Every rank in a row, a reversed subset (blocks land on other ranks), the 2x2 mesh."""
+    out = [sm.placement("cpu", list(range(size)))]
+    if size > 2:
+        out.append(sm.placement("cpu", list(range(size - 1, 0, -1))))
+    if size >= 4:
+        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
+    return out
+
+
+PLACES = _placements()
+CASES = {"max_combos": SAMPLE, "placements": PLACES}
+
+
 def np_erf(x):
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
@@ -60,15 +74,16 @@ def test_erf_of_numpy_arrays_matches_math_erf():
 
 @mpi
 def test_erf_matches_numpy():
-    check_op(sm.erf, np_erf, [Input((5, 3))], max_combos=SAMPLE)
-    check_op(sm.erf, lambda v: np_erf(v.astype(np.float64)), [Input((7,), np.int64)])
+    check_op(sm.erf, np_erf, [Input((5, 3))], **CASES)
+    check_op(sm.erf, lambda v: np_erf(v.astype(np.float64)), [Input((7,), np.int64)],
+             placements=PLACES)
 
 
 @mpi
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_matches_numpy(approximate):
     check_op(sm.nn.gelu, np_gelu, [Input((5, 3))], kwargs={"approximate": approximate},
-             max_combos=SAMPLE)
+             **CASES)
 
 
 @mpi
@@ -78,7 +93,7 @@ def test_gelu_matches_numpy(approximate):
     (sm.nn.gelu, np_gelu, {"approximate": "tanh"}),
 ], ids=["erf", "gelu", "gelu_tanh"])
 def test_erf_and_gelu_gradients(op, ref, kwargs):
-    check_grad(op, ref, [Input((5, 3))], kwargs=kwargs, max_combos=SAMPLE)
+    check_grad(op, ref, [Input((5, 3))], kwargs=kwargs, **CASES)
 
 
 def test_gelu_rejects_an_unknown_approximation():
@@ -97,24 +112,25 @@ def test_var_matches_numpy(dim, keepdim, correction):
         return np.var(v, axis=dim, keepdims=keepdim, ddof=correction)
 
     kw = {"dim": dim, "keepdim": keepdim, "correction": correction}
-    check_op(sm.var, ref, [Input((5, 3))], kwargs=kw, max_combos=SAMPLE)
-    check_grad(sm.var, ref, [Input((5, 3))], kwargs=kw, max_combos=SAMPLE)
+    check_op(sm.var, ref, [Input((5, 3))], kwargs=kw, **CASES)
+    check_grad(sm.var, ref, [Input((5, 3))], kwargs=kw, **CASES)
 
 
 # ---- tril and triu -------------------------------------------------------------------------
 
 @mpi
-@pytest.mark.parametrize("op, ref", [
-    (sm.tril, lambda v, diagonal: np.tril(v, diagonal)),
-    (sm.triu, lambda v, diagonal: np.triu(v, diagonal)),
-], ids=["tril", "triu"])
-@pytest.mark.parametrize("diagonal", [0, -1, 2])
+@pytest.mark.parametrize("op, ref, diagonal", [
+    (sm.tril, lambda v, diagonal: np.tril(v, diagonal), 0),
+    (sm.tril, lambda v, diagonal: np.tril(v, diagonal), -1),
+    (sm.triu, lambda v, diagonal: np.triu(v, diagonal), 0),
+    (sm.triu, lambda v, diagonal: np.triu(v, diagonal), 2),
+], ids=["tril0", "tril-1", "triu0", "triu2"])
 def test_tril_triu_match_numpy(op, ref, diagonal):
     kw = {"diagonal": diagonal}
-    check_op(op, ref, [Input((5, 7))], kwargs=kw, max_combos=SAMPLE)
-    check_op(op, ref, [Input((3, 5, 4))], kwargs=kw, max_combos=SAMPLE)
-    check_op(op, ref, [Input((5, 3), np.int32)], kwargs=kw, max_combos=SAMPLE)
-    check_grad(op, ref, [Input((5, 3))], kwargs=kw, max_combos=SAMPLE)
+    check_op(op, ref, [Input((5, 7))], kwargs=kw, **CASES)
+    check_op(op, ref, [Input((3, 5, 4))], kwargs=kw, **CASES)
+    check_op(op, ref, [Input((5, 3), np.int32)], kwargs=kw, **CASES)
+    check_grad(op, ref, [Input((5, 3))], kwargs=kw, **CASES)
 
 
 @mpi
@@ -138,8 +154,8 @@ def test_softmax_on_every_layout_matches_numpy(log):
         return np.log(np_softmax(v, dim)) if log else np_softmax(v, dim)
 
     for dim in (0, 1):
-        check_op(op, ref, [Input((5, 7)), dim], max_combos=SAMPLE)
-        check_grad(op, ref, [Input((5, 3)), dim], max_combos=SAMPLE)
+        check_op(op, ref, [Input((5, 7)), dim], **CASES)
+        check_grad(op, ref, [Input((5, 3)), dim], **CASES)
 
 
 @mpi
@@ -167,10 +183,10 @@ def test_softmax_on_a_split_dim_reduces_two_small_tensors(log):
 
 @mpi
 def test_batched_matmul_with_broadcast_batch_dims_matches_numpy():
-    check_op(sm.matmul, np.matmul, [Input((2, 3, 5, 4)), Input((3, 4, 2))], max_combos=SAMPLE)
+    check_op(sm.matmul, np.matmul, [Input((2, 3, 5, 4)), Input((3, 4, 2))], **CASES)
     check_op(sm.matmul, np.matmul, [Input((3, 1, 5, 4)), Input((1, 2, 4, 3))],
-             max_combos=SAMPLE)
-    check_grad(sm.matmul, np.matmul, [Input((3, 2, 3)), Input((1, 3, 2))], max_combos=SAMPLE)
+             **CASES)
+    check_grad(sm.matmul, np.matmul, [Input((3, 2, 3)), Input((1, 3, 2))], **CASES)
 
 
 def np_attention(q, k, v):
@@ -253,8 +269,8 @@ def test_cross_entropy_on_every_layout_matches_numpy():
     def ref(z):
         return np_cross_entropy(z, LABELS)
 
-    check_op(op, ref, [Input((5, 7))], sbps=[None], max_combos=SAMPLE, name="cross_entropy")
-    check_grad(op, ref, [Input((5, 7))], max_combos=SAMPLE, name="cross_entropy")
+    check_op(op, ref, [Input((5, 7))], name="cross_entropy", **CASES)
+    check_grad(op, ref, [Input((5, 7))], name="cross_entropy", **CASES)
 
 
 @mpi
