@@ -185,8 +185,9 @@ def test_softmax_on_a_split_dim_reduces_two_small_tensors(log):
 def test_batched_matmul_with_broadcast_batch_dims_matches_numpy():
     check_op(sm.matmul, np.matmul, [Input((2, 3, 5, 4)), Input((3, 4, 2))], **CASES)
     check_op(sm.matmul, np.matmul, [Input((3, 1, 5, 4)), Input((1, 2, 4, 3))],
-             **CASES)
-    check_grad(sm.matmul, np.matmul, [Input((3, 2, 3)), Input((1, 3, 2))], **CASES)
+             max_combos=SAMPLE, placements=PLACES[:2])
+    check_grad(sm.matmul, np.matmul, [Input((3, 2, 3)), Input((1, 3, 2))], max_combos=6,
+               placements=PLACES)
 
 
 def np_attention(q, k, v):
