@@ -42,6 +42,7 @@ _LAZY: dict[str, str] = {
         "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "tanh",
         "relu", "sigmoid", "sum", "mean", "max", "min", "softmax", "log_softmax",
         "transpose", "reshape", "astype", "cat", "where",
+        "erf", "var", "tril", "triu",
     )},
     "explain": "sbpmpi.explain",
     "save": "sbpmpi.checkpoint",

@@ -29,7 +29,8 @@ from .env import get_rank
 from .tensor import GlobalTensor
 
 __all__ = ["Module", "ModuleList", "Sequential", "Linear", "Embedding", "LayerNorm", "Dropout",
-           "relu", "cross_entropy", "embedding", "layer_norm", "dropout", "clip_grad_norm_",
+           "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "embedding", "layer_norm",
+           "dropout", "clip_grad_norm_",
            "save_training_state", "load_training_state"]
 
 
@@ -223,23 +224,49 @@ def relu(x: GlobalTensor) -> GlobalTensor:
     return ops.relu(x)  # type: ignore[no-any-return]
 
 
-def cross_entropy(logits: GlobalTensor, labels: Any) -> GlobalTensor:
+def gelu(x: GlobalTensor, approximate: str = "none") -> GlobalTensor:
+    """GELU, ``x * Phi(x)`` (``approximate="none"``, through erf) or its tanh form."""
+    return ops.gelu(x, approximate=approximate)  # type: ignore[no-any-return]
+
+
+def softmax(x: GlobalTensor, dim: int = -1) -> GlobalTensor:
+    """``sm.softmax``: a split ``dim`` costs two all-reduces of the reduced shape."""
+    return ops.softmax(x, dim)  # type: ignore[no-any-return]
+
+
+def log_softmax(x: GlobalTensor, dim: int = -1) -> GlobalTensor:
+    """``sm.log_softmax``: a split ``dim`` costs two all-reduces of the reduced shape."""
+    return ops.log_softmax(x, dim)  # type: ignore[no-any-return]
+
+
+def cross_entropy(logits: GlobalTensor, labels: Any, ignore_index: int = -100) -> GlobalTensor:
     """Mean over the batch of ``-log_softmax(logits)[i, labels[i]]`` (a 0-d tensor).
 
-    ``logits`` has shape ``(N, C)`` in any layout (a split batch gives a partial-sum
-    loss, reduced when read); ``labels`` holds ``N`` integer classes in ``[0, C)``: a
-    GlobalTensor, or an array made global here with the batch's split of ``logits``.
-    Labels outside ``[0, C)`` contribute nothing (they are not checked: that would need
-    communication).
+    ``logits`` has shape ``(N, C)`` in any layout: a split batch gives a partial-sum
+    loss, reduced when read; split classes (vocab parallel, ``split(1)``) are never
+    gathered: two all-reduces of shapes ``(N, 1)`` and ``(N, 2)`` forward, none backward.
+    ``labels`` holds ``N`` integer classes in ``[0, C)``: a GlobalTensor, or an array made
+    global here with the batch's split of ``logits``. Rows labelled ``ignore_index``
+    contribute nothing and the mean is over the others (NaN when none is left, as
+    torch). Other labels outside ``[0, C)`` add 0 to the sum but count in the mean (they
+    are not checked: that would need communication).
     """
     if not isinstance(logits, GlobalTensor) or logits.ndim != 2:
         raise ValueError(f"cross_entropy: logits must be a 2-D GlobalTensor (batch, classes), "
                          f"got {getattr(logits, 'shape', type(logits).__name__)}")
+    if isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index,
+                                                                    (int, np.integer)):
+        raise TypeError(f"cross_entropy: ignore_index must be an int, got "
+                        f"{type(ignore_index).__name__} {ignore_index!r}")
+    ignore = int(ignore_index)
     n, c = logits.shape
+    count: Any = None
     if not isinstance(labels, GlobalTensor):
         arr = np.asarray(labels)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: labels must be integers, got dtype {arr.dtype}")
+        if arr.shape == (n,):
+            count = int(np.count_nonzero(arr != ignore))  # the whole array is on every rank
         sbp = tuple(s if isinstance(s, Split) and s.dim == 0 else broadcast for s in logits.sbp)
         labels = tensor(arr, placement=logits.placement, sbp=sbp)
     if labels.dtype.kind not in "iu":
@@ -249,7 +276,12 @@ def cross_entropy(logits: GlobalTensor, labels: Any) -> GlobalTensor:
                          f"for logits of shape {logits.shape}")
     if logits.dtype.kind != "f":
         raise TypeError(f"cross_entropy: logits must have a floating dtype, got {logits.dtype}")
-    return losses.cross_entropy(logits, labels)  # type: ignore[no-any-return]
+    if count is not None:
+        scale = 1.0 / count if count else float("nan")
+        return losses.cross_entropy_loss(logits, labels, ignore, scale)
+    total = losses.cross_entropy_loss(logits, labels, ignore, 1.0)
+    counted = ops.astype(ops.sum(ops.ne(labels, ignore)), logits.dtype)
+    return ops.div(total, counted)  # type: ignore[no-any-return]
 
 
 # ---- training state ---------------------------------------------------------------------------

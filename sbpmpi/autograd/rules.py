@@ -28,13 +28,14 @@ from ..ops.op import GlobalOp
 from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
 from ..tensor import GlobalTensor
-from .losses import cross_entropy_grad
+from .losses import cross_entropy_grad, vocab_cross_entropy_grad
 from .tape import Node
 
 __all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
            "matmul_nt"]
 
 Grads = Sequence[GlobalTensor | None]
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 Rule = Callable[[Node, GlobalTensor], Grads]
 
 
@@ -255,6 +256,8 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
     "tanh": lambda n, g, x: ops.mul(g, ops.sub(1, ops.mul(n.out, n.out))),
     "relu": lambda n, g, x: ops.where(ops.gt(x, 0), g, 0),
     "sigmoid": lambda n, g, x: ops.mul(g, ops.mul(n.out, ops.sub(1, n.out))),
+    "erf": lambda n, g, x: ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), _TWO_OVER_SQRT_PI)),
+    "gelu": lambda n, g, x: ops.gelu_backward(g, x, n.param(1, "approximate", "none")),
     "astype": lambda n, g, x: g,  # the engine casts to x's dtype
     "reshape": lambda n, g, x: ops.reshape(g, x.shape),
 }
@@ -333,9 +336,23 @@ def _cat(node: Node, g: GlobalTensor) -> Grads:
     return out
 
 
+def _tril_triu(op: GlobalOp) -> Rule:
+    def rule(node: Node, g: GlobalTensor) -> Grads:
+        """The same triangle of the gradient; none for the row and column numbers."""
+        return [op(g, node.param(1, "diagonal", 0)), None, None]
+
+    return rule
+
+
 def _cross_entropy(node: Node, g: GlobalTensor) -> Grads:
     logits, labels = node.inputs
-    return [cross_entropy_grad(logits, labels, g), None]
+    return [cross_entropy_grad(logits, labels, g, node.param(2, "ignore_index", -100),
+                               node.param(3, "scale")), None]
+
+
+def _vocab_cross_entropy(node: Node, g: GlobalTensor) -> Grads:
+    logits, labels = node.inputs
+    return [vocab_cross_entropy_grad(logits, labels, node.kwargs, g), None]
 
 
 def _embedding(node: Node, g: GlobalTensor) -> Grads:
@@ -361,5 +378,6 @@ RULES: dict[str, Rule] = {
     "matmul": _matmul, "sum": _sum, "mean": _mean, "max": _max_min, "min": _max_min,
     "softmax": _softmax, "log_softmax": _log_softmax, "transpose": _transpose,
     "getitem": _getitem, "cat": _cat, "to_global": _to_global,
-    "cross_entropy": _cross_entropy, "embedding": _embedding,
+    "cross_entropy": _cross_entropy, "vocab_cross_entropy": _vocab_cross_entropy,
+    "embedding": _embedding, "tril": _tril_triu(ops.tril), "triu": _tril_triu(ops.triu),
 }

@@ -9,12 +9,14 @@ result, and :mod:`sbpmpi.ops.dispatch` short-cuts calls seen before. ``sm.explai
 
 from __future__ import annotations
 
+from .activation import gelu, gelu_backward
 from .call import OpCall
 from .elementwise import (
     abs,
     add,
     div,
     eq,
+    erf,
     exp,
     ge,
     gt,
@@ -38,12 +40,13 @@ from .embedding import embedding, embedding_backward
 from .inference import Candidate, Inference, infer
 from .linalg import matmul
 from .op import GlobalOp, execute
-from .reduction import log_softmax, mean, softmax
+from .reduction import log_softmax, mean, softmax, softmax_finish, sum_exp, var
 from .reduction import max_ as max
 from .reduction import min_ as min
 from .reduction import sum_ as sum
 from .shape import astype, cat, getitem, reshape, transpose
 from .signature import AnySplit, DimMatch, Resolved, Signature
+from .triangle import tril, triu
 
 __all__ = [
     "matmul", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
@@ -51,6 +54,7 @@ __all__ = [
     "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "sum", "mean", "max", "min", "softmax", "log_softmax",
     "transpose", "reshape", "getitem", "astype", "cat", "embedding", "embedding_backward",
+    "erf", "gelu", "gelu_backward", "var", "tril", "triu", "sum_exp", "softmax_finish",
     "OPS", "GlobalOp", "OpCall", "Signature", "AnySplit", "DimMatch", "Resolved",
     "Candidate", "Inference", "infer", "execute",
 ]
@@ -59,5 +63,5 @@ __all__ = [
 OPS: dict[str, GlobalOp] = {op.name: op for op in (
     matmul, add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge, where,
     neg, abs, exp, log, sqrt, tanh, relu, sigmoid, sum, mean, max, min, softmax, log_softmax,
-    transpose, reshape, getitem, astype, cat,
+    transpose, reshape, getitem, astype, cat, erf, tril, triu,
 )}

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.special import erf as _erf_of
 from ..core.sbp import PARTIALS
 from ..tensor import GlobalTensor
 from .call import OpCall, operand, probe_dtype, tensor_arg
@@ -30,7 +31,7 @@ __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
     "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES", "TABLES", "POINTWISE",
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-    "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
+    "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "erf",
     "broadcast_matches",
 ]
 
@@ -90,7 +91,7 @@ RULES: dict[str, Pointwise] = {
     "compare": Pointwise(2),  # eq ne lt le gt ge
     "where": Pointwise(3, (1, 2), ("sum", "max", "min")),  # where(cond, x, y): selecting
     "neg": Pointwise(1, alone=(LINEAR + DOWN,), float_order=True),
-    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu
+    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu erf
     "unary": Pointwise(1),  # abs sqrt log
 }
 
@@ -182,6 +183,14 @@ def _relu(xp: ModuleType, x: Any) -> Any:
     return xp.maximum(x, 0)
 
 
+def _erf(xp: ModuleType, x: Any) -> Any:
+    if x.dtype.kind == "c":
+        raise TypeError("erf of complex values is not supported")
+    if x.dtype.kind != "f":
+        x = x.astype(xp.exp(xp.zeros((), dtype=x.dtype)).dtype)
+    return _erf_of(x)
+
+
 #: Every pointwise op: name -> (array-module function name, or a kernel ``f(xp, *args)``;
 #: the rule of :data:`RULES` that gives its signature table).
 POINTWISE: dict[str, tuple[str | Callable[..., Any], str]] = {
@@ -207,8 +216,9 @@ POINTWISE: dict[str, tuple[str | Callable[..., Any], str]] = {
     "tanh": ("tanh", "monotone"),
     "relu": (_relu, "monotone"),
     "sigmoid": (_sigmoid, "monotone"),
+    "erf": (_erf, "monotone"),
 }
-_FLOAT_ARGS = ("sigmoid",)  # integer/bool inputs are cast to the result dtype first
+_FLOAT_ARGS = ("sigmoid", "erf")  # integer/bool inputs are cast to the result dtype first
 _LABELS = {2: ("a", "b"), 3: ("cond", "x", "y")}
 
 
@@ -230,5 +240,5 @@ def _pointwise(name: str) -> GlobalOp:
 add, sub, mul, div, pow, maximum, minimum = map(  # noqa: A001
     _pointwise, ("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
 eq, ne, lt, le, gt, ge, where = map(_pointwise, ("eq", "ne", "lt", "le", "gt", "ge", "where"))
-neg, abs, exp, log, sqrt, tanh, relu, sigmoid = map(  # noqa: A001
-    _pointwise, ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid"))
+neg, abs, exp, log, sqrt, tanh, relu, sigmoid, erf = map(  # noqa: A001
+    _pointwise, ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "erf"))

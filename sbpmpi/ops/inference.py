@@ -12,6 +12,11 @@ the op's resolved signatures over the mesh axes (one per axis, axis 0 outermost)
   was owed already and the op only hands it on, so ``P * B -> P`` or ``P + P -> P`` stay
   lazy while a partial made from split or broadcast inputs pays in full). Never below 0.
 
+A candidate that needs a conversion boxing refuses (:func:`refusal`, the rule
+:func:`sbpmpi.boxing.plan.check_conversion` applies: partial_max to partial_sum, say) is
+not a candidate at all: inference never offers the planner a conversion it rejects, and
+raises a ValueError naming the op and the operand layouts when no row is feasible.
+
 The cheapest total wins. Ties (totals within a relative 1e-9) go to the candidate that
 boxes the fewest operands, then to the first in enumeration order: placements in
 argument order, then table rows lexicographically over the mesh axes (axis 0 most
@@ -27,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..boxing.plan import meaningful
+from ..boxing.plan import meaningful as _boxing_refusal
 from ..boxing.planner import axis_change_seconds, send_recv_step
 from ..core.layout import Layout
 from ..core.placement import Placement
@@ -40,10 +45,34 @@ from .exactness import exact, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
 __all__ = ["Candidate", "Inference", "infer",
-           "TIE_RTOL", "choose", "clear_cache"]
+           "TIE_RTOL", "choose", "clear_cache", "refusal"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
+
+
+def refusal(src: Layout, dst: Layout) -> str | None:
+    """Why boxing refuses to convert ``src`` to ``dst`` (same shape), or None if it can.
+
+    The one feasibility rule, shared with the planner (it is the rule
+    :func:`sbpmpi.boxing.plan.check_conversion` applies); pure metadata.
+    """
+    if src == dst:
+        return None
+    return _boxing_refusal(src, dst)
+
+
+def _feasible(ops: Sequence[Any], need: Sequence[Layout | None]) -> bool:
+    return all(lay is None or refusal(o.layout, lay) is None for o, lay in zip(ops, need))
+
+
+def _no_row(call: OpCall) -> ValueError:
+    lays = "; ".join(f"{call.label(i)} {_sbp(o.sbp)} on {o.placement.ranks.tolist()}"
+                     for i, o in enumerate(call.operands) if isinstance(o, GlobalTensor))
+    return ValueError(f"{call.name}: no signature can be reached from the operand layouts "
+                      f"({lays}): every row needs a conversion boxing refuses (a partial "
+                      f"tensor can only become a partial of the same reduction); convert "
+                      f"the operands to broadcast or a split first")
 
 
 def _reduced(out: Layout) -> Layout:
@@ -255,12 +284,16 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
     for pl in pls:
         cost = _Costs(pl.type)
         if len(rows) ** pl.ndim > PRUNE_ABOVE and all(x.placement == pl for x in call.tensors):
-            cands.extend(_estimated(call, pl, rows, is_t, len(cands)))
-            estimated = True
-            continue
+            kept = _estimated(call, pl, rows, is_t, len(cands))
+            if kept:  # else every kept estimate was refused: search them all
+                cands.extend(kept)
+                estimated = True
+                continue
         for combo in itertools.product(rows, repeat=pl.ndim):
             need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
                          else None for i, o in enumerate(ops))
+            if not _feasible(ops, need):
+                continue
             moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
             costs = tuple(cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
                           else 0.0 for o, lay, m in zip(ops, need, moved))
@@ -272,6 +305,8 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
                 charge = max(0.0, charge - owed)
             cands.append(Candidate(pl, tuple(combo), need, out, moved, costs, charge,
                                    len(cands)))
+    if not cands:
+        raise _no_row(call)
     result = (tuple(cands), choose(cands), estimated)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.clear()
@@ -317,7 +352,7 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
         v2 = axis_change_seconds(mid, a, to, item, table)
         if v1 is not None and v2 is not None:
             return v1 + v2
-        if meaningful(lay, dst) is not None:
+        if refusal(lay, dst) is not None:
             return float("inf")
         return send_recv_step(lay, dst, item, table).seconds
 
@@ -345,8 +380,21 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
         est.append(per_row)
     n = len(rows)
 
+    def need_of(ks: tuple[int, ...]) -> tuple[Layout | None, ...]:
+        return tuple(Layout(o.shape, pl, tuple(rows[k].inputs[i] for k in ks)) if is_t[i]
+                     else None for i, o in enumerate(ops))
+
+    # only a partial operand boxed to a partial layout can be refused (see refusal)
+    refusable = any(is_t[i] and any(isinstance(s, Partial) for s in ops[i].sbp)
+                    and any(isinstance(r.inputs[i], Partial) for r in rows)
+                    for i in range(len(ops)))
+
     def total(ks: tuple[int, ...]) -> tuple[float, int, int]:
-        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks))
+        # a combination whose conversions boxing refuses is never kept: the per-axis
+        # estimates cannot see that a whole layout is unreachable
+        ok = not refusable or _feasible(ops, need_of(ks))
+        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks)) if ok \
+            else float("inf")
         moved = sum(1 for i in tens if any(est[a][k][0][i] or r_in(k, i) != ops[i].sbp[a]
                                            for a, k in enumerate(ks)))
         order = 0
@@ -361,8 +409,9 @@ def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequ
     out: list[Candidate] = []
     for ks in best:
         combo = tuple(rows[k] for k in ks)
-        need = tuple(Layout(o.shape, pl, tuple(r.inputs[i] for r in combo)) if is_t[i]
-                     else None for i, o in enumerate(ops))
+        need = need_of(ks)
+        if not _feasible(ops, need):
+            continue
         moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
         costs = tuple(sum(est[a][k][0][i] for a, k in enumerate(ks)) if moved[i] else 0.0
                       for i in range(len(ops)))

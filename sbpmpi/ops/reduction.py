@@ -1,4 +1,10 @@
-"""Reductions (sum, mean, max, min over a dim, several dims or all) and softmax."""
+"""Reductions (sum, mean, max, min over a dim, several dims or all), var and softmax.
+
+``softmax`` and ``log_softmax`` of a tensor split along their dim never gather it: they
+run as three ops, a max over the dim (partial_max, made broadcast by one all-reduce of
+the reduced shape), the sum of ``exp(x - max)`` (partial sum, one more all-reduce of
+the reduced shape), and the elementwise finish on the shards. Otherwise they are one op.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from ..autograd.mode import no_grad
+from ..autograd.tape import record_op
 from ..core.reduction import REDUCTIONS, identity_value
-from ..core.sbp import PARTIALS, Partial
+from ..core.sbp import PARTIALS, Partial, Split
+from ..tensor import GlobalTensor
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
+from .elementwise import broadcast_matches, mul, sub
 from .op import GlobalOp
-from .signature import S_D, AnySplit, B, DimMatch, Signature
+from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
-__all__ = ["SUM", "MEAN", "MAX", "MIN", "SOFTMAX", "sum_", "mean", "max_", "min_", "softmax",
-           "log_softmax"]
+__all__ = ["SUM", "MEAN", "MAX", "MIN", "SOFTMAX", "SUM_EXP", "SOFTMAX_FINISH", "sum_", "mean",
+           "max_", "min_", "var", "softmax", "log_softmax", "sum_exp", "softmax_finish",
+           "reduced"]
 
 S_R = AnySplit("r")  # a reduced dim; S_D is a kept dim
 
@@ -37,6 +48,15 @@ MEAN = SUM                       # local sum / global count
 SOFTMAX = (                      # softmax, log_softmax: S(d) for d other than the softmax dim
     Signature((S_D,), S_D),
     Signature((B,), B),
+)
+SUM_EXP = (                      # sum_exp(x, m) over one dim, m of the reduced shape
+    Signature((S_D, S_D), S_D),  # a kept dim
+    Signature((S_R, B), P),      # the summed dim: partial sums
+    Signature((B, B), B),
+)
+SOFTMAX_FINISH = (               # softmax_finish(x, m, s): S(d) for every dim, the softmax
+    Signature((S_D, S_D, S_D), S_D),  # dim's with m and s broadcast
+    Signature((B, B, B), B),
 )
 
 
@@ -101,6 +121,107 @@ max_ = _reduction("max", MAX, "max")
 min_ = _reduction("min", MIN, "min")
 
 
+def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int | float = 0) -> Any:
+    """Variance of ``x`` over ``dim`` (an int, a tuple of ints, or None for all dims):
+    ``sum((x - mean)**2) / (count - correction)``, as ``torch.var``.
+
+    Made of ``mean``, ``sub``, ``mul`` and ``sum`` (their signatures and backward rules):
+    a split of a reduced dim costs one all-reduce of the reduced shape (the mean) and
+    leaves the result a partial sum; nothing is gathered.
+    """
+    x = tensor_arg("var", x)
+    axes = norm_dims("var", dim, x.ndim)
+    if isinstance(correction, (bool, np.bool_)) or not isinstance(
+            correction, (int, float, np.integer, np.floating)):
+        raise TypeError(f"var: correction must be a number, got {type(correction).__name__} "
+                        f"{correction!r}")
+    if not isinstance(keepdim, (bool, np.bool_)):
+        raise TypeError(f"var: keepdim must be a bool, got {type(keepdim).__name__} {keepdim!r}")
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"var: needs a floating dtype, got {x.dtype}")
+    count = math.prod(x.shape[d] for d in axes)
+    centred = sub(x, mean(x, axes, keepdim=True))
+    return sum_(mul(centred, centred), axes, keepdim=bool(keepdim)) / max(count - correction, 0)
+
+
+def _sum_exp(x: Any, m: Any, dim: int) -> OpCall:
+    """Build the OpCall of ``sum_exp``."""
+    d = norm_dim("sum_exp", dim, x.ndim)
+    kshape = tuple(1 if k == d else n for k, n in enumerate(x.shape))
+    if m.shape != kshape:
+        raise ValueError(f"sum_exp: m has shape {m.shape}, expected {kshape}")
+    dtype = x.dtype
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        a, mx = local
+        return xp.sum(xp.exp(a - mx), axis=d, keepdims=True)
+
+    dims = {"d": tuple(DimMatch((k, k), k) for k in range(x.ndim) if k != d),
+            "r": (DimMatch((d, None), None),)}
+    return OpCall("sum_exp", (x, m), SUM_EXP, dims, kshape, dtype, kernel,
+                  params=f"dim={d}", labels=("x", "m"))
+
+
+sum_exp = GlobalOp("sum_exp", _sum_exp, SUM_EXP, doc=(
+    "``sum_exp(x, m, dim)``: ``sum(exp(x - m), dim, keepdim=True)`` for ``m`` of the "
+    "reduced shape (a step of softmax on a split dim)."))
+
+
+def _softmax_finish(x: Any, m: Any, s: Any, log: bool) -> OpCall:
+    """Build the OpCall of ``softmax_finish``."""
+    name = "softmax_finish"
+    if not (x.ndim == m.ndim == s.ndim):
+        raise ValueError(f"{name}: x {x.shape}, m {m.shape} and s {s.shape} differ in dims")
+    dtype = x.dtype
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        a, mx, sx = local
+        return (a - mx) - xp.log(sx) if log else xp.exp(a - mx) / sx
+
+    dims = {"d": broadcast_matches([x.shape, m.shape, s.shape], x.shape)}
+    return OpCall(name, (x, m, s), SOFTMAX_FINISH, dims, x.shape, dtype, kernel,
+                  params=f"log={bool(log)}", labels=("x", "m", "s"))
+
+
+softmax_finish = GlobalOp("softmax_finish", _softmax_finish, SOFTMAX_FINISH, doc=(
+    "``softmax_finish(x, m, s, log)``: ``exp(x - m) / s`` (``log``: ``x - m - log(s)``), "
+    "``m`` and ``s`` broadcast along the softmax dim (a step of softmax on a split dim)."))
+
+
+def reduced(x: GlobalTensor) -> GlobalTensor:
+    """``x`` with each partial mesh axis made broadcast (an all-reduce; ``x`` itself when it
+    has none)."""
+    sbp = tuple(B if isinstance(s, Partial) else s for s in x.sbp)
+    return x if sbp == x.sbp else x.to_global(sbp=sbp)
+
+
+class _Softmax(GlobalOp):
+    """softmax / log_softmax: one op, or three when the softmax dim is split."""
+
+    def __init__(self, name: str, build: Any, log: bool) -> None:
+        super().__init__(name, build, SOFTMAX, doc=(
+            f"``{name}`` of a global tensor along ``dim`` (signatures: ``{name}.table`` "
+            f"when ``dim`` is not split; when it is, a max all-reduce and a sum all-reduce of "
+            f"the reduced shape, nothing gathered)."))
+        self.log = log
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else kwargs.get("x")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        if isinstance(x, GlobalTensor) and isinstance(dim, (int, np.integer)) \
+                and not isinstance(dim, (bool, np.bool_)) and -x.ndim <= dim < x.ndim \
+                and any(isinstance(s, Split) and s.dim == dim % x.ndim for s in x.sbp):
+            call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
+            d = int(dim) % x.ndim
+            with no_grad():
+                xf = x if x.dtype == call.out_dtype else x.astype(call.out_dtype)
+                m = reduced(max_(xf, d, keepdim=True))  # used twice: reduced once
+                s = sum_exp(xf, m, d)
+                out = softmax_finish(xf, m, s, self.log)
+            return record_op(self.name, (x,), args, kwargs, out)
+        return super().__call__(*args, **kwargs)
+
+
 def _softmax(name: str, log: bool) -> GlobalOp:
     def build(x: Any, dim: Any = -1) -> OpCall:
         x = tensor_arg(name, x)
@@ -123,9 +244,7 @@ def _softmax(name: str, log: bool) -> GlobalOp:
                       labels=("x",))
 
     build.__doc__ = f"Build the OpCall of ``{name}``."
-    return GlobalOp(name, build, SOFTMAX, doc=(
-        f"``{name}`` of a global tensor along ``dim`` (signatures: ``{name}.table``; a "
-        f"tensor split or partial along ``dim`` is boxed first)."))
+    return _Softmax(name, build, log)
 
 
 softmax = _softmax("softmax", log=False)

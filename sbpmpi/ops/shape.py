@@ -75,20 +75,46 @@ transpose = GlobalOp("transpose", _transpose, MOVE, doc=(
 
 # ---- reshape -------------------------------------------------------------------------------
 
-def reshape_matches(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[DimMatch, ...]:
+def reshape_matches(src: tuple[int, ...], dst: tuple[int, ...],
+                    parts: int = 0) -> tuple[DimMatch, ...]:
     """Dims a row-major reshape carries whole: same size and same product of the dims before.
 
     A split of such a dim cuts the same rows in the input and the output; any other
-    split would need the data to move.
+    split would need the data to move. With ``parts`` (the number of ranks of the mesh),
+    a dim also keeps its split when the reshape cuts it into a leading dim and others
+    (``(T, H * D) -> (T, H, D)``) or merges it with the dims after it (the reverse), and
+    that leading dim divides by ``parts``: then every split of it along any mesh axes
+    cuts the same elements as the split of the whole dim (heads stay split).
     """
     out = []
     for i, n in enumerate(src):
         before = math.prod(src[:i])
         for j, m in enumerate(dst):
-            if m == n and math.prod(dst[:j]) == before:
+            if math.prod(dst[:j]) != before:
+                continue
+            if m == n:
+                out.append(DimMatch((i,), j))
+                break
+            if parts and n and m and (
+                    _leading(n, dst[j:], m, parts) or _leading(m, src[i:], n, parts)):
                 out.append(DimMatch((i,), j))
                 break
     return tuple(out)
+
+
+def _leading(whole: int, pieces: tuple[int, ...], lead: int, parts: int) -> bool:
+    """Whether ``pieces`` (starting with ``lead``) multiply up to ``whole`` exactly at some
+    prefix, and ``lead`` divides by ``parts`` (so its blocks are whole multiples)."""
+    if lead % parts or whole % lead:
+        return False
+    acc = 1
+    for k in pieces:
+        acc *= k
+        if acc == whole:
+            return True
+        if acc > whole or k == 0:
+            return False
+    return False
 
 
 def _reshape(x: Any, *shape: Any) -> OpCall:
@@ -111,13 +137,17 @@ def _reshape(x: Any, *shape: Any) -> OpCall:
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return xp.reshape(local[0], shape)
 
-    return OpCall("reshape", (x,), MOVE, {"d": reshape_matches(x.shape, want)}, want, x.dtype,
+    parts = math.prod(x.placement.hierarchy)
+    return OpCall("reshape", (x,), MOVE, {"d": reshape_matches(x.shape, want, parts)}, want,
+                  x.dtype,
                   kernel, params=f"shape={want}", labels=("x",))
 
 
 reshape = GlobalOp("reshape", _reshape, MOVE, doc=(
     "Reshape a global tensor (row-major, one ``-1`` allowed). A split survives on a dim "
-    "the reshape keeps whole; other splits are boxed first."))
+    "the reshape keeps whole, and on a dim cut into (or merged from) a leading dim that "
+    "divides by the mesh's number of ranks (``(T, H * D) <-> (T, H, D)``: split heads "
+    "stay split); other splits are boxed first."))
 
 
 # ---- getitem -------------------------------------------------------------------------------
