@@ -124,7 +124,7 @@ def test_calls_are_cached_per_group():
 
 def test_info_is_the_one_place_for_library_facts():
     from sbpmpi.comm import cuda_aware
-    from sbpmpi.comm.info import library_line, library_name, max_count
+    from sbpmpi.comm.mpi_library import library_line, library_name, max_count
     from sbpmpi.runtime import execute
 
     first = MPI.Get_library_version().strip().splitlines()[0].strip()

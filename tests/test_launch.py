@@ -93,7 +93,7 @@ def test_child_env_drops_rank_identity_but_keeps_settings(monkeypatch):
     monkeypatch.setenv("PMI_RANK", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
-    env = launch._child_env()
+    env = launch.child_env()
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env
     assert env["OMPI_MCA_btl"] == "self,vader"
 

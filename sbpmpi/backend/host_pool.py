@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .node import local_ranks
+
 __all__ = [
     "empty",
     "POOL_ENV",
@@ -60,10 +62,8 @@ def _default_limit() -> int:
     except (ValueError, OSError, AttributeError):
         phys = 8 << 30
     try:
-        from ..env import get_local_world_size
-
-        local = max(1, get_local_world_size())
-    except Exception:
+        local = max(1, local_ranks().size)
+    except RuntimeError:
         local = 1
     return max(64 << 20, phys // 8 // local)
 

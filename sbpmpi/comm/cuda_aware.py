@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 from ..env import switch
-from .info import library_name
+from .mpi_library import library_name
 
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "set_cuda_aware", "detect",
            "detect_library", "library_name"]

@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if note:
             print(note, flush=True)
         if a.json:
-            from ..comm.info import library_line
+            from ..comm.mpi_library import library_line
 
             doc = {"world_size": MPI.COMM_WORLD.Get_size(), "device": a.device,
                    "mpi": library_line(),
