@@ -19,7 +19,7 @@ from mpi4py import MPI
 from sbpmpi import backend
 from sbpmpi import comm as C
 from sbpmpi.comm import ReduceOp
-from sbpmpi.comm.buffers import POOL
+from sbpmpi.comm.buffers import PINNED_POOL
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -324,13 +324,13 @@ def test_staging_buffers_are_reused(chk):
     try:
         x = FakeCudaArray.from_numpy(np.ones(1000))
         C.all_reduce(x)  # warm the pool for this size
-        allocs, reuses = POOL.allocations, POOL.reuses
+        allocs, reuses = PINNED_POOL.allocations, PINNED_POOL.reuses
         for _ in range(5):
             x = FakeCudaArray.from_numpy(np.ones(1000))
             C.all_reduce(x)
             chk.same(x.get(), np.full(1000, float(size)), "staged all_reduce")
-        chk.true(POOL.allocations == allocs, "no new pinned buffers for repeated calls")
-        chk.true(POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
+        chk.true(PINNED_POOL.allocations == allocs, "no new pinned buffers for repeated calls")
+        chk.true(PINNED_POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
         info = C.info()
         chk.true(info["cuda_aware"] is False and "pinned" in info["staging"], str(info))
     finally:

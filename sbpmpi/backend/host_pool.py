@@ -174,7 +174,7 @@ class _HostPool:
             self.idle = 0
 
 
-_POOL = _HostPool()
+_HOST_POOL = _HostPool()
 
 
 class _Lease:
@@ -187,7 +187,7 @@ class _Lease:
     def __del__(self) -> None:
         try:  # give the block back (see _HostPool): runs once per pooled array
             entry = self.entry
-            pool = _POOL
+            pool = _HOST_POOL
             size = entry[0].size
             with pool.lock:
                 blocks = pool.free.get(size)
@@ -239,7 +239,7 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         _SPECS[shape, dtype] = spec
     except TypeError:  # an unhashable shape (a list)
         spec = _spec(shape, dtype)
-    pool = _POOL
+    pool = _HOST_POOL
     if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
         return np.empty(shape, dtype=dtype)
     size = spec[1]
@@ -267,33 +267,33 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
 
 def host_pool_limit() -> int:
     """Most idle bytes the host pool keeps (0: the pool is off)."""
-    return _POOL.get_limit()
+    return _HOST_POOL.get_limit()
 
 
 def set_host_pool_limit(nbytes: int | None | Any = _UNSET) -> int:
     """Set the host pool's idle-byte limit (0 turns it off); with no argument re-read
     :data:`POOL_ENV`. Idle blocks over the new limit are freed. Returns the limit."""
-    with _POOL.lock:
+    with _HOST_POOL.lock:
         if nbytes is _UNSET or nbytes is None:
-            _POOL.limit = None
+            _HOST_POOL.limit = None
         elif isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"host pool limit must be a number of bytes >= 0, got {nbytes!r}")
         else:
-            _POOL.limit = nbytes
-        limit = _POOL.get_limit()
-        if _POOL.idle > limit:
-            _POOL.clear()
+            _HOST_POOL.limit = nbytes
+        limit = _HOST_POOL.get_limit()
+        if _HOST_POOL.idle > limit:
+            _HOST_POOL.clear()
         return limit
 
 
 def host_pool_stats() -> dict[str, int]:
     """The host pool's counters: idle bytes and blocks, limit, hits, misses, dropped blocks."""
-    with _POOL.lock:
-        return {"idle_bytes": _POOL.idle, "idle_blocks": sum(len(b) for b in _POOL.free.values()),
-                "limit": _POOL.get_limit(), "hits": _POOL.hits, "misses": _POOL.misses,
-                "dropped": _POOL.dropped}
+    with _HOST_POOL.lock:
+        return {"idle_bytes": _HOST_POOL.idle, "idle_blocks": sum(len(b) for b in _HOST_POOL.free.values()),
+                "limit": _HOST_POOL.get_limit(), "hits": _HOST_POOL.hits, "misses": _HOST_POOL.misses,
+                "dropped": _HOST_POOL.dropped}
 
 
 def clear_host_pool() -> None:
     """Free every idle block of the host pool (arrays in use keep theirs)."""
-    _POOL.clear()
+    _HOST_POOL.clear()

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..backend import device_copy
-from .buffers import POOL
+from .buffers import PINNED_POOL
 from .checks import checking
 from .cuda_aware import cuda_awareness
 from .gpu import route
@@ -53,8 +53,8 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
                     if aware.aware else
                     "pinned host buffers, reused across calls"
                     + ("" if backend.cupy_available() else " (no CuPy: ordinary host memory)")),
-        "pinned_pool": {"allocations": POOL.allocations, "reuses": POOL.reuses,
-                        "cached_bytes": POOL.cached_bytes()},
+        "pinned_pool": {"allocations": PINNED_POOL.allocations, "reuses": PINNED_POOL.reuses,
+                        "cached_bytes": PINNED_POOL.cached_bytes()},
         "gpus_visible": gpus,
         "gpu": gpu,
         "cupy_allocator": device_copy.cupy_allocator_name(),

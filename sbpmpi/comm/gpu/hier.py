@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...core.layout import block_starts
-from ..buffers import POOL
+from ..buffers import PINNED_POOL
 from ..dtypes import dtype_info
 from ..reduce_op import ReduceOp, mpi_reduction
 from . import schedule as S
@@ -135,7 +135,7 @@ class Hierarchical:
     # -- the inter-node legs (staged through pinned host memory) --------------------------
 
     def _host(self, nbytes: int) -> np.ndarray:
-        return POOL.acquire(max(nbytes, 1))
+        return PINNED_POOL.acquire(max(nbytes, 1))
 
     def all_reduce(self, name: str, arr_ptr: int, ok: bool, count: int, dtype: np.dtype,
                    op: ReduceOp) -> bool:
@@ -159,7 +159,7 @@ class Hierarchical:
                     self.device.copy(ptrs["out"] + a * it, h.ctypes.data, n)
                     self.device.synchronize()
             finally:
-                POOL.release(h)
+                PINNED_POOL.release(h)
 
         sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
                            rs.tmp_bytes)
@@ -190,7 +190,7 @@ class Hierarchical:
                     off += n
                 self.device.synchronize()
             finally:
-                POOL.release(h)
+                PINNED_POOL.release(h)
 
         node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
         sched = S.Schedule(((),) + node_moves.phases, ("out",))
