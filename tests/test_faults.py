@@ -1,6 +1,6 @@
 """Fault tests: every failure ends the whole job with a message naming the rank and the cause.
 
-Each scenario runs under its own ``mpiexec`` (tests/fault_programs) from a serial test
+Each fault program runs under its own ``mpiexec`` (tests/fault_programs) from a serial test
 with a time limit: the job must end by itself, non-zero, well before the limit.
 Also serial unit tests of the pieces (env parsing, fingerprints, the hooks).
 """
@@ -202,7 +202,7 @@ def test_check_switches(switches, monkeypatch):
     assert consistency.check_enabled() and consistency.debug_enabled()
 
 
-# -- exit-time agreement (issue 10, item 1) ------------------------------------------------------
+# -- exit-time agreement -----------------------------------------------------------------------
 
 def _cause_on_every_rank(res, n: int, doing: str, finished: list[int]) -> None:
     who = (f"rank {finished[0]}" if len(finished) == 1
