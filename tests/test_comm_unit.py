@@ -55,7 +55,7 @@ def test_override_wins(fresh):
     assert d.aware and "SBPMPI_CUDA_AWARE=1" in d.reason and "override" in d.reason
     fresh.setenv("SBPMPI_CUDA_AWARE", "0")
     lib(fresh, "Open MPI v5.0.3")
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(1))
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: FakeFn(1))
     assert cuda_aware.detect().aware is False
     fresh.setenv("SBPMPI_CUDA_AWARE", "maybe")
     with pytest.raises(ValueError, match="SBPMPI_CUDA_AWARE='maybe'"):
@@ -64,20 +64,20 @@ def test_override_wins(fresh):
 
 def test_open_mpi_query(fresh):
     lib(fresh, "Open MPI v5.0.3, package: Open MPI ...")
-    fresh.setattr(cuda_aware, "_mpi_symbol",
+    fresh.setattr(cuda_aware, "mpi_symbol",
                   lambda name: FakeFn(1) if name == "MPIX_Query_cuda_support" else None)
     d = cuda_aware.detect()
     assert d.aware and "MPIX_Query_cuda_support() returned 1" in d.reason
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(0))
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: FakeFn(0))
     assert not cuda_aware.detect().aware
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: None)
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: None)
     d = cuda_aware.detect()
     assert not d.aware and "not found" in d.reason
 
 
 def test_mpich_query_and_cvar(fresh):
     lib(fresh, "MPICH Version:      4.2.0\nMPICH Release date: ...")
-    fresh.setattr(cuda_aware, "_mpi_symbol",
+    fresh.setattr(cuda_aware, "mpi_symbol",
                   lambda name: FakeFn(0, out=1) if name == "MPIX_GPU_query_support" else None)
     d = cuda_aware.detect()
     assert d.aware and "MPIX_GPU_query_support(CUDA) returned 1" in d.reason

@@ -98,15 +98,17 @@ def test_install_is_off_for_one_process_and_restorable(monkeypatch):
     before_sys, before_thread = sys.excepthook, threading.excepthook
     was = abort.installed()
     abort.uninstall()
+    plain_sys, plain_thread = sys.excepthook, threading.excepthook  # abort's hooks are off
     try:
         assert abort.install() is False  # a world of one process
-        assert sys.excepthook is not abort._sys_hook
+        assert sys.excepthook is plain_sys and threading.excepthook is plain_thread
         monkeypatch.setenv("SBPMPI_ABORT_ON_ERROR", "0")
         assert abort.install() is False
         assert abort.install(force=True) is True and abort.installed()
-        assert threading.excepthook is abort._thread_hook
+        assert sys.excepthook.__module__ == threading.excepthook.__module__ == abort.__name__
         abort.uninstall()
-        assert not abort.installed() and threading.excepthook is not abort._thread_hook
+        assert not abort.installed()
+        assert sys.excepthook is plain_sys and threading.excepthook is plain_thread
     finally:
         abort.uninstall()
         if was:

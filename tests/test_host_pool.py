@@ -92,7 +92,7 @@ def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
     a = backend.empty(np, (MIB,), np.uint8)
     del a
     assert stats()["idle_blocks"] == 1
-    real = host_pool._map_block
+    real = host_pool.map_block
     calls = []
 
     def fail_once(size):
@@ -101,14 +101,14 @@ def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
             raise OSError(12, "Cannot allocate memory")
         return real(size)
 
-    monkeypatch.setattr(backend, "_map_block", fail_once)
+    monkeypatch.setattr(host_pool, "map_block", fail_once)
     b = backend.empty(np, (4 * MIB,), np.uint8)
     assert b.size == 4 * MIB and len(calls) == 2 and stats()["idle_blocks"] == 0
 
     def fail(size):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(backend, "_map_block", fail)
+    monkeypatch.setattr(host_pool, "map_block", fail)
     with pytest.raises(MemoryError, match=str(8 * MIB)):
         backend.empty(np, (8 * MIB,), np.uint8)
 

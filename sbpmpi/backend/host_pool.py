@@ -20,6 +20,7 @@ __all__ = [
     "set_host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
+    "map_block",
 ]
 
 #
@@ -78,19 +79,19 @@ def _size_class(nbytes: int) -> int:
 _HUGE_PAGE = 2 << 20
 
 
-def _map_block(size: int) -> tuple[np.ndarray, int]:
+def map_block(size: int) -> tuple[np.ndarray, int]:
     """``size`` bytes of fresh memory of its own, from ``mmap``, and their address.
 
     Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
     threshold (up to 32 MiB) and serves blocks of that size from the heap, where they
-    start anywhere and are only partly backed by huge pages. Measured at 2 ranks, a 16 MiB
-    S(0)->S(1) in a loop whose blocks came from the heap took 1.04-1.32x the raw call;
-    with blocks of their own, six runs gave 0.79-1.05x (0.89x in the middle).
+    start anywhere and are only partly backed by huge pages, which slows the copies into
+    them (``scripts/bench_reuse.py`` measures it).
 
     A block of 2 MiB or more starts on a 2 MiB boundary and its whole 2 MiB pages are
     marked for transparent huge pages (where the system has them); the rest keeps
     ordinary pages, so no block holds more memory than it uses. A dropped block goes
-    back to the system at once.
+    back to the system at once. The pool maps every block through this name: a test
+    may replace it (to see the pool under memory pressure, say).
     """
     huge = size // _HUGE_PAGE * _HUGE_PAGE  # bytes in whole huge pages
     length = size + (_HUGE_PAGE if huge else 0)  # room to start on a huge-page boundary
@@ -134,11 +135,11 @@ class _HostPool:
         """A block of ``size`` bytes (idle blocks are freed first if memory is short) and
         its address."""
         try:
-            return _map_block(size)
+            return map_block(size)
         except (MemoryError, OSError):  # idle blocks are the first thing to give up
             self.clear()
             try:
-                return _map_block(size)
+                return map_block(size)
             except OSError as e:
                 raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
 
