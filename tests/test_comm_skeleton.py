@@ -115,9 +115,9 @@ def test_calls_are_cached_per_group():
     if rank == 0:
         assert call_mod.call("all_reduce", g) is call_mod.call("all_reduce", g)
     else:
-        with pytest.raises(ValueError, match="not a member"):
-            call_mod.call("all_reduce", g)
-        assert ("all_reduce", g) not in call_mod._CALLS
+        for _ in range(2):  # a refused call is not cached: asked again, it is refused again
+            with pytest.raises(ValueError, match="not a member"):
+                call_mod.call("all_reduce", g)
     with pytest.raises(TypeError, match="group must be an sbpmpi.comm.Group or None"):
         C.all_reduce(np.ones(1), group=[0])  # an unhashable group is refused as before
 

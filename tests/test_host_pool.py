@@ -288,7 +288,7 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
     placement change alive; free some between rounds; every value stays right and no two
     live shards share memory (except with an input, where a shard is a view by design)."""
     if every_array:
-        monkeypatch.setattr(backend, "_POOL_MIN", 1)  # the whole executor goes through it
+        monkeypatch.setattr(host_pool, "MIN_POOLED_BYTES", 1)  # the whole executor goes through it
         rows, cols = 6 * size + 1, 10  # uneven splits
     else:  # outputs of about a MiB and more: the default threshold
         rows, cols = 1024 * size, 160

@@ -21,6 +21,7 @@ from .node import local_ranks
 
 __all__ = [
     "get_xp",
+    "cupy_module",
     "check_device_available",
     "cupy_available",
     "cuda_device_count",
@@ -40,7 +41,12 @@ __all__ = [
 
 
 @functools.cache
-def _cupy() -> ModuleType | None:
+def cupy_module() -> ModuleType | None:
+    """The ``cupy`` module when it imports and sees at least one GPU, else None.
+
+    Every question this package asks of CuPy goes through this name (a test may replace
+    it to stand for a GPU).
+    """
     try:
         cp = importlib.import_module("cupy")
         if cp.cuda.runtime.getDeviceCount() < 1:
@@ -52,12 +58,12 @@ def _cupy() -> ModuleType | None:
 
 def cupy_available() -> bool:
     """True when CuPy imports and sees at least one GPU."""
-    return _cupy() is not None
+    return cupy_module() is not None
 
 
 def cuda_device_count() -> int:
     """Number of GPUs this process sees (0 without CuPy)."""
-    cp = _cupy()
+    cp = cupy_module()
     return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
 
 
@@ -68,7 +74,7 @@ def bind_device() -> int:
     """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
     global _bound
     if _bound is None:
-        cp = _cupy()
+        cp = cupy_module()
         if cp is None:
             raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
         _bound = local_ranks().rank % cp.cuda.runtime.getDeviceCount()
@@ -81,7 +87,7 @@ def get_xp(device_type: str) -> ModuleType:
     if device_type == "cpu":
         return np
     if device_type == "cuda":
-        cp = _cupy()
+        cp = cupy_module()
         if cp is None:
             raise RuntimeError(
                 "placement type 'cuda' needs CuPy and a GPU: install sbpmpi[cuda12] or "
@@ -111,7 +117,7 @@ def asnumpy(a: Any) -> np.ndarray:
     """Return ``a`` as a NumPy array (a device-to-host copy for GPU arrays)."""
     if isinstance(a, np.ndarray):
         return a
-    cp = _cupy()
+    cp = cupy_module()
     if cp is not None and isinstance(a, cp.ndarray):
         return cp.asnumpy(a)
     return np.asarray(a)
@@ -121,7 +127,7 @@ def from_dlpack(a: Any) -> Any:
     """Return ``a`` as a NumPy or CuPy array without copying where DLPack allows."""
     if isinstance(a, np.ndarray):
         return a
-    cp = _cupy()
+    cp = cupy_module()
     if cp is not None and isinstance(a, cp.ndarray):
         return a
     if hasattr(a, "__dlpack_device__"):
@@ -157,7 +163,7 @@ def synchronize(a: Any = None) -> None:
     """Wait for pending GPU work on the current stream (no-op for host arrays)."""
     if a is not None and not is_device_array(a):
         return
-    cp = _cupy()
+    cp = cupy_module()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()
 
@@ -175,7 +181,7 @@ def register_host_backed(cls: type) -> type:
 
 def is_cupy_array(a: Any) -> bool:
     """True for CuPy arrays (False without CuPy)."""
-    cp = _cupy()
+    cp = cupy_module()
     return cp is not None and isinstance(a, cp.ndarray)
 
 

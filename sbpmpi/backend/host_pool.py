@@ -7,7 +7,7 @@ import os
 import threading
 from collections import OrderedDict
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,8 @@ __all__ = [
     "host_pool_stats",
     "clear_host_pool",
     "map_block",
+    "Block",
+    "MIN_POOLED_BYTES",
 ]
 
 #
@@ -35,7 +37,9 @@ __all__ = [
 # CuPy keeps its own device pool.
 
 POOL_ENV = "SBPMPI_HOST_POOL_BYTES"
-_POOL_MIN = 1 << 20  # smaller arrays come from np.empty: malloc reuses its heap for them
+#: Arrays smaller than this come from ``np.empty`` (malloc reuses its heap for them); a
+#: test lowers it to send every array through the pool.
+MIN_POOLED_BYTES = 1 << 20
 _UNSET: Any = object()
 
 
@@ -79,7 +83,14 @@ def _size_class(nbytes: int) -> int:
 _HUGE_PAGE = 2 << 20
 
 
-def map_block(size: int) -> tuple[np.ndarray, int]:
+class Block(NamedTuple):
+    """A block of host memory of its own: its bytes, and the address of the first."""
+
+    memory: np.ndarray  #: ``uint8``, the block's bytes
+    address: int
+
+
+def map_block(size: int) -> Block:
     """``size`` bytes of fresh memory of its own, from ``mmap``, and their address.
 
     Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
@@ -106,7 +117,7 @@ def map_block(size: int) -> tuple[np.ndarray, int]:
             mm.madvise(mmap.MADV_HUGEPAGE, skip, huge)
         except OSError:  # THP not configured: ordinary pages
             pass
-    return whole[skip:skip + size], base + skip
+    return Block(whole[skip:skip + size], base + skip)
 
 
 class _HostPool:
@@ -119,7 +130,7 @@ class _HostPool:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
-        self.free: OrderedDict[int, list[tuple[np.ndarray, int]]] = OrderedDict()
+        self.free: OrderedDict[int, list[Block]] = OrderedDict()
         self.idle = 0
         self.limit: int | None = None  # read from the environment on first use
         self.hits = self.misses = self.dropped = 0
@@ -131,7 +142,7 @@ class _HostPool:
                 _parse_bytes(value)
         return self.limit
 
-    def new_block(self, size: int) -> tuple[np.ndarray, int]:
+    def new_block(self, size: int) -> Block:
         """A block of ``size`` bytes (idle blocks are freed first if memory is short) and
         its address."""
         try:
@@ -143,11 +154,11 @@ class _HostPool:
             except OSError as e:
                 raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
 
-    def give_slow(self, entry: tuple[np.ndarray, int]) -> None:
+    def give_slow(self, entry: Block) -> None:
         """Take back a block no array uses any more (dropped if over the limit): the path
         of a size class with no list yet, or before the limit is read (the lease's
         ``__del__`` writes the common case out)."""
-        size = entry[0].size
+        size = entry.memory.size
         with self.lock:
             limit = self.get_limit()
             if size > limit:
@@ -182,14 +193,14 @@ class _Lease:
     """The NumPy base of every array over one pooled block; returns the block when it dies."""
 
     __slots__ = ("entry", "__array_interface__")
-    entry: tuple[np.ndarray, int]
+    entry: Block
     __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
         try:  # give the block back (see _HostPool): runs once per pooled array
             entry = self.entry
             pool = _HOST_POOL
-            size = entry[0].size
+            size = entry.memory.size
             with pool.lock:
                 blocks = pool.free.get(size)
                 if blocks is None or pool.limit is None or size > pool.limit:
@@ -204,9 +215,17 @@ class _Lease:
             pass
 
 
-# (shape, dtype) of a request -> (bytes, size class, shape tuple, typestr, plain number
-# type) or None for dtypes never pooled: parsed once, not on every call
-_Spec = tuple[int, int, tuple[int, ...], str, bool]
+class _Spec(NamedTuple):
+    """What :func:`empty` needs of a request (shape, dtype), parsed once per pair."""
+
+    nbytes: int
+    size_class: int  # bytes of the block that serves it (_size_class)
+    shape: tuple[int, ...]
+    typestr: str  # the dtype's, or "|u1" for a structured or sub-array dtype
+    plain: bool  # a plain number type: the block is viewed as the dtype in one step
+
+
+# (shape, dtype) -> its _Spec, or None for dtypes never pooled
 _SPECS: dict[tuple[Any, Any], _Spec | None] = {}
 
 
@@ -219,7 +238,7 @@ def _spec(shape: Any, dtype: Any) -> _Spec | None:
     for s in shape:
         n *= s
     plain = dt.fields is None and dt.subdtype is None
-    return n, _size_class(n), shape, dt.str if plain else "|u1", plain
+    return _Spec(n, _size_class(n), shape, dt.str if plain else "|u1", plain)
 
 
 def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
@@ -241,9 +260,9 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     except TypeError:  # an unhashable shape (a list)
         spec = _spec(shape, dtype)
     pool = _HOST_POOL
-    if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
+    if spec is None or spec.nbytes < MIN_POOLED_BYTES or not (pool.limit or pool.get_limit()):
         return np.empty(shape, dtype=dtype)
-    size = spec[1]
+    size = spec.size_class
     with pool.lock:  # take an idle block (see _HostPool): runs once per pooled array
         blocks = pool.free.get(size)
         if blocks:
@@ -257,13 +276,13 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         entry = pool.new_block(size)
     lease = _Lease()
     lease.entry = entry
-    if spec[4]:  # a plain number type: one step
-        lease.__array_interface__ = {"data": (entry[1], False), "shape": spec[2],
-                                     "typestr": spec[3], "version": 3}
+    if spec.plain:  # one step
+        lease.__array_interface__ = {"data": (entry.address, False), "shape": spec.shape,
+                                     "typestr": spec.typestr, "version": 3}
         return np.asarray(lease)
-    lease.__array_interface__ = {"data": (entry[1], False), "shape": (spec[0],),
+    lease.__array_interface__ = {"data": (entry.address, False), "shape": (spec.nbytes,),
                                  "typestr": "|u1", "version": 3}
-    return np.asarray(lease).view(dtype).reshape(spec[2])
+    return np.asarray(lease).view(dtype).reshape(spec.shape)
 
 
 def host_pool_limit() -> int:

@@ -3,7 +3,7 @@
 :func:`info` gathers what the modules below it decide: the MPI library's facts
 (:mod:`.mpi_library`), CUDA-awareness (:mod:`.cuda_aware`), the pinned staging pool
 (:mod:`.buffers`), checked mode (:mod:`.checks`) and the GPU transport (:mod:`.gpu`). It
-imports them all, so no module of ``comm`` imports it.
+imports them all, so no module of ``comm`` imports it (they import :mod:`.mpi_library`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from .checks import checking
 from .cuda_aware import cuda_awareness
 from .gpu import route
 from .gpu.select import gpu_transport
-from .mpi_library import library_name
+from .mpi_library import library_line, library_name, max_count
 
-__all__ = ["info"]
+# the MPI library's facts are also importable from here, where they lived before
+__all__ = ["info", "library_line", "library_name", "max_count"]
 
 
 def info(all_ranks: bool = False) -> dict[str, Any]:
