@@ -16,12 +16,12 @@ import numpy as np
 from ..backend import device_copy
 from .cuda_aware import is_cuda_aware
 
-__all__ = ["ArrayMeta", "describe", "describe_out", "check_output", "check_same_dtype",
+__all__ = ["ArrayMeta", "array_meta", "output_array_meta", "check_output", "check_same_dtype",
            "HostStager", "HOST", "Stager", "stager", "PinnedPool", "PINNED_POOL"]
 
 
 class ArrayMeta(NamedTuple):
-    """What a call needs to know of a buffer, read once per buffer by :func:`describe`."""
+    """What a call needs to know of a buffer, read once per buffer by :func:`array_meta`."""
 
     dtype: np.dtype
     size: int  #: number of elements
@@ -34,7 +34,7 @@ class ArrayMeta(NamedTuple):
         return self.size * self.dtype.itemsize
 
 
-def describe(a: Any, arg: str, op: str) -> ArrayMeta:
+def array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
     """The :class:`ArrayMeta` of a NumPy or GPU array; TypeError otherwise."""
     if isinstance(a, np.ndarray):
         return ArrayMeta(a.dtype, a.size, a.flags.c_contiguous, False)
@@ -44,13 +44,13 @@ def describe(a: Any, arg: str, op: str) -> ArrayMeta:
     raise TypeError(f"{op}: {arg} must be a NumPy or CuPy array, got {type(a).__name__}")
 
 
-def describe_out(a: Any, arg: str, op: str) -> ArrayMeta:
-    """:func:`describe` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
+def output_array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
+    """:func:`array_meta` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
     if isinstance(a, np.ndarray):
         f = a.flags
         if f.c_contiguous and f.writeable:
             return ArrayMeta(a.dtype, a.size, True, False)
-    m = describe(a, arg, op)
+    m = array_meta(a, arg, op)
     check_output(a, m, arg, op)
     return m
 
