@@ -15,7 +15,7 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.backend import device_copy
 from sbpmpi.comm import ReduceOp, cuda_aware
-from sbpmpi.comm.buffers import PinnedPool, Stager, array_meta
+from sbpmpi.comm.buffers import PinnedPool, Stager, array_meta, output_array_meta
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
@@ -187,13 +187,31 @@ def test_pinned_pool_reuses_by_size_class():
     assert pool.cached_bytes() == 0
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.complex128])
+def test_host_array_meta_matches_numpy(dtype):
+    a = np.zeros((3, 4), dtype)
+    m = array_meta(a, "x", "t")
+    assert m == (a.dtype, a.size, True, False, a.nbytes)
+    assert (m.dtype, m.size, m.contiguous, m.on_gpu, m.nbytes) == tuple(m)
+    v = a[:, ::2]
+    assert array_meta(v, "x", "t") == (a.dtype, v.size, False, False, v.nbytes)
+    assert output_array_meta(np.ones(12, dtype), "out", "t") is m  # shared: immutable
+    with pytest.raises(ValueError, match="out receives data and must be C-contiguous"):
+        output_array_meta(v, "out", "t")
+    ro = np.zeros(12, dtype)
+    ro.flags.writeable = False
+    assert array_meta(ro, "x", "t") == m  # a read-only input is fine ...
+    with pytest.raises(ValueError, match="out receives data but is read-only"):
+        output_array_meta(ro, "out", "t")  # ... but cannot receive data
+
+
 def test_fake_cuda_copies_and_meta():
     h = np.arange(12, dtype=np.int32).reshape(3, 4)
     d = FakeCudaArray.from_numpy(h)
-    assert array_meta(d, "x", "t") == (np.dtype(np.int32), 12, True, True)
+    assert array_meta(d, "x", "t") == (np.dtype(np.int32), 12, True, True, 48)
     nc = d[:, ::2]
-    assert array_meta(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
-    assert array_meta(d[1:2], "x", "t")[2]  # a contiguous slice
+    assert array_meta(nc, "x", "t") == (np.dtype(np.int32), 6, False, True, 24)
+    assert array_meta(d[1:2], "x", "t").contiguous  # a contiguous slice
     out = np.empty(12, np.int32)
     device_copy.copy_device_to_host(d, out)
     np.testing.assert_array_equal(out, h.ravel())

@@ -27,20 +27,37 @@ class ArrayMeta(NamedTuple):
     size: int  #: number of elements
     contiguous: bool  #: C-contiguous
     on_gpu: bool  #: in GPU memory (``__cuda_array_interface__``)
+    nbytes: int  #: bytes of the elements, ``size * dtype.itemsize``
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the buffer's elements."""
-        return self.size * self.dtype.itemsize
+    @classmethod
+    def of(cls, dtype: np.dtype, size: int, contiguous: bool, on_gpu: bool) -> ArrayMeta:
+        """The metadata of ``size`` elements of ``dtype`` (``nbytes`` computed)."""
+        return cls(dtype, size, contiguous, on_gpu, size * dtype.itemsize)
+
+
+# The ArrayMeta of host arrays by (dtype, size, C-contiguous), built once: building a named
+# tuple costs more than the rest of a call's checks, and repeated calls pass the same kinds
+# of arrays. The values are immutable, so every call may share them.
+_HOST_METAS: dict[tuple[np.dtype, int, bool], ArrayMeta] = {}
+
+
+def _host_meta(dtype: np.dtype, size: int, contiguous: bool) -> ArrayMeta:
+    key = (dtype, size, contiguous)
+    m = _HOST_METAS.get(key)
+    if m is None:
+        if len(_HOST_METAS) >= 4096:
+            _HOST_METAS.clear()
+        m = _HOST_METAS[key] = ArrayMeta.of(dtype, size, contiguous, False)
+    return m
 
 
 def array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
     """The :class:`ArrayMeta` of a NumPy or GPU array; TypeError otherwise."""
     if isinstance(a, np.ndarray):
-        return ArrayMeta(a.dtype, a.size, a.flags.c_contiguous, False)
+        return _host_meta(a.dtype, a.size, a.flags.c_contiguous)
     if hasattr(a, "__cuda_array_interface__"):
         dt, shape, contig = device_copy.device_array_meta(a)
-        return ArrayMeta(dt, math.prod(shape), contig, True)
+        return ArrayMeta.of(dt, math.prod(shape), contig, True)
     raise TypeError(f"{op}: {arg} must be a NumPy or CuPy array, got {type(a).__name__}")
 
 
@@ -49,7 +66,8 @@ def output_array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
     if isinstance(a, np.ndarray):
         f = a.flags
         if f.c_contiguous and f.writeable:
-            return ArrayMeta(a.dtype, a.size, True, False)
+            m = _HOST_METAS.get((a.dtype, a.size, True))
+            return m if m is not None else _host_meta(a.dtype, a.size, True)
     m = array_meta(a, arg, op)
     check_output(a, m, arg, op)
     return m

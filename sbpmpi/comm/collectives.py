@@ -297,7 +297,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
             if mo.size % p:
                 raise ValueError(f"{name}: out has {mo.size} elements, not divisible by the "
                                  f"group size {p}")
-            m = ArrayMeta(mo.dtype, mo.size // p, True, mo.on_gpu)
+            m = ArrayMeta.of(mo.dtype, mo.size // p, True, mo.on_gpu)
         in_metas, mi = _blocks(in_, p, m, "in", "in", "out block", name, False)
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
