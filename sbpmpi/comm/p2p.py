@@ -70,7 +70,8 @@ class Work:
         try:
             if self._recv is not None:
                 self._source = self._g.ranks[status.Get_source()]
-                _check_count(status, self._recv[0], self._recv[1], self._source, "irecv")
+                meta, datatype = self._recv
+                _check_count(status, meta, datatype, self._source, "irecv")
                 self._stager.finish()
         finally:
             self._stager.release()
