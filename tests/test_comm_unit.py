@@ -253,7 +253,7 @@ def gpu_cupy(monkeypatch):
     import sys
     import types
 
-    monkeypatch.setattr(backend, "cupy_module", lambda: _GpuCupy)
+    monkeypatch.setattr(backend, "_cupy", lambda: _GpuCupy)
     cupyx = types.ModuleType("cupyx")
     cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)

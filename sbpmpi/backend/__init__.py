@@ -21,7 +21,6 @@ from .node import local_ranks
 
 __all__ = [
     "get_xp",
-    "cupy_module",
     "check_device_available",
     "cupy_available",
     "cuda_device_count",
@@ -41,12 +40,7 @@ __all__ = [
 
 
 @functools.cache
-def cupy_module() -> ModuleType | None:
-    """The ``cupy`` module when it imports and sees at least one GPU, else None.
-
-    Every question this package asks of CuPy goes through this name (a test may replace
-    it to stand for a GPU).
-    """
+def _cupy() -> ModuleType | None:
     try:
         cp = importlib.import_module("cupy")
         if cp.cuda.runtime.getDeviceCount() < 1:
@@ -58,12 +52,12 @@ def cupy_module() -> ModuleType | None:
 
 def cupy_available() -> bool:
     """True when CuPy imports and sees at least one GPU."""
-    return cupy_module() is not None
+    return _cupy() is not None
 
 
 def cuda_device_count() -> int:
     """Number of GPUs this process sees (0 without CuPy)."""
-    cp = cupy_module()
+    cp = _cupy()
     return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
 
 
@@ -74,7 +68,7 @@ def bind_device() -> int:
     """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
     global _bound
     if _bound is None:
-        cp = cupy_module()
+        cp = _cupy()
         if cp is None:
             raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
         _bound = local_ranks().rank % cp.cuda.runtime.getDeviceCount()
@@ -87,7 +81,7 @@ def get_xp(device_type: str) -> ModuleType:
     if device_type == "cpu":
         return np
     if device_type == "cuda":
-        cp = cupy_module()
+        cp = _cupy()
         if cp is None:
             raise RuntimeError(
                 "placement type 'cuda' needs CuPy and a GPU: install sbpmpi[cuda12] or "
@@ -117,7 +111,7 @@ def asnumpy(a: Any) -> np.ndarray:
     """Return ``a`` as a NumPy array (a device-to-host copy for GPU arrays)."""
     if isinstance(a, np.ndarray):
         return a
-    cp = cupy_module()
+    cp = _cupy()
     if cp is not None and isinstance(a, cp.ndarray):
         return cp.asnumpy(a)
     return np.asarray(a)
@@ -127,7 +121,7 @@ def from_dlpack(a: Any) -> Any:
     """Return ``a`` as a NumPy or CuPy array without copying where DLPack allows."""
     if isinstance(a, np.ndarray):
         return a
-    cp = cupy_module()
+    cp = _cupy()
     if cp is not None and isinstance(a, cp.ndarray):
         return a
     if hasattr(a, "__dlpack_device__"):
@@ -163,7 +157,7 @@ def synchronize(a: Any = None) -> None:
     """Wait for pending GPU work on the current stream (no-op for host arrays)."""
     if a is not None and not is_device_array(a):
         return
-    cp = cupy_module()
+    cp = _cupy()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()
 
@@ -181,7 +175,7 @@ def register_host_backed(cls: type) -> type:
 
 def is_cupy_array(a: Any) -> bool:
     """True for CuPy arrays (False without CuPy)."""
-    cp = cupy_module()
+    cp = _cupy()
     return cp is not None and isinstance(a, cp.ndarray)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _HOST_BACKED, cupy_module, is_cupy_array
+from . import _HOST_BACKED, _cupy, is_cupy_array
 
 __all__ = [
     "device_array_meta",
@@ -62,7 +62,7 @@ def sync_for_transfer(a: Any) -> None:
     """
     if type(a) in _HOST_BACKED:
         return
-    cp = cupy_module()
+    cp = _cupy()
     if cp is None:
         return
     cp.cuda.get_current_stream().synchronize()
@@ -79,7 +79,7 @@ def ascontiguous_device(a: Any) -> Any:
             return a.copy_contiguous()
         raise ValueError(f"cannot make a contiguous copy of the host-backed stand-in "
                          f"{type(a).__name__}: it has no copy_contiguous()")
-    cp = cupy_module()
+    cp = _cupy()
     if cp is not None:
         return cp.ascontiguousarray(cp.asarray(a))
     raise ValueError(
@@ -93,7 +93,7 @@ def _memcpy(dst: int, src: int, nbytes: int, host_backed: bool) -> None:
     if host_backed:
         ctypes.memmove(dst, src, nbytes)
         return
-    cp = cupy_module()
+    cp = _cupy()
     if cp is None:
         raise RuntimeError("copying a CUDA array needs CuPy, which is not available")
     cp.cuda.runtime.memcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault (unified addressing)
@@ -111,7 +111,7 @@ def copy_host_to_device(src: np.ndarray, dst: Any) -> None:
 
 def empty_pinned(nbytes: int) -> np.ndarray:
     """A page-locked host byte buffer when CuPy is available, else an ordinary one."""
-    cp = cupy_module()
+    cp = _cupy()
     if cp is not None:
         import cupyx
 
@@ -125,7 +125,7 @@ def cupy_allocator_name() -> str | None:
     ``"MemoryPool"`` is CuPy's default; ``"MemoryAsyncPool"`` (stream-ordered) breaks the
     CUDA IPC that CUDA-aware MPI libraries use between processes on one node.
     """
-    cp = cupy_module()
+    cp = _cupy()
     if cp is None:
         return None
     alloc = cp.cuda.get_allocator()
