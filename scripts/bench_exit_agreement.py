@@ -32,7 +32,7 @@ from mpi4py import MPI  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
 from sbpmpi.comm import watchdog  # noqa: E402
-from sbpmpi.comm.mpi_library import library_line  # noqa: E402
+from sbpmpi.comm.info import library_line  # noqa: E402
 from sbpmpi.runtime import consistency
 
 

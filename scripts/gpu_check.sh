@@ -71,7 +71,7 @@ done
 
 step 02 tests-default "$PY" scripts/run_tests.py --sizes "$SIZES"
 
-IPC_TESTS="tests/test_gpu_transport_cuda.py tests/test_gpu_transport_mpi.py tests/test_comm_collectives.py tests/test_comm_vcollectives.py tests/test_comm_p2p.py tests/test_boxing.py tests/test_ops.py"
+IPC_TESTS="tests/test_gpu_transport_cuda.py tests/test_gpu_transport_mpi.py tests/test_comm_cuda.py tests/test_comm.py tests/test_boxing.py tests/test_ops.py"
 ipc_suite() {
   local n rc=0
   for n in ${SIZES//,/ }; do
@@ -88,7 +88,7 @@ step 03 tests-ipc ipc_suite
 hier_suite() {  # two pseudo-nodes of two ranks: IPC on each, staged MPI between them
   SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2 SBPMPI_TEST_LOGDIR="$OUTDIR/hier-logs" \
     timeout 1200 "$MPIEXEC" -n 4 "$PY" scripts/mpi_pytest.py -q --with-mpi -m mpi \
-    tests/test_gpu_transport_cuda.py tests/test_comm_collectives.py tests/test_comm_vcollectives.py tests/test_boxing.py
+    tests/test_gpu_transport_cuda.py tests/test_comm_cuda.py tests/test_boxing.py
 }
 step 03 tests-ipc-hierarchical hier_suite
 

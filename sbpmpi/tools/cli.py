@@ -40,15 +40,14 @@ def _version(module: str) -> str:
 
 def _rank_info() -> dict[str, Any]:
     """What this rank sees: host, local rank, visible GPUs, the GPU it is bound to."""
-    from .. import backend
-    from ..comm import world
+    from .. import backend, env
 
     row: dict[str, Any] = {
-        "rank": world.get_rank(),
+        "rank": env.get_rank(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "local_rank": world.get_local_rank(),
-        "local_size": world.get_local_world_size(),
+        "local_rank": env.get_local_rank(),
+        "local_size": env.get_local_world_size(),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
         "gpus": backend.cuda_device_count(),
         "device": None,
@@ -91,14 +90,13 @@ def _cost_table(calibrate: bool) -> str:
 
 def collect_info(calibrate: bool = False) -> dict[str, Any] | None:
     """Gather the report on rank 0 (collective over the world); None on other ranks."""
-    from .. import __version__, comm
-    from ..comm import world
+    from .. import __version__, comm, env
     from . import launch
 
     rows = comm.all_gather_object(_rank_info())
     cinfo = _comm_info()
     table = _cost_table(calibrate)
-    if world.get_rank() != 0:
+    if env.get_rank() != 0:
         return None
     from mpi4py import MPI
 
@@ -245,7 +243,7 @@ def bench(argv: Sequence[str] = ()) -> int:
     """``python -m sbpmpi bench [--sizes ...] [--out plot.png] [--json f] [--csv f]``."""
     import numpy as np
 
-    from ..comm import world as comm_world
+    from .. import env
 
     ap = argparse.ArgumentParser(
         prog="python -m sbpmpi bench",
@@ -285,7 +283,7 @@ def bench(argv: Sequence[str] = ()) -> int:
     from . import bench as boxing_bench
     from . import benchplot, launch
 
-    rank, world = comm_world.get_rank(), comm_world.get_world_size()
+    rank, world = env.get_rank(), env.get_world_size()
     dtype = np.dtype(np.float32)
     if rank == 0:
         if world == 1:
@@ -307,7 +305,7 @@ def bench(argv: Sequence[str] = ()) -> int:
         print(note, flush=True)
     print("\nbandwidth = global tensor bytes / time", flush=True)
     print(format_bandwidth(results, dtype.itemsize), flush=True)
-    from ..comm.mpi_library import library_line
+    from ..comm.info import library_line
 
     doc = {"world_size": world, "device": a.device, "dtype": str(dtype),
            "itemsize": dtype.itemsize, "mpi_library": launch.mpi_library().vendor,
