@@ -15,8 +15,10 @@ from . import conversion as _conversion
 from . import tensor as _tensor
 from ._version import __version__
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .backend import node as _node
 from .comm import abort as _abort
 from .comm import exit_agreement as _exit_agreement
+from .comm import world as _world
 from .comm.trace import trace
 from .core import placement as _placement
 from .core import sbp
@@ -28,11 +30,12 @@ from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
 # Wiring of the layers (this package is the composition root):
-_placement.set_world_size_source(env.get_world_size)  # core.placement makes no MPI call
+_placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion)  # GlobalTensor's methods
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
-env.init()  # the node split is collective: every rank takes part now, not in a later call
+_world.init()  # the node split is collective: every rank takes part now, not in a later call
+_node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  # GPU, pool
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {

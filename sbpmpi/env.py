@@ -1,15 +1,21 @@
 """The process environment: world rank and size, local rank, launcher variables.
 
-A script run without ``mpiexec`` is a world of size 1.
+``sm.env`` is the public face of :mod:`sbpmpi.comm.world`, which asks MPI. A script run
+without ``mpiexec`` is a world of size 1.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-from collections.abc import Mapping
-
-from mpi4py import MPI
+from .comm.world import (
+    expect_world,
+    get_local_rank,
+    get_local_world_size,
+    get_rank,
+    get_world_size,
+    lone_task_warning,
+    ranks_hint,
+    set_launcher_env,
+)
 
 __all__ = [
     "get_rank",
@@ -18,76 +24,6 @@ __all__ = [
     "get_local_world_size",
     "set_launcher_env",
     "lone_task_warning",
+    "expect_world",
+    "ranks_hint",
 ]
-
-
-def get_rank() -> int:
-    """Return this process's rank in the world."""
-    return MPI.COMM_WORLD.Get_rank()
-
-
-def get_world_size() -> int:
-    """Return the number of processes in the world."""
-    return MPI.COMM_WORLD.Get_size()
-
-
-@functools.cache
-def _node_comm() -> MPI.Comm:
-    return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
-
-
-def init() -> None:
-    """Build the per-node communicator now (collective over the world; done at import).
-
-    Later calls of :func:`get_local_rank` from a subset of ranks (binding a GPU for a
-    placement that excludes some ranks, say) then need no communication. Also warns
-    when a launcher started several tasks that MPI sees as worlds of one.
-    """
-    _node_comm()
-    warning = lone_task_warning(os.environ, MPI.COMM_WORLD.Get_size())
-    if warning:
-        import sys
-
-        print(warning, file=sys.stderr, flush=True)
-
-
-def lone_task_warning(environ: Mapping[str, str], world_size: int) -> str | None:
-    """The warning for a task that ``srun`` started as one of several while MPI sees a
-    world of one process (the PMI plugin does not match the MPI library), else None.
-
-    Each task would otherwise run the whole program alone as rank 0, silently.
-    """
-    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
-    if world_size != 1 or not tasks.isdigit() or int(tasks) <= 1:
-        return None
-    return (f"sbpmpi: warning: srun started {tasks} tasks, but MPI sees a world of 1 "
-            f"process in each (task {environ.get('SLURM_PROCID', '?')}): every task runs "
-            f"the program alone as rank 0. srun's PMI plugin does not match the MPI "
-            f"library: use srun --mpi=pmi2 (MPICH, Intel MPI) or --mpi=pmix (Open MPI), "
-            f"or scripts/slurm/cpu.sbatch, which chooses it (`srun --mpi=list` shows what "
-            f"Slurm has).")
-
-
-def get_local_rank() -> int:
-    """Return this process's index among the processes on its machine (MPI shared-memory split)."""
-    return _node_comm().Get_rank()
-
-
-def get_local_world_size() -> int:
-    """Return the number of processes on this machine."""
-    return _node_comm().Get_size()
-
-
-def set_launcher_env() -> dict[str, str]:
-    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from MPI.
-
-    Returns the variables set, for code (PyTorch, OneFlow) that reads them.
-    """
-    values = {
-        "RANK": str(get_rank()),
-        "WORLD_SIZE": str(get_world_size()),
-        "LOCAL_RANK": str(get_local_rank()),
-        "LOCAL_WORLD_SIZE": str(get_local_world_size()),
-    }
-    os.environ.update(values)
-    return values

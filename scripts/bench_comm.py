@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from sbpmpi import comm as C
-from sbpmpi.comm.info import library_line
+from sbpmpi.comm.mpi_library import library_line
 from sbpmpi.tools.bench import NOISY_MIN_REPEATS, NOISY_SPREAD
 
 world = MPI.COMM_WORLD

@@ -38,7 +38,7 @@ class Row:
     fragment: str
     min_size: int = 1
     needs: str = ""  # "module:attr" that must exist, else the row skips
-    gap: str = ""  # a known validation gap (see the issue 6 report): expected to fail
+    gap: str = ""  # a known validation gap: expected to fail
     gap_min_size: int = 1  # ... from this world size on
 
     def __repr__(self) -> str:

@@ -1,5 +1,6 @@
-"""sbpmpi.comm collectives (fixed-size blocks) under MPI: S12, every op x ReduceOp x dtype, sizes,
-non-contiguous buffers, staging, and every collective on every array backend.
+"""sbpmpi.comm collectives (fixed-size blocks) under MPI: one value per rank (as in
+examples/s12_collectives.py), every op x ReduceOp x dtype, sizes, non-contiguous buffers,
+staging, and every collective on every array backend.
 
 Every rank's input is a deterministic function of its rank, so each rank can build
 all inputs and compute the expected result with NumPy; a wrong order or a missing
@@ -19,28 +20,28 @@ from mpi4py import MPI
 from sbpmpi import backend, config
 from sbpmpi import comm as C
 from sbpmpi.comm import ReduceOp
-from sbpmpi.comm.buffers import POOL
+from sbpmpi.comm.buffers import PINNED_POOL
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s12_broadcast(chk):
+def test_broadcast_one_value_from_rank_0(chk):
     x = np.array([1.0]) if rank == 0 else np.array([0.0])
     C.broadcast(x, src=0)
     chk.same(x, np.array([1.0]))
 
 
 @pytest.mark.mpi(min_size=2)
-def test_s12_reduce(chk):
+def test_reduce_sum_to_rank_1(chk):
     x = np.array([1.0])
     C.reduce(x, dst=1, op=ReduceOp.SUM)
     chk.same(x, np.array([float(size)]) if rank == 1 else np.array([1.0]))
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s12_all_reduce(chk):
+def test_all_reduce_sum_of_one_value_per_rank(chk):
     vals = [1.0, 2.0, -3.0] if size == 3 else [float(r + 1) for r in range(size)]
     x = np.array([vals[rank]])
     C.all_reduce(x, op=ReduceOp.SUM)
@@ -50,7 +51,7 @@ def test_s12_all_reduce(chk):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_s12_gather_all_gather(chk):
+def test_gather_and_all_gather_one_value_per_rank(chk):
     lst = [np.zeros(1) for _ in range(size)] if rank == 1 else None
     C.gather(np.array([float(rank)]), gather_list=lst, dst=1)
     if rank == 1:
@@ -63,7 +64,7 @@ def test_s12_gather_all_gather(chk):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s12_scatter(chk):
+def test_scatter_one_value_per_rank(chk):
     lst = [np.array([float(i + 1)]) for i in range(size)] if rank == 0 else None
     x = np.zeros(1)
     C.scatter(x, scatter_list=lst, src=0)
@@ -71,7 +72,7 @@ def test_s12_scatter(chk):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s12_reduce_scatter(chk):
+def test_reduce_scatter_sum_of_one_value_per_rank(chk):
     x = np.zeros(1)
     C.reduce_scatter(x, [np.array([float(i)]) for i in range(size)], op=ReduceOp.SUM)
     chk.same(x, np.array([float(size * rank)]))
@@ -323,12 +324,12 @@ def test_staging_buffers_are_reused(chk):
     with config.override(cuda_aware=False):
         x = FakeCudaArray.from_numpy(np.ones(1000))
         C.all_reduce(x)  # warm the pool for this size
-        allocs, reuses = POOL.allocations, POOL.reuses
+        allocs, reuses = PINNED_POOL.allocations, PINNED_POOL.reuses
         for _ in range(5):
             x = FakeCudaArray.from_numpy(np.ones(1000))
             C.all_reduce(x)
             chk.same(x.get(), np.full(1000, float(size)), "staged all_reduce")
-        chk.true(POOL.allocations == allocs, "no new pinned buffers for repeated calls")
-        chk.true(POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
+        chk.true(PINNED_POOL.allocations == allocs, "no new pinned buffers for repeated calls")
+        chk.true(PINNED_POOL.reuses >= reuses + 5, "the pool hands out cached buffers")
         info = C.info()
         chk.true(info["cuda_aware"] is False and "pinned" in info["staging"], str(info))

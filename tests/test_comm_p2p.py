@@ -1,4 +1,4 @@
-"""sbpmpi.comm point-to-point under MPI: S12 send/recv, rings of every dtype, to self, any source,
+"""sbpmpi.comm point-to-point under MPI: send/recv and isend/irecv of one value, rings of every dtype, to self, any source,
 and every array backend.
 """
 
@@ -16,7 +16,7 @@ rank, size = world.Get_rank(), world.Get_size()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_s12_send_recv(chk):
+def test_send_recv_and_isend_irecv_one_value(chk):
     if rank == 0:
         C.send(np.array([1.0]), dst=1)
     elif rank == 1:

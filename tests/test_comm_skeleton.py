@@ -115,16 +115,16 @@ def test_calls_are_cached_per_group():
     if rank == 0:
         assert call_mod.call("all_reduce", g) is call_mod.call("all_reduce", g)
     else:
-        with pytest.raises(ValueError, match="not a member"):
-            call_mod.call("all_reduce", g)
-        assert ("all_reduce", g) not in call_mod._CALLS
+        for _ in range(2):  # a refused call is not cached: asked again, it is refused again
+            with pytest.raises(ValueError, match="not a member"):
+                call_mod.call("all_reduce", g)
     with pytest.raises(TypeError, match="group must be an sbpmpi.comm.Group or None"):
         C.all_reduce(np.ones(1), group=[0])  # an unhashable group is refused as before
 
 
 def test_info_is_the_one_place_for_library_facts():
     from sbpmpi.comm import cuda_aware
-    from sbpmpi.comm.info import library_line, library_name, max_count
+    from sbpmpi.comm.mpi_library import library_line, library_name, max_count
     from sbpmpi.runtime import execute
 
     first = MPI.Get_library_version().strip().splitlines()[0].strip()

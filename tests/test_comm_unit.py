@@ -15,7 +15,7 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.backend import device_copy
 from sbpmpi.comm import ReduceOp, cuda_aware
-from sbpmpi.comm.buffers import PinnedPool, Stager, describe
+from sbpmpi.comm.buffers import PinnedPool, Stager, array_meta, output_array_meta
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
@@ -63,7 +63,7 @@ def test_override_wins(fresh):
     fresh.setenv("SBPMPI_CUDA_AWARE", "0")
     sm.config.reset("cuda_aware")
     lib(fresh, "Open MPI v5.0.3")
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(1))
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: FakeFn(1))
     assert cuda_aware.detect().aware is False and cuda_aware.is_cuda_aware() is False
     fresh.setenv("SBPMPI_CUDA_AWARE", "maybe")
     with pytest.raises(ValueError, match="SBPMPI_CUDA_AWARE='maybe' is not understood"):
@@ -72,20 +72,20 @@ def test_override_wins(fresh):
 
 def test_open_mpi_query(fresh):
     lib(fresh, "Open MPI v5.0.3, package: Open MPI ...")
-    fresh.setattr(cuda_aware, "_mpi_symbol",
+    fresh.setattr(cuda_aware, "mpi_symbol",
                   lambda name: FakeFn(1) if name == "MPIX_Query_cuda_support" else None)
     d = cuda_aware.detect()
     assert d.aware and "MPIX_Query_cuda_support() returned 1" in d.reason
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: FakeFn(0))
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: FakeFn(0))
     assert not cuda_aware.detect().aware
-    fresh.setattr(cuda_aware, "_mpi_symbol", lambda name: None)
+    fresh.setattr(cuda_aware, "mpi_symbol", lambda name: None)
     d = cuda_aware.detect()
     assert not d.aware and "not found" in d.reason
 
 
 def test_mpich_query_and_cvar(fresh):
     lib(fresh, "MPICH Version:      4.2.0\nMPICH Release date: ...")
-    fresh.setattr(cuda_aware, "_mpi_symbol",
+    fresh.setattr(cuda_aware, "mpi_symbol",
                   lambda name: FakeFn(0, out=1) if name == "MPIX_GPU_query_support" else None)
     d = cuda_aware.detect()
     assert d.aware and "MPIX_GPU_query_support(CUDA) returned 1" in d.reason
@@ -195,13 +195,31 @@ def test_pinned_pool_reuses_by_size_class():
     assert pool.cached_bytes() == 0
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.complex128])
+def test_host_array_meta_matches_numpy(dtype):
+    a = np.zeros((3, 4), dtype)
+    m = array_meta(a, "x", "t")
+    assert m == (a.dtype, a.size, True, False, a.nbytes)
+    assert (m.dtype, m.size, m.contiguous, m.on_gpu, m.nbytes) == tuple(m)
+    v = a[:, ::2]
+    assert array_meta(v, "x", "t") == (a.dtype, v.size, False, False, v.nbytes)
+    assert output_array_meta(np.ones(12, dtype), "out", "t") is m  # shared: immutable
+    with pytest.raises(ValueError, match="out receives data and must be C-contiguous"):
+        output_array_meta(v, "out", "t")
+    ro = np.zeros(12, dtype)
+    ro.flags.writeable = False
+    assert array_meta(ro, "x", "t") == m  # a read-only input is fine ...
+    with pytest.raises(ValueError, match="out receives data but is read-only"):
+        output_array_meta(ro, "out", "t")  # ... but cannot receive data
+
+
 def test_fake_cuda_copies_and_meta():
     h = np.arange(12, dtype=np.int32).reshape(3, 4)
     d = FakeCudaArray.from_numpy(h)
-    assert describe(d, "x", "t") == (np.dtype(np.int32), 12, True, True)
+    assert array_meta(d, "x", "t") == (np.dtype(np.int32), 12, True, True, 48)
     nc = d[:, ::2]
-    assert describe(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
-    assert describe(d[1:2], "x", "t")[2]  # a contiguous slice
+    assert array_meta(nc, "x", "t") == (np.dtype(np.int32), 6, False, True, 24)
+    assert array_meta(d[1:2], "x", "t").contiguous  # a contiguous slice
     out = np.empty(12, np.int32)
     device_copy.copy_device_to_host(d, out)
     np.testing.assert_array_equal(out, h.ravel())
@@ -209,7 +227,7 @@ def test_fake_cuda_copies_and_meta():
     np.testing.assert_array_equal(d.get(), h * 2)
     np.testing.assert_array_equal(device_copy.ascontiguous_device(nc).get(), (h * 2)[:, ::2])
     with pytest.raises(TypeError, match="NumPy or CuPy"):
-        describe([1, 2], "arr", "all_reduce")
+        array_meta([1, 2], "arr", "all_reduce")
 
 
 class _GpuCupy:
@@ -261,12 +279,12 @@ def test_fake_cuda_never_reaches_cupy(gpu_cupy):
     for aware in (False, True):
         with sm.config.override(cuda_aware=aware):
             st = Stager()
-            m = describe(nc, "arr", "t")
+            m = array_meta(nc, "arr", "t")
             buf = st.inp(nc, m)  # a non-contiguous device input: copied by the stand-in
             np.testing.assert_array_equal(np.asarray(buf.get() if aware else buf),
                                           h[:, ::2].ravel().reshape(buf.shape))
             out = FakeCudaArray.zeros(6, np.float64)
-            ob = st.out(out, describe(out, "out", "t"))
+            ob = st.out(out, array_meta(out, "out", "t"))
             if aware:
                 assert ob is out
             else:
@@ -281,7 +299,7 @@ def test_stager_round_trip_without_mpi():
     with sm.config.override(cuda_aware=False):
         d = FakeCudaArray.from_numpy(np.arange(5.0))
         st = Stager()
-        m = describe(d, "arr", "t")
+        m = array_meta(d, "arr", "t")
         buf = st.out(d, m, copy_in=True)
         assert isinstance(buf, np.ndarray) and st.staged
         buf *= 3

@@ -1,4 +1,4 @@
-"""The ops' dispatch fast path (issue 11) and the generated pointwise signature tables.
+"""The ops' dispatch fast path and the generated pointwise signature tables.
 
 A repeated op call with equal argument layouts, dtypes and values runs from the cache
 (no build, no inference): every result is compared with NumPy on the whole array, and the

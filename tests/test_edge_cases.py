@@ -1,11 +1,12 @@
-"""Edge cases of issue 10 (items 6 to 11), at n = 1..4 where they communicate.
+"""Edge cases across the layers, at n = 1..4 where they communicate.
 
-6. every rank of an all-to-all makes the same MPI call (even or v-variant);
-7. read-only and memory-mapped arrays are valid broadcast sources and split shards;
-8. ``sm.to_global`` never writes into the caller's (DLPack) array;
-9. ``rand`` stays in [0, 1) for every float dtype;
-10. ``sm.to_global`` refuses partial_max/min of complex at creation, like ``sm.tensor``;
-11. signature choice on 3-D meshes and 4-D tensors prunes its search.
+- every rank of an all-to-all makes the same MPI call (even or v-variant), and checked
+  mode names the fields in which ranks differ;
+- read-only and memory-mapped arrays are valid broadcast sources and split shards;
+- ``sm.to_global`` never writes into the caller's (DLPack) array;
+- ``rand`` stays in [0, 1) for every float dtype;
+- ``sm.to_global`` refuses partial_max/min of complex at creation, like ``sm.tensor``;
+- signature choice on 3-D meshes and 4-D tensors prunes its search.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_example(name, n, ok, needs):
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
-def test_s11_under_the_launcher():
+def test_launch_env_example_under_the_launcher():
     r = run([sys.executable, "-m", "sbpmpi.launch", "-n", "3",
              str(EXAMPLES / "s11_launch_env.py")])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -82,7 +82,7 @@ def test_s11_under_the_launcher():
     assert "S11 OK" in r.stdout.splitlines()
 
 
-def test_s10_with_too_few_ranks_says_so():
+def test_2d_example_with_too_few_ranks_says_so():
     r = run([*mpiexec(2), sys.executable, str(EXAMPLES / "s10_2d_sbp.py")], 2)
     assert r.returncode == 2
     assert "needs 4 ranks, got 2: run under mpiexec -n 4" in r.stderr
@@ -92,8 +92,8 @@ def test_s10_with_too_few_ranks_says_so():
 @pytest.mark.parametrize("name,needed,ok", [("s1_create_global.py", 2, "S1 OK"),
                                             ("s10_2d_sbp.py", 4, None)])
 def test_example_without_mpiexec_says_run_under_mpiexec(name, needed, ok):
-    """A forgotten mpiexec: a world of 1 process. S1 still runs and says how to get the
-    2-rank version; S10 cannot run and says so."""
+    """A forgotten mpiexec: a world of 1 process. s1_create_global.py still runs and says
+    how to get the 2-rank version; s10_2d_sbp.py cannot run and says so."""
     r = run([sys.executable, str(EXAMPLES / name)], 1)
     assert f"run under mpiexec -n {needed} python " in r.stderr, r.stderr[-3000:]
     if ok:

@@ -1,4 +1,4 @@
-"""Global tensors under MPI: scenarios S1-S5 and S10, creation, to_global/to_local.
+"""Global tensors under MPI: creation, local <-> global, global -> global, 2-D SBP, to_local.
 
 Each test builds the expected global value with NumPy and compares.
 """
@@ -43,7 +43,7 @@ def host(a):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_s1_create_split0(device_type):
+def test_create_split0(device_type):
     pl = sm.placement(device_type, ranks=[0, 1])
     sm.manual_seed(0)
     x = sm.randn(4, 5, placement=pl, sbp=sm.sbp.split(0))
@@ -120,7 +120,7 @@ def test_fill_creators(device_type):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_s2_local_to_global_split(device_type):
+def test_local_to_global_split(device_type):
     pl = sm.placement(device_type, ranks=[0, 1])
     xp = backend.get_xp(device_type)
     local = xp.asarray(np.arange(10, dtype=np.float32).reshape(2, 5) + 100 * rank)
@@ -131,7 +131,7 @@ def test_s2_local_to_global_split(device_type):
     np.testing.assert_array_equal(x.numpy(), ref)
     np.testing.assert_array_equal(host(local), before)
     if rank < 2:
-        assert x.to_local() is local  # S3: no copy
+        assert x.to_local() is local  # global -> local: no copy
 
 
 @pytest.mark.mpi(min_size=1)
@@ -162,7 +162,7 @@ def test_local_to_global_uneven_and_every_sbp():
 
 
 @pytest.mark.mpi(min_size=4)
-def test_s10_2d_sbp(device_type):
+def test_2d_sbp_tensor_and_local_to_global(device_type):
     pl = sm.placement(device_type, ranks=[[0, 1], [2, 3]])
     value = np.arange(24, dtype=np.float32).reshape(4, 6)
     x = sm.tensor(value, placement=pl, sbp=(sm.sbp.broadcast, sm.sbp.split(0)))
@@ -180,7 +180,7 @@ def test_s10_2d_sbp(device_type):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s4_s5_global_to_global_reference(device_type):
+def test_global_to_global_matches_the_reference(device_type):
     rng = np.random.default_rng(3)
     value = rng.integers(-9, 9, size=(5, 3)).astype(np.float64)
     pls = placements(device_type)

@@ -81,11 +81,11 @@ def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
 
 
 def test_bench_table_has_the_device_copy_proxy():
-    from sbpmpi.tools.bench import Result, _received_share, format_tables
+    from sbpmpi.tools.bench import Result, format_tables, received_share
 
-    assert _received_share("S(0)->B", 2) == 0.5 and _received_share("P->B", 4) == 1.5
-    assert _received_share("S(0)->S(1)", 4) == 3 / 16 and _received_share("B->S(0)", 4) == 0
-    assert _received_share("2x2 (P,P)->(B,B)", 4) == 1.5 and _received_share("P->S(0)", 1) == 0
+    assert received_share("S(0)->B", 2) == 0.5 and received_share("P->B", 4) == 1.5
+    assert received_share("S(0)->S(1)", 4) == 3 / 16 and received_share("B->S(0)", 4) == 0
+    assert received_share("2x2 (P,P)->(B,B)", 4) == 1.5 and received_share("P->S(0)", 1) == 0
     rows = [Result("S(0)->B", 64, (2, 8), "all_gather", 60.0, 0.5, 0.5 / 60, 2,
                    proxy_ms=0.1),
             Result("B->S(0)", 64, (2, 8), "local_slice", 0.01, 0.01, 1.0, 2,

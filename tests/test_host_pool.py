@@ -90,7 +90,7 @@ def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
     a = backend.empty(np, (MIB,), np.uint8)
     del a
     assert stats()["idle_blocks"] == 1
-    real = host_pool._map_block
+    real = host_pool.map_block
     calls = []
 
     def fail_once(size):
@@ -99,14 +99,14 @@ def test_a_block_that_cannot_be_mapped_frees_idle_blocks_first(monkeypatch):
             raise OSError(12, "Cannot allocate memory")
         return real(size)
 
-    monkeypatch.setattr(host_pool, "_map_block", fail_once)
+    monkeypatch.setattr(host_pool, "map_block", fail_once)
     b = backend.empty(np, (4 * MIB,), np.uint8)
     assert b.size == 4 * MIB and len(calls) == 2 and stats()["idle_blocks"] == 0
 
     def fail(size):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(host_pool, "_map_block", fail)
+    monkeypatch.setattr(host_pool, "map_block", fail)
     with pytest.raises(MemoryError, match=str(8 * MIB)):
         backend.empty(np, (8 * MIB,), np.uint8)
 
@@ -294,7 +294,7 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
     placement change alive; free some between rounds; every value stays right and no two
     live shards share memory (except with an input, where a shard is a view by design)."""
     if every_array:
-        monkeypatch.setattr(host_pool, "_POOL_MIN", 1)  # the whole executor goes through it
+        monkeypatch.setattr(host_pool, "MIN_POOLED_BYTES", 1)  # the whole executor goes through it
         rows, cols = 6 * size + 1, 10  # uneven splits
     else:  # outputs of about a MiB and more: the default threshold
         rows, cols = 1024 * size, 160

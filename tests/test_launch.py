@@ -94,9 +94,23 @@ def test_child_env_drops_rank_identity_but_keeps_settings(monkeypatch):
     monkeypatch.setenv("PMI_RANK", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
-    env = launch._child_env()
+    env = launch.child_env()
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env
     assert env["OMPI_MCA_btl"] == "self,vader"
+
+
+def test_child_env_puts_this_sbpmpi_first_on_the_path(monkeypatch):
+    """The child ranks import the sbpmpi of this launcher: the directory that holds the
+    package (not the package itself) leads PYTHONPATH, unless it is site-packages."""
+    import sbpmpi
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    here = Path(os.path.abspath(sbpmpi.__file__)).parents[1]
+    paths = launch.child_env()["PYTHONPATH"].split(os.pathsep)
+    if here.name in ("site-packages", "dist-packages"):
+        assert paths == ["/elsewhere"]
+    else:
+        assert paths == [str(here), "/elsewhere"]
 
 
 def test_dry_run_prints_the_command(tmp_path):

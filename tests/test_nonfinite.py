@@ -1,4 +1,4 @@
-"""Non-finite values with partial inputs, and NaN in max/min (issue 10, items 4 and 5).
+"""Non-finite values with partial inputs, and NaN in max/min.
 
 A partial operand holds the reduction's identity on some ranks; combined with inf or NaN
 that used to give NaN where NumPy gives inf, and MPI's MAX/MIN dropped NaN (differently

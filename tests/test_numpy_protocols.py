@@ -1,4 +1,4 @@
-"""Python and NumPy protocols of GlobalTensor (issue 10, items 2 and 3), at n = 1..4.
+"""Python and NumPy protocols of GlobalTensor (scalar conversions, ufuncs, array functions, __array__), at n = 1..4.
 
 Every test computes the same thing with NumPy on the whole array, compares on every
 rank, and checks that every rank got the same value or the same error.

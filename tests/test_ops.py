@@ -1,4 +1,4 @@
-"""Every global op against NumPy with the sbpmpi.testing harness (S13).
+"""Every global op against NumPy with the sbpmpi.testing harness.
 
 Each case runs the op for every input SBP on the placements of ``op_placements`` (all
 ranks, all ranks reversed, ranks 1..n-1, the 2x2 mesh at n = 4), with partial inputs

@@ -382,7 +382,7 @@ def test_uneven_steps_are_named_v():
 
 # -- cost table -----------------------------------------------------------------------------------
 
-def test_cost_formulas_follow_the_issue():
+def test_cost_formulas_are_the_ring_volumes():
     T = 1 << 20
     for p in (2, 3, 4, 8):
         assert factor("all_gather", p) * T == pytest.approx((p - 1) / p * T)

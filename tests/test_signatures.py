@@ -180,16 +180,16 @@ def _check_choice(inf):
 
 
 @pytest.mark.parametrize("ranks", [[0, 1], [0, 1, 2], [3, 2, 1, 0]])
-def test_s6_s7_s9_choices(ranks):
+def test_data_and_model_parallel_matmul_choices(ranks):
     x = fake((4, 5), split(0), ranks)
     w = fake((5, 8), broadcast, ranks)
     best = _check_choice(infer(sm.matmul.build(x, w)))
-    assert best.output.sbp == (split(0),) and best.total == 0          # S6
+    assert best.output.sbp == (split(0),) and best.total == 0          # data parallel
     xb = fake((4, 5), broadcast, ranks)
     w0 = fake((5, 8), split(1), ranks)
     best = _check_choice(infer(sm.matmul.build(xb, w0)))
-    assert best.output.sbp == (split(1),) and best.total == 0          # S7
-    y0 = fake((4, 8), split(1), ranks)                                  # S9, second layer
+    assert best.output.sbp == (split(1),) and best.total == 0          # model parallel
+    y0 = fake((4, 8), split(1), ranks)                                  # second model-parallel layer
     w1 = fake((8, 6), split(1), ranks)
     best = _check_choice(infer(sm.matmul.build(y0, w1)))
     assert best.total > 0
@@ -262,7 +262,7 @@ def test_nd_mesh_is_a_product_of_axis_signatures():
     w = fake((5, 6), (broadcast, split(1)), mesh)
     inf = infer(sm.matmul.build(x, w))
     assert len(inf.candidates) == 6 ** 2
-    assert inf.best.output.sbp == (split(0), split(1))                  # S10
+    assert inf.best.output.sbp == (split(0), split(1))                  # 2-D SBP
     assert inf.best.signature == "(S(0), B) -> S(0) x (B, S(1)) -> S(1)" and inf.best.total == 0
 
 

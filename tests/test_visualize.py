@@ -106,7 +106,7 @@ def test_grid_names_the_holders_of_every_block(case):
         assert ("," in body) == (sm.sbp.Broadcast in sbp_kinds), text
 
 
-def test_2x2_scenario_s10_picture():
+def test_2x2_mesh_broadcast_split_picture():
     pl = Placement("cpu", [[0, 1], [2, 3]], world_size=4)
     text = render(Layout.make((4, 6), pl, (B, S(0))), np.float32)
     cells = parse_grid(text)

@@ -2,7 +2,9 @@
 
 This package is the only code that knows which array library holds a shard. This module
 chooses the library and moves arrays between them; :mod:`.device_copy` hands GPU arrays
-to MPI (used by ``sbpmpi.comm``); :mod:`.host_pool` reuses large host buffers.
+to MPI (used by ``sbpmpi.comm``); :mod:`.host_pool` reuses large host buffers;
+:mod:`.node` holds this process's place on its machine (told by ``import sbpmpi``:
+the backend makes no MPI call).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .host_pool import empty
+from .node import local_ranks
 
 __all__ = [
     "get_xp",
@@ -70,9 +73,7 @@ def device_to_bind() -> int:
     cp = _cupy()
     if cp is None:
         raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
-    from ..env import get_local_rank
-
-    return get_local_rank() % cp.cuda.runtime.getDeviceCount()
+    return local_ranks().rank % cp.cuda.runtime.getDeviceCount()
 
 
 def bind_device() -> int:

@@ -7,17 +7,21 @@ import os
 import threading
 from collections import OrderedDict
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import config
+from .node import local_ranks
 
 __all__ = [
     "empty",
     "host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
+    "map_block",
+    "Block",
+    "MIN_POOLED_BYTES",
 ]
 
 #
@@ -31,7 +35,9 @@ __all__ = [
 # ``host_pool_limit()`` idle bytes (least recently returned size classes go first; the
 # setting :data:`sbpmpi.config.host_pool_bytes`); CuPy keeps its own device pool.
 
-_POOL_MIN = 1 << 20  # smaller arrays come from np.empty: malloc reuses its heap for them
+#: Arrays smaller than this come from ``np.empty`` (malloc reuses its heap for them); a
+#: test lowers it to send every array through the pool.
+MIN_POOLED_BYTES = 1 << 20
 
 
 def _default_limit() -> int:
@@ -41,10 +47,8 @@ def _default_limit() -> int:
     except (ValueError, OSError, AttributeError):
         phys = 8 << 30
     try:
-        from ..env import get_local_world_size
-
-        local = max(1, get_local_world_size())
-    except Exception:
+        local = max(1, local_ranks().size)
+    except RuntimeError:
         local = 1
     return max(64 << 20, phys // 8 // local)
 
@@ -59,7 +63,14 @@ def _size_class(nbytes: int) -> int:
 _HUGE_PAGE = 2 << 20
 
 
-def _map_block(size: int) -> tuple[np.ndarray, int]:
+class Block(NamedTuple):
+    """A block of host memory of its own: its bytes, and the address of the first."""
+
+    memory: np.ndarray  #: ``uint8``, the block's bytes
+    address: int
+
+
+def map_block(size: int) -> Block:
     """``size`` bytes of fresh memory of its own, from ``mmap``, and their address.
 
     Not from ``np.empty``: once glibc has freed a large mapping it raises its mmap
@@ -71,7 +82,8 @@ def _map_block(size: int) -> tuple[np.ndarray, int]:
     A block of 2 MiB or more starts on a 2 MiB boundary and its whole 2 MiB pages are
     marked for transparent huge pages (where the system has them); the rest keeps
     ordinary pages, so no block holds more memory than it uses. A dropped block goes
-    back to the system at once.
+    back to the system at once. The pool maps every block through this name: a test
+    may replace it (to see the pool under memory pressure, say).
     """
     huge = size // _HUGE_PAGE * _HUGE_PAGE  # bytes in whole huge pages
     length = size + (_HUGE_PAGE if huge else 0)  # room to start on a huge-page boundary
@@ -86,7 +98,7 @@ def _map_block(size: int) -> tuple[np.ndarray, int]:
             mm.madvise(mmap.MADV_HUGEPAGE, skip, huge)
         except OSError:  # THP not configured: ordinary pages
             pass
-    return whole[skip:skip + size], base + skip
+    return Block(whole[skip:skip + size], base + skip)
 
 
 class _HostPool:
@@ -99,7 +111,7 @@ class _HostPool:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
-        self.free: OrderedDict[int, list[tuple[np.ndarray, int]]] = OrderedDict()
+        self.free: OrderedDict[int, list[Block]] = OrderedDict()
         self.idle = 0
         self.limit: int | None = None  # from the setting, on first use
         self.hits = self.misses = self.dropped = 0
@@ -110,23 +122,23 @@ class _HostPool:
             self.limit = _default_limit() if value is None else value
         return self.limit
 
-    def new_block(self, size: int) -> tuple[np.ndarray, int]:
+    def new_block(self, size: int) -> Block:
         """A block of ``size`` bytes (idle blocks are freed first if memory is short) and
         its address."""
         try:
-            return _map_block(size)
+            return map_block(size)
         except (MemoryError, OSError):  # idle blocks are the first thing to give up
             self.clear()
             try:
-                return _map_block(size)
+                return map_block(size)
             except OSError as e:
                 raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
 
-    def give_slow(self, entry: tuple[np.ndarray, int]) -> None:
+    def give_slow(self, entry: Block) -> None:
         """Take back a block no array uses any more (dropped if over the limit): the path
         of a size class with no list yet, or before the limit is read (the lease's
         ``__del__`` writes the common case out)."""
-        size = entry[0].size
+        size = entry.memory.size
         with self.lock:
             limit = self.get_limit()
             if size > limit:
@@ -154,21 +166,21 @@ class _HostPool:
             self.idle = 0
 
 
-_POOL = _HostPool()
+_HOST_POOL = _HostPool()
 
 
 class _Lease:
     """The NumPy base of every array over one pooled block; returns the block when it dies."""
 
     __slots__ = ("entry", "__array_interface__")
-    entry: tuple[np.ndarray, int]
+    entry: Block
     __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
         try:  # give the block back (see _HostPool): runs once per pooled array
             entry = self.entry
-            pool = _POOL
-            size = entry[0].size
+            pool = _HOST_POOL
+            size = entry.memory.size
             with pool.lock:
                 blocks = pool.free.get(size)
                 if blocks is None or pool.limit is None or size > pool.limit:
@@ -183,9 +195,17 @@ class _Lease:
             pass
 
 
-# (shape, dtype) of a request -> (bytes, size class, shape tuple, typestr, plain number
-# type) or None for dtypes never pooled: parsed once, not on every call
-_Spec = tuple[int, int, tuple[int, ...], str, bool]
+class _Spec(NamedTuple):
+    """What :func:`empty` needs of a request (shape, dtype), parsed once per pair."""
+
+    nbytes: int
+    size_class: int  # bytes of the block that serves it (_size_class)
+    shape: tuple[int, ...]
+    typestr: str  # the dtype's, or "|u1" for a structured or sub-array dtype
+    plain: bool  # a plain number type: the block is viewed as the dtype in one step
+
+
+# (shape, dtype) -> its _Spec, or None for dtypes never pooled
 _SPECS: dict[tuple[Any, Any], _Spec | None] = {}
 
 
@@ -198,7 +218,7 @@ def _spec(shape: Any, dtype: Any) -> _Spec | None:
     for s in shape:
         n *= s
     plain = dt.fields is None and dt.subdtype is None
-    return n, _size_class(n), shape, dt.str if plain else "|u1", plain
+    return _Spec(n, _size_class(n), shape, dt.str if plain else "|u1", plain)
 
 
 def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
@@ -219,10 +239,10 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         _SPECS[shape, dtype] = spec
     except TypeError:  # an unhashable shape (a list)
         spec = _spec(shape, dtype)
-    pool = _POOL
-    if spec is None or spec[0] < _POOL_MIN or not (pool.limit or pool.get_limit()):
+    pool = _HOST_POOL
+    if spec is None or spec.nbytes < MIN_POOLED_BYTES or not (pool.limit or pool.get_limit()):
         return np.empty(shape, dtype=dtype)
-    size = spec[1]
+    size = spec.size_class
     with pool.lock:  # take an idle block (see _HostPool): runs once per pooled array
         blocks = pool.free.get(size)
         if blocks:
@@ -236,26 +256,26 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         entry = pool.new_block(size)
     lease = _Lease()
     lease.entry = entry
-    if spec[4]:  # a plain number type: one step
-        lease.__array_interface__ = {"data": (entry[1], False), "shape": spec[2],
-                                     "typestr": spec[3], "version": 3}
+    if spec.plain:  # one step
+        lease.__array_interface__ = {"data": (entry.address, False), "shape": spec.shape,
+                                     "typestr": spec.typestr, "version": 3}
         return np.asarray(lease)
-    lease.__array_interface__ = {"data": (entry[1], False), "shape": (spec[0],),
+    lease.__array_interface__ = {"data": (entry.address, False), "shape": (spec.nbytes,),
                                  "typestr": "|u1", "version": 3}
-    return np.asarray(lease).view(dtype).reshape(spec[2])
+    return np.asarray(lease).view(dtype).reshape(spec.shape)
 
 
 def host_pool_limit() -> int:
     """Most idle bytes the host pool keeps (0: the pool is off)."""
-    return _POOL.get_limit()
+    return _HOST_POOL.get_limit()
 
 
 def _follow_setting(_: object) -> None:
     """The setting ``host_pool_bytes`` changed: idle blocks over the new limit are freed."""
-    with _POOL.lock:
-        _POOL.limit = None
-        if _POOL.idle > _POOL.get_limit():
-            _POOL.clear()
+    with _HOST_POOL.lock:
+        _HOST_POOL.limit = None
+        if _HOST_POOL.idle > _HOST_POOL.get_limit():
+            _HOST_POOL.clear()
 
 
 config.on_update("host_pool_bytes", _follow_setting)
@@ -263,12 +283,12 @@ config.on_update("host_pool_bytes", _follow_setting)
 
 def host_pool_stats() -> dict[str, int]:
     """The host pool's counters: idle bytes and blocks, limit, hits, misses, dropped blocks."""
-    with _POOL.lock:
-        return {"idle_bytes": _POOL.idle, "idle_blocks": sum(len(b) for b in _POOL.free.values()),
-                "limit": _POOL.get_limit(), "hits": _POOL.hits, "misses": _POOL.misses,
-                "dropped": _POOL.dropped}
+    with _HOST_POOL.lock:
+        return {"idle_bytes": _HOST_POOL.idle, "idle_blocks": sum(len(b) for b in _HOST_POOL.free.values()),
+                "limit": _HOST_POOL.get_limit(), "hits": _HOST_POOL.hits, "misses": _HOST_POOL.misses,
+                "dropped": _HOST_POOL.dropped}
 
 
 def clear_host_pool() -> None:
     """Free every idle block of the host pool (arrays in use keep theirs)."""
-    _POOL.clear()
+    _HOST_POOL.clear()

@@ -11,9 +11,10 @@ fingerprint all-reduce, the descriptions gathered on a mismatch, collective deci
 used by the consistency check and by checked mode), :mod:`.checks` (checked mode),
 :mod:`.call` (the one skeleton every call below follows: group, checks, agreement,
 trace, watchdog, staging),
-:mod:`.p2p`, :mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`, :mod:`.info`
-(library version, MAX_COUNT, the whole setup), :mod:`.gpu` (the GPU transports: CUDA IPC
-on a node, and which one is used).
+:mod:`.p2p`, :mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`,
+:mod:`.mpi_library` (library version, MAX_COUNT), :mod:`.info` (the whole setup),
+:mod:`.world` (rank, size, the node split; public as ``sm.env``), :mod:`.gpu` (the GPU
+transports: CUDA IPC on a node, and which one is used).
 """
 
 from .checks import checking

@@ -30,7 +30,7 @@ import pickle
 import sys
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -171,6 +171,25 @@ def _error_class(module: str, qualname: str) -> type[BaseException] | None:
     return None
 
 
+class _Failure(NamedTuple):
+    """An exception as it travels between ranks: enough to raise its type elsewhere."""
+
+    module: str
+    qualname: str
+    message: str
+
+    @classmethod
+    def of(cls, e: BaseException) -> _Failure:
+        return cls(type(e).__module__, type(e).__qualname__, str(e))
+
+
+class _Verdict(NamedTuple):
+    """What the root of :func:`decide_on_root` sends: its result, or how ``fn`` failed."""
+
+    result: Any
+    failure: _Failure | None
+
+
 def build_error(module: str, qualname: str, text: str) -> BaseException:
     """An exception of the class ``module.qualname`` with message ``text`` where it can be
     built from a message; ``RuntimeError("<qualname>: <text>")`` otherwise."""
@@ -190,20 +209,19 @@ def raise_if_any(error: BaseException | None, what: str, group: Group | None = N
     """
     if all_ok(error is None, group):
         return
-    info = None if error is None else (type(error).__module__, type(error).__qualname__,
-                                       str(error))
-    infos = gather(info, f"collective decision of {what}", group)
+    mine = None if error is None else _Failure.of(error)
+    infos = gather(mine, f"collective decision of {what}", group)
     _, ranks = members(group)
-    failed = [(r, i) for r, i in zip(ranks, infos) if i is not None]
-    r0, (mod, qual, msg) = failed[0]
-    text = f"{what}: rank {r0}: {msg}"
-    others = [r for r, i in failed[1:]]
+    failed: list[tuple[int, _Failure]] = [(r, i) for r, i in zip(ranks, infos) if i is not None]
+    r0, first = failed[0]
+    text = f"{what}: rank {r0}: {first.message}"
+    others = [r for r, _ in failed[1:]]
     if others:
-        same = all(i[2] == msg for _, i in failed[1:])
+        same = all(i.message == first.message for _, i in failed[1:])
         text += (f" (and the same on rank{'s' if len(others) > 1 else ''} "
                  f"{', '.join(map(str, others))})" if same else
-                 "".join(f"\n{what}: rank {r}: {i[2]}" for r, i in failed[1:4]))
-    exc = build_error(mod, qual, text)
+                 "".join(f"\n{what}: rank {r}: {i.message}" for r, i in failed[1:4]))
+    exc = build_error(first.module, first.qualname, text)
     if error is not None:
         raise exc from error
     raise exc
@@ -225,19 +243,20 @@ def decide_on_root(fn: Callable[[], T], what: str, root: int = 0,
     verdict: Any = None
     if me == root:
         try:
-            verdict = ("ok", fn())
+            verdict = _Verdict(fn(), None)
         except Exception as e:
             local_error = e
-            verdict = ("error", type(e).__module__, type(e).__qualname__, str(e))
+            verdict = _Verdict(None, _Failure.of(e))
     if len(ranks) > 1:
         root_in_group = root if group is None else group.group_rank(root)
         if ACTIVE:
             _note("agreement_broadcast", _pickled(verdict) if me == root else 0, ranks, root)
         with watch(f"{what}: waiting for rank {root}'s verdict", ranks):
             verdict = comm.bcast(verdict, root=root_in_group)
-    if verdict[0] == "ok":
-        return verdict[1]  # type: ignore[no-any-return]
-    exc = build_error(verdict[1], verdict[2], f"{what}: {verdict[3]}")
+    failure = verdict.failure
+    if failure is None:
+        return verdict.result  # type: ignore[no-any-return]
+    exc = build_error(failure.module, failure.qualname, f"{what}: {failure.message}")
     if local_error is not None:
         raise exc from local_error
     raise exc

@@ -9,55 +9,84 @@ are staged through pinned host buffers taken from a pool that is reused across c
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..backend import device_copy
 from .cuda_aware import is_cuda_aware
 
-__all__ = ["ArrayMeta", "describe", "describe_out", "check_output", "check_same_dtype",
-           "HostStager", "HOST", "Stager", "stager", "PinnedPool", "POOL"]
-
-# (dtype, number of elements, C-contiguous, on GPU)
-ArrayMeta = tuple[np.dtype, int, bool, bool]
+__all__ = ["ArrayMeta", "array_meta", "output_array_meta", "check_output", "check_same_dtype",
+           "HostStager", "HOST", "Stager", "stager", "PinnedPool", "PINNED_POOL"]
 
 
-def describe(a: Any, arg: str, op: str) -> ArrayMeta:
-    """(dtype, size, C-contiguous, on GPU) of a NumPy or GPU array; TypeError otherwise."""
+class ArrayMeta(NamedTuple):
+    """What a call needs to know of a buffer, read once per buffer by :func:`array_meta`."""
+
+    dtype: np.dtype
+    size: int  #: number of elements
+    contiguous: bool  #: C-contiguous
+    on_gpu: bool  #: in GPU memory (``__cuda_array_interface__``)
+    nbytes: int  #: bytes of the elements, ``size * dtype.itemsize``
+
+    @classmethod
+    def of(cls, dtype: np.dtype, size: int, contiguous: bool, on_gpu: bool) -> ArrayMeta:
+        """The metadata of ``size`` elements of ``dtype`` (``nbytes`` computed)."""
+        return cls(dtype, size, contiguous, on_gpu, size * dtype.itemsize)
+
+
+# The ArrayMeta of host arrays by (dtype, size, C-contiguous), built once: building a named
+# tuple costs more than the rest of a call's checks, and repeated calls pass the same kinds
+# of arrays. The values are immutable, so every call may share them.
+_HOST_METAS: dict[tuple[np.dtype, int, bool], ArrayMeta] = {}
+
+
+def _host_meta(dtype: np.dtype, size: int, contiguous: bool) -> ArrayMeta:
+    key = (dtype, size, contiguous)
+    m = _HOST_METAS.get(key)
+    if m is None:
+        if len(_HOST_METAS) >= 4096:
+            _HOST_METAS.clear()
+        m = _HOST_METAS[key] = ArrayMeta.of(dtype, size, contiguous, False)
+    return m
+
+
+def array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
+    """The :class:`ArrayMeta` of a NumPy or GPU array; TypeError otherwise."""
     if isinstance(a, np.ndarray):
-        return a.dtype, a.size, a.flags.c_contiguous, False
+        return _host_meta(a.dtype, a.size, a.flags.c_contiguous)
     if hasattr(a, "__cuda_array_interface__"):
         dt, shape, contig = device_copy.device_array_meta(a)
-        return dt, math.prod(shape), contig, True
+        return ArrayMeta.of(dt, math.prod(shape), contig, True)
     raise TypeError(f"{op}: {arg} must be a NumPy or CuPy array, got {type(a).__name__}")
 
 
-def describe_out(a: Any, arg: str, op: str) -> ArrayMeta:
-    """:func:`describe` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
+def output_array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
+    """:func:`array_meta` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
     if isinstance(a, np.ndarray):
         f = a.flags
         if f.c_contiguous and f.writeable:
-            return a.dtype, a.size, True, False
-    m = describe(a, arg, op)
+            m = _HOST_METAS.get((a.dtype, a.size, True))
+            return m if m is not None else _host_meta(a.dtype, a.size, True)
+    m = array_meta(a, arg, op)
     check_output(a, m, arg, op)
     return m
 
 
 def check_output(a: Any, m: ArrayMeta, arg: str, op: str) -> None:
     """ValueError unless the buffer ``a`` can receive data in place."""
-    if not m[2]:
+    if not m.contiguous:
         raise ValueError(
             f"{op}: {arg} receives data and must be C-contiguous, got a non-contiguous array "
             f"of shape {tuple(getattr(a, 'shape', ()))}; pass np.ascontiguousarray(...) and copy back")
-    if not m[3] and not a.flags.writeable:
+    if not m.on_gpu and not a.flags.writeable:
         raise ValueError(f"{op}: {arg} receives data but is read-only")
 
 
 def check_same_dtype(m: ArrayMeta, ref: ArrayMeta, arg: str, ref_arg: str, op: str) -> None:
     """TypeError unless two buffers share a dtype."""
-    if m[0] != ref[0]:
-        raise TypeError(f"{op}: {arg} has dtype {m[0]} but {ref_arg} has dtype {ref[0]}; "
+    if m.dtype != ref.dtype:
+        raise TypeError(f"{op}: {arg} has dtype {m.dtype} but {ref_arg} has dtype {ref.dtype}; "
                         "they must match")
 
 
@@ -98,7 +127,7 @@ class PinnedPool:
         self._free.clear()
 
 
-POOL = PinnedPool()
+PINNED_POOL = PinnedPool()
 
 
 class HostStager:
@@ -109,7 +138,7 @@ class HostStager:
 
     def inp(self, a: Any, m: ArrayMeta) -> Any:
         """The buffer MPI reads ``a`` from (a contiguous copy if needed)."""
-        return a if m[2] else np.ascontiguousarray(a)
+        return a if m.contiguous else np.ascontiguousarray(a)
 
     def out(self, a: Any, m: ArrayMeta, copy_in: bool = False) -> Any:
         """The buffer MPI writes the result for ``a`` into."""
@@ -158,31 +187,31 @@ class Stager(HostStager):
         nbytes = size * dtype.itemsize
         if nbytes == 0:
             return np.empty(size, dtype=dtype)
-        buf = POOL.acquire(nbytes)
+        buf = PINNED_POOL.acquire(nbytes)
         self._held.append(buf)
         return buf[:nbytes].view(dtype)
 
     def inp(self, a: Any, m: ArrayMeta) -> Any:
         """The buffer MPI reads ``a`` from."""
-        if not m[3]:
-            return a if m[2] else np.ascontiguousarray(a)
-        if not m[2]:
+        if not m.on_gpu:
+            return a if m.contiguous else np.ascontiguousarray(a)
+        if not m.contiguous:
             a = device_copy.ascontiguous_device(a)
         device_copy.sync_for_transfer(a)
         if self._direct():
             return a
-        h = self._host(m[0], m[1])
+        h = self._host(m.dtype, m.size)
         device_copy.copy_device_to_host(a, h)
         return h
 
     def out(self, a: Any, m: ArrayMeta, copy_in: bool = False) -> Any:
         """The buffer MPI writes the result for ``a`` into (reads it first if ``copy_in``)."""
-        if not m[3]:
+        if not m.on_gpu:
             return a
         device_copy.sync_for_transfer(a)
         if self._direct():
             return a
-        h = self._host(m[0], m[1])
+        h = self._host(m.dtype, m.size)
         if copy_in:
             device_copy.copy_device_to_host(a, h)
         self._back.append((h, a))
@@ -197,7 +226,7 @@ class Stager(HostStager):
     def release(self) -> None:
         """Return the staging buffers to the pool."""
         for buf in self._held:
-            POOL.release(buf)
+            PINNED_POOL.release(buf)
         self._held.clear()
 
     def __exit__(self, et: Any, e: Any, tb: Any) -> None:

@@ -4,17 +4,17 @@ A buffer call is written as::
 
     c = call("all_reduce", group)         # 1. resolve the group (WORLD for None)
     try:                                  # 2. describe and validate the buffers
-        m = describe_out(arr, "arr", c.name)
+        m = output_array_meta(arr, "arr", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)                       #    (checked mode: raised on every rank)
     if checks._enabled:
         c.agree(sig)                      # 3. ranks agree on the signature (checked mode)
-    if m[3] and c.gpu(_gpu.all_reduce, arr, m, op):
+    if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
         return                            #    GPU transports (CUDA IPC)
-    red = c.nan_safe(red, op, m[0], arr)  #    NaN-propagating MAX/MIN
-    with stager(m[3]) as st:              # 4. stage; copy back on success; 7. release
+    red = c.nan_safe(red, op, m.dtype, arr)  #    NaN-propagating MAX/MIN
+    with stager(m.on_gpu) as st:              # 4. stage; copy back on success; 7. release
         buf = st.out(arr, m, copy_in=True)
-        with c.mpi_call(nbytes, m[0], None, m[3], st.staged):  # 5. trace note, 6. watch
+        with c.mpi_call(nbytes, m.dtype, None, m.on_gpu, st.staged):  # 5. trace note, 6. watch
             c.comm.Allreduce(...)
 
 so tracing, agreement, the watchdog, staging, the GPU hooks and NaN-safe MAX/MIN are
@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import backend
 from . import checks
+from .buffers import ArrayMeta
 from .gpu import route as _gpu
 from .group import _WORLD_COMM, WORLD, Group, resolve
 from .nan_reduction import nan_safe
@@ -98,9 +99,9 @@ class Call:
         return watch(self.name, self.ranks)
 
 
-def host_only(red: MPIReduction, a: Any, m: tuple[Any, ...]) -> bool:
+def host_only(red: MPIReduction, a: Any, m: ArrayMeta) -> bool:
     """User-defined ops, and averaging a GPU array that is not CuPy, need host memory."""
-    return red.host_only or (red.average and m[3] and not backend.is_cupy_array(a))
+    return red.host_only or (red.average and m.on_gpu and not backend.is_cupy_array(a))
 
 
 def average(buf: Any, n: int) -> None:

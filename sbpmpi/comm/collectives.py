@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import checks
-from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
 from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
@@ -27,7 +27,7 @@ __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather
 
 
 def _sig(m: ArrayMeta, **kw: Any) -> list[tuple[str, Any]]:
-    return [("dtype", m[0].str), *kw.items()]
+    return [("dtype", m.dtype.str), *kw.items()]
 
 
 def barrier(group: Group | None = None) -> None:
@@ -41,20 +41,20 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     """Copy ``arr`` of world rank ``src`` into ``arr`` on every rank of ``group``."""
     c = call("broadcast", group)
     try:
-        m = describe_out(arr, "arr", c.name)
-        t = dtype_info(m[0]).mpi
+        m = output_array_meta(arr, "arr", c.name)
+        t = dtype_info(m.dtype).mpi
         root = root_rank(c.g, src, "src", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], src=src))
-    if m[3] and c.gpu(_gpu.broadcast, arr, m, root):
+        c.agree(_sig(m, size=m.size, src=src))
+    if m.on_gpu and c.gpu(_gpu.broadcast, arr, m, root):
         return
     me = c.comm.Get_rank()
-    with stager(m[3]) as st:
+    with stager(m.on_gpu) as st:
         buf = st.out(arr, m, copy_in=me == root)
-        with c.mpi_call(m[1] * m[0].itemsize if me == root else 0, m[0], src, m[3], st.staged):
-            c.comm.Bcast([buf, m[1], t], root=root)
+        with c.mpi_call(m.nbytes if me == root else 0, m.dtype, src, m.on_gpu, st.staged):
+            c.comm.Bcast([buf, m.size, t], root=root)
 
 
 def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None = None) -> None:
@@ -64,25 +64,25 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
     """
     c = call("reduce", group)
     try:
-        m = describe_out(arr, "arr", c.name)
-        info = dtype_info(m[0])
+        m = output_array_meta(arr, "arr", c.name)
+        info = dtype_info(m.dtype)
         red = mpi_reduction(op, info)
         root = root_rank(c.g, dst, "dst", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], op=op.name, dst=dst))
-    red = c.nan_safe(red, op, m[0], arr)
+        c.agree(_sig(m, size=m.size, op=op.name, dst=dst))
+    red = c.nan_safe(red, op, m.dtype, arr)
     me = c.comm.Get_rank()
-    with stager(m[3], host_only(red, arr, m)) as st:
+    with stager(m.on_gpu, host_only(red, arr, m)) as st:
         sbuf: Any
         if me == root:
             buf = st.out(arr, m, copy_in=True)
-            sbuf, rbuf = MPI.IN_PLACE, [buf, m[1], info.mpi]
+            sbuf, rbuf = MPI.IN_PLACE, [buf, m.size, info.mpi]
         else:
             buf = st.inp(arr, m)
-            sbuf, rbuf = [buf, m[1], info.mpi], None
-        with c.mpi_call(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
+            sbuf, rbuf = [buf, m.size, info.mpi], None
+        with c.mpi_call(m.nbytes, m.dtype, dst, m.on_gpu, st.staged):
             c.comm.Reduce(sbuf, rbuf, op=red.op, root=root)
         if me == root and red.average:
             average(buf, c.g.size)
@@ -92,31 +92,31 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result."""
     c = call("all_reduce", group)
     try:
-        m = describe_out(arr, "arr", c.name)
-        info = dtype_info(m[0])
+        m = output_array_meta(arr, "arr", c.name)
+        info = dtype_info(m.dtype)
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], op=op.name))
-    if m[3] and c.gpu(_gpu.all_reduce, arr, m, op):
+        c.agree(_sig(m, size=m.size, op=op.name))
+    if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
         return
-    red = c.nan_safe(red, op, m[0], arr)
-    with stager(m[3], host_only(red, arr, m)) as st:
+    red = c.nan_safe(red, op, m.dtype, arr)
+    with stager(m.on_gpu, host_only(red, arr, m)) as st:
         buf = st.out(arr, m, copy_in=True)
-        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
-            c.comm.Allreduce(MPI.IN_PLACE, [buf, m[1], info.mpi], op=red.op)
+        with c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu, st.staged):
+            c.comm.Allreduce(MPI.IN_PLACE, [buf, m.size, info.mpi], op=red.op)
         if red.average:
             average(buf, c.g.size)
 
 
 def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bool) -> ArrayMeta:
     """Checks for one array that holds ``p`` blocks of the size of ``m``."""
-    mx = describe_out(x, arg, op) if output else describe(x, arg, op)
+    mx = output_array_meta(x, arg, op) if output else array_meta(x, arg, op)
     check_same_dtype(mx, m, arg, ref, op)
-    if mx[1] != p * m[1]:
-        raise ValueError(f"{op}: {arg} has {mx[1]} elements but must have {p} x {m[1]} = "
-                         f"{p * m[1]} (group size x {ref}.size)")
+    if mx.size != p * m.size:
+        raise ValueError(f"{op}: {arg} has {mx.size} elements but must have {p} x {m.size} = "
+                         f"{p * m.size} (group size x {ref}.size)")
     return mx
 
 
@@ -143,8 +143,8 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
     """
     try:
         op = c.name
-        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
+        m = array_meta(arr, "arr", op) if to_root else output_array_meta(arr, "arr", op)
+        t = dtype_info(m.dtype).mpi
         root = root_rank(c.g, root_world, root_arg, op)
         me, p = c.comm.Get_rank(), c.g.size
         if me != root:
@@ -173,28 +173,28 @@ def _gather_scatter(name: str, arr: Any, x: Any, arg: str, root_arg: str, root_w
     c = call(name, group)
     m, t, root, me, p, metas, mx = _rooted(c, arr, x, arg, root_arg, root_world, to_root)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], **{root_arg: root_world}))
-    with stager(m[3] or (mx is not None and mx[3])) as st:
+        c.agree(_sig(m, size=m.size, **{root_arg: root_world}))
+    with stager(m.on_gpu or (mx is not None and mx.on_gpu)) as st:
         whole: Any = None  # the root's blocks as one flat buffer; None elsewhere
         if to_root:
             mine = st.inp(arr, m)
             if mx is not None:
                 whole = st.out(x, mx)
             elif metas is not None:
-                whole = np.empty(p * m[1], dtype=m[0])
+                whole = np.empty(p * m.size, dtype=m.dtype)
         else:
             if mx is not None:
                 whole = st.inp(x, mx)
             elif metas is not None:
-                whole = gather_list_in(x, metas, m[0])
+                whole = gather_list_in(x, metas, m.dtype)
             mine = st.out(arr, m)
-        blocks = None if whole is None else [whole, m[1], t]
-        sent = m[1] if to_root else p * m[1] if me == root else 0
-        with c.mpi_call(sent * m[0].itemsize, m[0], root_world, m[3], st.staged):
+        blocks = None if whole is None else [whole, m.size, t]
+        sent = m.size if to_root else p * m.size if me == root else 0
+        with c.mpi_call(sent * m.dtype.itemsize, m.dtype, root_world, m.on_gpu, st.staged):
             if to_root:
-                c.comm.Gather([mine, m[1], t], blocks, root=root)
+                c.comm.Gather([mine, m.size, t], blocks, root=root)
             else:
-                c.comm.Scatter(blocks, [mine, m[1], t], root=root)
+                c.comm.Scatter(blocks, [mine, m.size, t], root=root)
         if to_root and metas is not None:
             scatter_list_out(whole, x, metas)
 
@@ -209,21 +209,21 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     op = c.name
     out = out_list_or_array
     try:
-        m = describe(arr, "arr", op)
-        t = dtype_info(m[0]).mpi
+        m = array_meta(arr, "arr", op)
+        t = dtype_info(m.dtype).mpi
         p = c.g.size
         metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1]))
-    if m[3] and mo is not None and mo[3] and c.gpu(_gpu.all_gather, out, arr, m):
+        c.agree(_sig(m, size=m.size))
+    if m.on_gpu and mo is not None and mo.on_gpu and c.gpu(_gpu.all_gather, out, arr, m):
         return
-    with stager(m[3] or (mo is not None and mo[3])) as st:
+    with stager(m.on_gpu or (mo is not None and mo.on_gpu)) as st:
         sbuf = st.inp(arr, m)
-        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3], st.staged):
-            c.comm.Allgather([sbuf, m[1], t], [rbuf, m[1], t])
+        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m.size, dtype=m.dtype)
+        with c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu, st.staged):
+            c.comm.Allgather([sbuf, m.size, t], [rbuf, m.size, t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
 
@@ -248,28 +248,28 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
     name = c.name
     x = in_list_or_array
     try:
-        m = describe_out(out, "out", name)
-        info = dtype_info(m[0])
+        m = output_array_meta(out, "out", name)
+        info = dtype_info(m.dtype)
         red = mpi_reduction(op, info)
         p = c.g.size
         metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m[1], op=op.name))
-    if m[3] and mi is not None and mi[3] and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
+        c.agree(_sig(m, size=m.size, op=op.name))
+    if m.on_gpu and mi is not None and mi.on_gpu and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
         return
-    red = c.nan_safe(red, op, m[0], x)
-    with stager(m[3] or (mi is not None and mi[3]), host_only(red, out, m)) as st:
+    red = c.nan_safe(red, op, m.dtype, x)
+    with stager(m.on_gpu or (mi is not None and mi.on_gpu), host_only(red, out, m)) as st:
         if mi is not None:
             sbuf = st.inp(x, mi)
         else:
             assert metas is not None
-            sbuf = gather_list_in(x, metas, m[0])
+            sbuf = gather_list_in(x, metas, m.dtype)
         rbuf = st.out(out, m)
-        with c.mpi_call(p * m[1] * m[0].itemsize, m[0], None, m[3] or bool(mi and mi[3]),
+        with c.mpi_call(p * m.nbytes, m.dtype, None, m.on_gpu or bool(mi and mi.on_gpu),
                         st.staged):
-            c.comm.Reduce_scatter_block([sbuf, m[1], info.mpi], [rbuf, m[1], info.mpi],
+            c.comm.Reduce_scatter_block([sbuf, m.size, info.mpi], [rbuf, m.size, info.mpi],
                                         op=red.op)
         if red.average:
             average(rbuf, p)
@@ -290,32 +290,32 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
             if len(out) != p or not out:
                 raise ValueError(f"{name}: out has {len(out)} arrays, expected one per rank "
                                  f"of the group ({p})")
-            m = describe(out[0], "out[0]", name)
+            m = array_meta(out[0], "out[0]", name)
             out_metas = list_metas(out, p, m, "out", "out[0]", name, output=True)
         else:
-            mo = describe_out(out, "out", name)
-            if mo[1] % p:
-                raise ValueError(f"{name}: out has {mo[1]} elements, not divisible by the "
+            mo = output_array_meta(out, "out", name)
+            if mo.size % p:
+                raise ValueError(f"{name}: out has {mo.size} elements, not divisible by the "
                                  f"group size {p}")
-            m = (mo[0], mo[1] // p, True, mo[3])
+            m = ArrayMeta.of(mo.dtype, mo.size // p, True, mo.on_gpu)
         in_metas, mi = _blocks(in_, p, m, "in", "in", "out block", name, False)
-        t = dtype_info(m[0]).mpi
+        t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, block=m[1]))
-    if (mo is not None and mi is not None and mo[3] and mi[3]
+        c.agree(_sig(m, block=m.size))
+    if (mo is not None and mi is not None and mo.on_gpu and mi.on_gpu
             and c.gpu(_gpu.all_to_all, out, in_, m, mi)):
         return
-    with stager(m[3] or (mo is not None and mo[3]) or (mi is not None and mi[3])) as st:
+    with stager(m.on_gpu or (mo is not None and mo.on_gpu) or (mi is not None and mi.on_gpu)) as st:
         if mi is not None:
             sbuf = st.inp(in_, mi)
         else:
             assert in_metas is not None
-            sbuf = gather_list_in(in_, in_metas, m[0])
-        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m[1], dtype=m[0])
-        with c.mpi_call(p * m[1] * m[0].itemsize, m[0], None,
-                   bool((mo and mo[3]) or (mi and mi[3])), st.staged):
-            c.comm.Alltoall([sbuf, m[1], t], [rbuf, m[1], t])
+            sbuf = gather_list_in(in_, in_metas, m.dtype)
+        rbuf = st.out(out, mo) if mo is not None else np.empty(p * m.size, dtype=m.dtype)
+        with c.mpi_call(p * m.nbytes, m.dtype, None,
+                   bool((mo and mo.on_gpu) or (mi and mi.on_gpu)), st.staged):
+            c.comm.Alltoall([sbuf, m.size, t], [rbuf, m.size, t])
         if out_metas is not None:
             scatter_list_out(rbuf, out, out_metas)

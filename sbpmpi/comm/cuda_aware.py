@@ -26,10 +26,10 @@ from mpi4py import MPI
 
 from .. import config
 from ..config import switch
-from .info import library_name
+from .mpi_library import library_name
 
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "detect", "detect_library",
-           "library_name"]
+           "library_name", "mpi_symbol"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class CudaAwareness:
     reason: str
 
 
-def _mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """The C function ``name`` of the loaded MPI library, or None."""
+def mpi_symbol(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The C function ``name`` of the loaded MPI library, or None (every query of the
+    library goes through this name: tests replace it to stand for another library)."""
     candidates = [MPI.__file__]
     try:
         with open("/proc/self/maps") as f:
@@ -70,7 +71,7 @@ def _env_flag(name: str) -> bool | None:
 
 
 def _query_cuda_support() -> tuple[bool | None, str]:
-    fn = _mpi_symbol("MPIX_Query_cuda_support")
+    fn = mpi_symbol("MPIX_Query_cuda_support")
     if fn is None:
         return None, "MPIX_Query_cuda_support not found"
     fn.restype = ctypes.c_int
@@ -80,7 +81,7 @@ def _query_cuda_support() -> tuple[bool | None, str]:
 
 
 def _mpich_gpu_query() -> tuple[bool | None, str]:
-    fn = _mpi_symbol("MPIX_GPU_query_support")
+    fn = mpi_symbol("MPIX_GPU_query_support")
     if fn is None:
         return _query_cuda_support()
     fn.restype = ctypes.c_int

@@ -24,7 +24,7 @@ from . import watchdog
 from .call import call
 from .group import Group
 
-__all__ = ["write_blocks", "read_blocks"]
+__all__ = ["write_blocks", "read_blocks", "bytes_view"]
 
 
 @contextlib.contextmanager
@@ -72,7 +72,9 @@ def _c_order(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.array(a, order="C")
 
 
-def _bytes_view(a: np.ndarray) -> np.ndarray:
+def bytes_view(a: np.ndarray) -> np.ndarray:
+    """The bytes of the contiguous array ``a`` as a flat ``uint8`` view (what the file
+    calls write and read; a fault test replaces it to stop a rank mid-write)."""
     return a.reshape(-1, order="A").view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
@@ -112,7 +114,7 @@ def write_blocks(path: str, header: bytes, local: np.ndarray | None,
                 elem, ftype = _types(dt.itemsize, global_shape, local.shape, starts, False)
                 types += (elem, ftype)
                 fh.Set_view(len(header), elem, ftype)
-                fh.Write_at_all(0, [_bytes_view(local), local.size, elem])
+                fh.Write_at_all(0, [bytes_view(local), local.size, elem])
             fh.Sync()
 
 
@@ -137,7 +139,7 @@ def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
                 types += (elem, ftype)
                 fh.Set_view(int(offset), elem, ftype)
                 status = MPI.Status()
-                fh.Read_at_all(0, [_bytes_view(buf), count, elem], status)
+                fh.Read_at_all(0, [bytes_view(buf), count, elem], status)
                 got = status.Get_count(elem)
                 if got != count:
                     raise OSError(f"read {got} of {count} elements of {path!r}: the file is "

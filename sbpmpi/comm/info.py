@@ -1,9 +1,9 @@
 """What the communication layer runs on: MPI library, CUDA-awareness, staging, GPUs.
 
-The one place that reads the MPI library's facts: :func:`library_line` (the first line
-of ``MPI.Get_library_version()``), :func:`max_count` (the most elements one message may
-hold), CUDA-awareness (decided in :mod:`.cuda_aware`) and :func:`info`, which gathers
-them. This module imports nothing of sbpmpi at load time, so every other module may use it.
+:func:`info` gathers what the modules below it decide: the MPI library's facts
+(:mod:`.mpi_library`), CUDA-awareness (:mod:`.cuda_aware`), the pinned staging pool
+(:mod:`.buffers`), checked mode (:mod:`.checks`) and the GPU transport (:mod:`.gpu`). It
+imports them all, so no module of ``comm`` imports it (they import :mod:`.mpi_library`).
 """
 
 from __future__ import annotations
@@ -13,26 +13,17 @@ from typing import Any
 import mpi4py
 from mpi4py import MPI
 
+from .. import backend
+from ..backend import device_copy
+from .buffers import PINNED_POOL
+from .checks import checking
+from .cuda_aware import cuda_awareness
+from .gpu import route
+from .gpu.select import gpu_transport
+from .mpi_library import library_line, library_name, max_count
+
+# the MPI library's facts are also importable from here, where they lived before
 __all__ = ["info", "library_line", "library_name", "max_count"]
-
-
-def library_line() -> str:
-    """First line of ``MPI.Get_library_version()``, stripped, e.g.
-    ``"MPICH Version:      4.2.0"`` (``"unknown MPI"`` if the library says nothing)."""
-    lines = MPI.Get_library_version().strip().splitlines()
-    return lines[0].strip() if lines else "unknown MPI"
-
-
-def library_name() -> str:
-    """:func:`library_line` with runs of white space as one space, e.g.
-    ``"MPICH Version: 4.2.0"`` (for messages and keys)."""
-    return " ".join(library_line().split())
-
-
-def max_count() -> int | None:
-    """Elements one message may hold: None where MPI-4 large counts are available,
-    else ``2**31 - 1``."""
-    return None if MPI.Get_version() >= (4, 0) else (1 << 31) - 1
 
 
 def info(all_ranks: bool = False) -> dict[str, Any]:
@@ -48,14 +39,6 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
     that used it: calls, fallbacks, exports, opened mappings; or why it has no IPC). With ``all_ranks=True`` (collective over WORLD), also
     ``ranks``: the per-rank dicts of every rank.
     """
-    from .. import backend
-    from ..backend import device_copy
-    from .buffers import POOL
-    from .checks import checking
-    from .cuda_aware import cuda_awareness
-    from .gpu import route
-    from .gpu.select import gpu_transport
-
     aware = cuda_awareness()
     gpus = backend.cuda_device_count()
     gpu = backend.current_device() if gpus else None
@@ -71,8 +54,8 @@ def info(all_ranks: bool = False) -> dict[str, Any]:
                     if aware.aware else
                     "pinned host buffers, reused across calls"
                     + ("" if backend.cupy_available() else " (no CuPy: ordinary host memory)")),
-        "pinned_pool": {"allocations": POOL.allocations, "reuses": POOL.reuses,
-                        "cached_bytes": POOL.cached_bytes()},
+        "pinned_pool": {"allocations": PINNED_POOL.allocations, "reuses": PINNED_POOL.reuses,
+                        "cached_bytes": PINNED_POOL.cached_bytes()},
         "gpus_visible": gpus,
         "gpu": gpu,
         "cupy_allocator": device_copy.cupy_allocator_name(),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import device_copy
-from .buffers import ArrayMeta, check_output, check_same_dtype, describe
+from .buffers import ArrayMeta, array_meta, check_output, check_same_dtype
 
 __all__ = ["list_metas", "scatter_list_out", "gather_list_in"]
 
@@ -26,12 +26,12 @@ def list_metas(lst: Sequence[Any], p: int, m: ArrayMeta, arg: str, ref: str, op:
     metas = []
     for i, a in enumerate(lst):
         name = f"{arg}[{i}]"
-        mi = describe(a, name, op)
+        mi = array_meta(a, name, op)
         if output:
             check_output(a, mi, name, op)
         check_same_dtype(mi, m, name, ref, op)
-        if mi[1] != m[1]:
-            raise ValueError(f"{op}: {name} has {mi[1]} elements but {ref} has {m[1]}; "
+        if mi.size != m.size:
+            raise ValueError(f"{op}: {name} has {mi.size} elements but {ref} has {m.size}; "
                              "every block must have the same size")
         metas.append(mi)
     return metas
@@ -39,10 +39,10 @@ def list_metas(lst: Sequence[Any], p: int, m: ArrayMeta, arg: str, ref: str, op:
 
 def scatter_list_out(flat: np.ndarray, lst: Sequence[Any], metas: list[ArrayMeta]) -> None:
     """Copy block i of the host array ``flat`` into ``lst[i]``."""
-    n = metas[0][1] if metas else 0
+    n = metas[0].size if metas else 0
     for i, (a, mi) in enumerate(zip(lst, metas)):
         chunk = flat[i * n:(i + 1) * n]
-        if mi[3]:
+        if mi.on_gpu:
             device_copy.sync_for_transfer(a)
             device_copy.copy_host_to_device(chunk, a)
         else:
@@ -51,12 +51,12 @@ def scatter_list_out(flat: np.ndarray, lst: Sequence[Any], metas: list[ArrayMeta
 
 def gather_list_in(lst: Sequence[Any], metas: list[ArrayMeta], dtype: np.dtype) -> np.ndarray:
     """The arrays of ``lst`` concatenated into one new flat host array."""
-    n = metas[0][1] if metas else 0
+    n = metas[0].size if metas else 0
     flat = np.empty(len(lst) * n, dtype=dtype)
     for i, (a, mi) in enumerate(zip(lst, metas)):
         chunk = flat[i * n:(i + 1) * n]
-        if mi[3]:
-            if not mi[2]:
+        if mi.on_gpu:
+            if not mi.contiguous:
                 a = device_copy.ascontiguous_device(a)
             device_copy.sync_for_transfer(a)
             device_copy.copy_device_to_host(a, chunk)

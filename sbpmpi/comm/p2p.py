@@ -10,7 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
+from .buffers import ArrayMeta, HostStager, array_meta, output_array_meta, stager
 from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
@@ -42,9 +42,9 @@ def _peer(g: Group, comm: MPI.Intracomm, rank: Any, arg: str, op: str, blocking:
 
 def _check_count(status: MPI.Status, m: ArrayMeta, t: MPI.Datatype, src: Any, op: str) -> None:
     got = status.Get_count(t)
-    if got != m[1]:
+    if got != m.size:
         raise ValueError(f"{op}: received {got} elements from rank {src} into a buffer of "
-                         f"{m[1]}; sender and receiver must agree on the size")
+                         f"{m.size}; sender and receiver must agree on the size")
 
 
 class Work:
@@ -70,7 +70,8 @@ class Work:
         try:
             if self._recv is not None:
                 self._source = self._g.ranks[status.Get_source()]
-                _check_count(status, self._recv[0], self._recv[1], self._source, "irecv")
+                meta, datatype = self._recv
+                _check_count(status, meta, datatype, self._source, "irecv")
                 self._stager.finish()
         finally:
             self._stager.release()
@@ -111,8 +112,8 @@ def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
              receive: bool, blocking: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
     """(call, buffer metadata, MPI datatype, peer's group rank) of one point-to-point call."""
     c = call(op, group)
-    m = describe_out(arr, "arr", op) if receive else describe(arr, "arr", op)
-    t = dtype_info(m[0]).mpi
+    m = output_array_meta(arr, "arr", op) if receive else array_meta(arr, "arr", op)
+    t = dtype_info(m.dtype).mpi
     if receive and rank is None:  # receive from any rank
         peer = MPI.ANY_SOURCE
     else:
@@ -124,20 +125,20 @@ def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
 def send(arr: Any, dst: int, tag: int = 0, group: Group | None = None) -> None:
     """Send ``arr`` to world rank ``dst`` (blocking)."""
     c, m, t, peer = _prepare("send", arr, dst, tag, group, False, True)
-    with stager(m[3]) as st:
+    with stager(m.on_gpu) as st:
         buf = st.inp(arr, m)
-        with c.mpi_call(m[1] * m[0].itemsize, m[0], dst, m[3], st.staged):
-            c.comm.Send([buf, m[1], t], dest=peer, tag=tag)
+        with c.mpi_call(m.nbytes, m.dtype, dst, m.on_gpu, st.staged):
+            c.comm.Send([buf, m.size, t], dest=peer, tag=tag)
 
 
 def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = None) -> int:
     """Receive into ``arr`` from world rank ``src`` (any rank if None); returns the sender."""
     c, m, t, peer = _prepare("recv", arr, src, tag, group, True, True)
-    with stager(m[3]) as st:
+    with stager(m.on_gpu) as st:
         buf = st.out(arr, m)
         status = MPI.Status()
-        with c.mpi_call(0, m[0], src, m[3], st.staged):
-            c.comm.Recv([buf, m[1], t], source=peer, tag=tag, status=status)
+        with c.mpi_call(0, m.dtype, src, m.on_gpu, st.staged):
+            c.comm.Recv([buf, m.size, t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
     return sender
@@ -161,15 +162,15 @@ def _post(name: str, arr: Any, rank: int | None, tag: int, group: Group | None,
           receive: bool) -> Work:
     """isend (``receive`` False) and irecv: post the message, return its :class:`Work`."""
     c, m, t, peer = _prepare(name, arr, rank, tag, group, receive, False)
-    st = stager(m[3])
+    st = stager(m.on_gpu)
     try:
         buf = st.out(arr, m) if receive else st.inp(arr, m)
         if ACTIVE:
-            c.note(0 if receive else m[1] * m[0].itemsize, m[0], rank, m[3], st.staged)
+            c.note(0 if receive else m.nbytes, m.dtype, rank, m.on_gpu, st.staged)
         if receive:
-            return Work(c.comm.Irecv([buf, m[1], t], source=peer, tag=tag), st, buf, (m, t),
+            return Work(c.comm.Irecv([buf, m.size, t], source=peer, tag=tag), st, buf, (m, t),
                         c.g)
-        return Work(c.comm.Isend([buf, m[1], t], dest=peer, tag=tag), st, buf, None, c.g)
+        return Work(c.comm.Isend([buf, m.size, t], dest=peer, tag=tag), st, buf, None, c.g)
     except BaseException:
         st.release()
         raise

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.layout import block_starts
 from . import checks
-from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
 from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
@@ -49,20 +49,20 @@ def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
 
 def _arr_out(arr: Any, out: Any, op: str) -> tuple[ArrayMeta, ArrayMeta]:
     """(meta of the input ``arr``, meta of the output ``out``), of one dtype."""
-    m = describe(arr, "arr", op)
-    mo = describe_out(out, "out", op)
+    m = array_meta(arr, "arr", op)
+    mo = output_array_meta(out, "out", op)
     check_same_dtype(mo, m, "out", "arr", op)
     return m, mo
 
 
 def _check_extent(m: ArrayMeta, need: int, arg: str, what: str, op: str) -> None:
-    if m[1] < need:
-        raise ValueError(f"{op}: {arg} has {m[1]} elements but {what} need {need}")
+    if m.size < need:
+        raise ValueError(f"{op}: {arg} has {m.size} elements but {what} need {need}")
 
 
 def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, op: str) -> None:
-    if m[1] != counts[me]:
-        raise ValueError(f"{op}: {arg} has {m[1]} elements but {carg}[{me}] = {counts[me]} "
+    if m.size != counts[me]:
+        raise ValueError(f"{op}: {arg} has {m.size} elements but {carg}[{me}] = {counts[me]} "
                          f"(this rank is group rank {me})")
 
 
@@ -75,7 +75,7 @@ def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str
     try:
         op = c.name
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        m = array_meta(arr, "arr", op) if to_root else output_array_meta(arr, "arr", op)
         root = root_rank(c.g, root_world, root_arg, op)
         cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
         _check_mine(m, cs, me, "arr", "counts", op)
@@ -85,10 +85,10 @@ def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str
             if x is None:
                 what = "out" if to_root else "the input"
                 raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
-            mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
+            mx = output_array_meta(x, arg, op) if to_root else array_meta(x, arg, op)
             check_same_dtype(mx, m, arg, "arr", op)
             _check_extent(mx, need, arg, "counts and displs", op)
-        return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
+        return m, root, cs, d, need, mx, dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
 
@@ -104,18 +104,18 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
         _check_mine(m, cs, me, "arr", "counts", op)
         _check_extent(mo, need, "out", "counts and displs", op)
-        t = dtype_info(m[0]).mpi
+        t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d)])
-    if m[3] and mo[3] and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
+        c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d)])
+    if m.on_gpu and mo.on_gpu and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
         return
-    with stager(m[3] or mo[3]) as st:
+    with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)
-        rbuf = st.out(out, mo, copy_in=need < mo[1] or displs is not None)  # keep the gaps
-        with c.mpi_call(m[1] * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
-            c.comm.Allgatherv([sbuf, m[1], t], [rbuf, (cs, d), t])
+        rbuf = st.out(out, mo, copy_in=need < mo.size or displs is not None)  # keep the gaps
+        with c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu or mo.on_gpu, st.staged):
+            c.comm.Allgatherv([sbuf, m.size, t], [rbuf, (cs, d), t])
 
 
 def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -145,22 +145,22 @@ def _gather_scatter_v(name: str, arr: Any, x: Any, counts: Any, displs: Any, roo
     m, root, cs, d, need, mx, t = _rooted_v(c, arr, x, counts, displs, root_arg, root_world,
                                            to_root)
     if checks._enabled:
-        c.agree([("dtype", m[0].str), ("counts", cs), ("displs", d), (root_arg, root_world)])
-    with stager(m[3] or (mx is not None and mx[3])) as st:
+        c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d), (root_arg, root_world)])
+    with stager(m.on_gpu or (mx is not None and mx.on_gpu)) as st:
         if to_root:
             mine = st.inp(arr, m)
-            whole = None if mx is None else st.out(x, mx, copy_in=need < mx[1] or
+            whole = None if mx is None else st.out(x, mx, copy_in=need < mx.size or
                                                    displs is not None)  # keep the gaps
         else:
             whole = None if mx is None else st.inp(x, mx)
             mine = st.out(arr, m)
         blocks = None if whole is None else [whole, (cs, d), t]
-        sent = m[1] if to_root else 0 if mx is None else mx[1]
-        with c.mpi_call(sent * m[0].itemsize, m[0], root_world, m[3], st.staged):
+        sent = m.size if to_root else 0 if mx is None else mx.size
+        with c.mpi_call(sent * m.dtype.itemsize, m.dtype, root_world, m.on_gpu, st.staged):
             if to_root:
-                c.comm.Gatherv([mine, m[1], t], blocks, root=root)
+                c.comm.Gatherv([mine, m.size, t], blocks, root=root)
             else:
-                c.comm.Scatterv(blocks, [mine, m[1], t], root=root)
+                c.comm.Scatterv(blocks, [mine, m.size, t], root=root)
 
 
 def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = ReduceOp.SUM,
@@ -176,22 +176,22 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         mi, m = _arr_out(arr, out, name)
         cs = _counts(counts, p, "counts", name)
         _check_mine(m, cs, me, "out", "counts", name)
-        if mi[1] != sum(cs):
-            raise ValueError(f"{name}: arr has {mi[1]} elements but sum(counts) = {sum(cs)}")
-        info = dtype_info(m[0])
+        if mi.size != sum(cs):
+            raise ValueError(f"{name}: arr has {mi.size} elements but sum(counts) = {sum(cs)}")
+        info = dtype_info(m.dtype)
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree([("dtype", m[0].str), ("counts", cs), ("op", op.name)])
-    if m[3] and mi[3] and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
+        c.agree([("dtype", m.dtype.str), ("counts", cs), ("op", op.name)])
+    if m.on_gpu and mi.on_gpu and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
         return
-    red = c.nan_safe(red, op, m[0], arr)
-    with stager(m[3] or mi[3], host_only(red, out, m)) as st:
+    red = c.nan_safe(red, op, m.dtype, arr)
+    with stager(m.on_gpu or mi.on_gpu, host_only(red, out, m)) as st:
         sbuf = st.inp(arr, mi)
         rbuf = st.out(out, m)
-        with c.mpi_call(mi[1] * m[0].itemsize, m[0], None, m[3] or mi[3], st.staged):
-            c.comm.Reduce_scatter([sbuf, mi[1], info.mpi], [rbuf, m[1], info.mpi], cs,
+        with c.mpi_call(mi.size * m.dtype.itemsize, m.dtype, None, m.on_gpu or mi.on_gpu, st.staged):
+            c.comm.Reduce_scatter([sbuf, mi.size, info.mpi], [rbuf, m.size, info.mpi], cs,
                                   op=red.op)
         if red.average:
             average(rbuf, p)
@@ -212,21 +212,21 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
         ic, idd, ineed = _layout(in_counts, in_displs, p, "in_counts", "in_displs", op)
         _check_extent(mo, oneed, "out", "out_counts and out_displs", op)
         _check_extent(m, ineed, "arr", "in_counts and in_displs", op)
-        t = dtype_info(m[0]).mpi
+        t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        sigs = c.agree([("dtype", m[0].str)], extra=(ic, oc))
+        sigs = c.agree([("dtype", m.dtype.str)], extra=(ic, oc))
         for i, (_, (ici, _)) in enumerate(sigs):
             for j, (_, (_, ocj)) in enumerate(sigs):
                 if ici[j] != ocj[i]:
                     raise ValueError(
                         f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
                         f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
-    if m[3] and mo[3] and c.gpu(_gpu.all_to_all_v, out, oc, od, oneed, arr, ic, idd, m):
+    if m.on_gpu and mo.on_gpu and c.gpu(_gpu.all_to_all_v, out, oc, od, oneed, arr, ic, idd, m):
         return
-    with stager(m[3] or mo[3]) as st:
+    with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)
-        rbuf = st.out(out, mo, copy_in=oneed < mo[1] or out_displs is not None)
-        with c.mpi_call(sum(ic) * m[0].itemsize, m[0], None, m[3] or mo[3], st.staged):
+        rbuf = st.out(out, mo, copy_in=oneed < mo.size or out_displs is not None)
+        with c.mpi_call(sum(ic) * m.dtype.itemsize, m.dtype, None, m.on_gpu or mo.on_gpu, st.staged):
             c.comm.Alltoallv([sbuf, (ic, idd), t], [rbuf, (oc, od), t])

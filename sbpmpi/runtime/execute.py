@@ -22,7 +22,7 @@ import numpy as np
 from .. import backend, comm
 from ..boxing.plan import Box, Plan, Step, group_of
 from ..boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
-from ..comm.info import max_count
+from ..comm.mpi_library import max_count
 from ..core.layout import Layout, balanced_range, empty_shape
 from ..core.reduction import REDUCTIONS, identity_value, reduction
 from ..core.sbp import Partial, Split

@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 __all__ = ["main", "run", "Result", "format_header", "format_row", "format_tables",
            "noisy_note", "printer", "as_dict", "RAW_CALLS",
-           "NOISY_MIN_REPEATS", "NOISY_SPREAD"]
+           "NOISY_MIN_REPEATS", "NOISY_SPREAD", "received_share"]
 
 NOISY_MIN_REPEATS = 5  # fewer repeats than this: the median is not worth quoting
 NOISY_SPREAD = 1.5  # max / min of one side's repeats wider than this: a noisy machine
@@ -65,9 +65,10 @@ class Result:
     proxy_ms: float | None = None  # cuda: a device-to-device copy of the bytes a rank receives
 
 
-# Share of the global tensor each rank receives, per conversion (the algorithmic minimum:
-# all-reduce moves it twice); the device-copy proxy copies this many bytes.
-def _received_share(conversion: str, p: int) -> float:
+def received_share(conversion: str, p: int) -> float:
+    """Share of the global tensor each rank receives in ``conversion`` on ``p`` ranks (the
+    algorithmic minimum: all-reduce moves it twice); the device-copy proxy copies this
+    many bytes."""
     if p <= 1 or conversion.startswith("B->"):
         return 0.0
     if conversion.startswith("2x2"):
@@ -293,7 +294,7 @@ def run(sizes_mib: Sequence[float] = (1, 16, 64), repeats: int = 10, warmup: int
             tr, to, spread = _time_pair(raw, ours, repeats, warmup, sync)
             proxy = None
             if device_type == "cuda":
-                nbytes = int(_received_share(name, p) * math.prod(shape) * dt.itemsize)
+                nbytes = int(received_share(name, p) * math.prod(shape) * dt.itemsize)
                 proxy = _time_pair(*_device_copy(nbytes), repeats, warmup, sync)[0] * 1e3
             results.append(report("size", Result(
                 name, mib, shape, plan, tr * 1e3, to * 1e3, to / tr, p,
@@ -407,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if note:
             print(note, flush=True)
         if a.json:
-            from ..comm.info import library_line
+            from ..comm.mpi_library import library_line
 
             doc = {"world_size": MPI.COMM_WORLD.Get_size(), "device": a.device,
                    "mpi": library_line(),

@@ -79,7 +79,7 @@ def main() -> None:
         pl = sm.placement("cpu", list(range(size)))
         x = sm.tensor(value(SHAPE, 5), placement=pl, sbp=sm.sbp.split(1))
         if mode == "crash-during":
-            orig = file_io._bytes_view
+            orig = file_io.bytes_view
 
             def dying(arr: np.ndarray) -> np.ndarray:
                 # called by every rank just before its part of Write_at_all
@@ -87,7 +87,7 @@ def main() -> None:
                     os._exit(9)
                 return orig(arr)
 
-            file_io._bytes_view = dying  # type: ignore[assignment]
+            file_io.bytes_view = dying  # type: ignore[assignment]
         else:
             def dying_commit(tmp: str, path: str) -> None:
                 assert os.path.getsize(tmp) > 0

@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from ... import config
 from ...core.layout import block_starts
-from ..buffers import POOL
+from ..buffers import PINNED_POOL
 from ..dtypes import dtype_info
 from ..nan_reduction import nan_safe
 from ..reduce_op import ReduceOp, mpi_reduction
@@ -135,7 +135,7 @@ class Hierarchical:
     # -- the inter-node legs (staged through pinned host memory) --------------------------
 
     def _host(self, nbytes: int) -> np.ndarray:
-        return POOL.acquire(max(nbytes, 1))
+        return PINNED_POOL.acquire(max(nbytes, 1))
 
     @property
     def cross_ranks(self) -> tuple[int, ...]:
@@ -185,7 +185,7 @@ class Hierarchical:
                     self.device.synchronize()
             finally:
                 if h is not None:
-                    POOL.release(h)
+                    PINNED_POOL.release(h)
 
         sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
                            rs.tmp_bytes)
@@ -226,7 +226,7 @@ class Hierarchical:
                 self.device.synchronize()
             finally:
                 if h is not None:
-                    POOL.release(h)
+                    PINNED_POOL.release(h)
 
         node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
         sched = S.Schedule(((),) + node_moves.phases, ("out",))

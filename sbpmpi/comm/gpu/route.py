@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ... import backend, config
 from ...backend import device_copy
+from ..buffers import ArrayMeta
 from ..group import Group
 from ..reduce_op import ReduceOp
 from ..tracing import ACTIVE, note
@@ -122,11 +123,11 @@ def _owned(dev: Device, arrays: Sequence[Any]) -> bool:
     return all(dev.owns(a) for a in arrays)
 
 
-def _contig(a: Any, m: tuple[Any, ...]) -> Any:
-    return a if m[2] else device_copy.ascontiguous_device(a)
+def _contig(a: Any, m: ArrayMeta) -> Any:
+    return a if m.contiguous else device_copy.ascontiguous_device(a)
 
 
-def _run(name: str, g: Group, comm: MPI.Intracomm, m: tuple[Any, ...], arrays: Sequence[Any],
+def _run(name: str, g: Group, comm: MPI.Intracomm, m: ArrayMeta, arrays: Sequence[Any],
          roles: dict[str, tuple[Any, int]], make: Callable[[np.ndarray], S.Schedule],
          meta: Any = (), op: ReduceOp | None = None, average: tuple[Any, int] | None = None,
          traced: int = 0, export: tuple[str, ...] = ("in",),
@@ -148,19 +149,19 @@ def _run(name: str, g: Group, comm: MPI.Intracomm, m: tuple[Any, ...], arrays: S
             done = hier(t, bufs)
     else:
         with watch(name, g.ranks):
-            done = t.run(name, bufs, ok, make, meta, m[0], op, export)
+            done = t.run(name, bufs, ok, make, meta, m.dtype, op, export)
     if done:
         if average is not None and op is ReduceOp.AVG and average[1]:
-            dev.divide(dev.pointer(average[0]), average[1], m[0], g.size)
+            dev.divide(dev.pointer(average[0]), average[1], m.dtype, g.size)
         if ACTIVE:
-            note(name, traced, g, m[0], None, True, False)
+            note(name, traced, g, m.dtype, None, True, False)
     return done
 
 
-def all_gather(out: Any, arr: Any, m: tuple[Any, ...], g: Group, comm: MPI.Intracomm) -> bool:
+def all_gather(out: Any, arr: Any, m: ArrayMeta, g: Group, comm: MPI.Intracomm) -> bool:
     """``out`` (p blocks) gets ``arr`` of every rank."""
     p, me = g.size, comm.Get_rank()
-    nb = m[1] * m[0].itemsize
+    nb = m.nbytes
     arr = _contig(arr, m)
     counts, displs = [nb] * p, [k * nb for k in range(p)]
     return _run("all_gather", g, comm, m, (out, arr), {"in": (arr, nb), "out": (out, p * nb)},
@@ -169,51 +170,51 @@ def all_gather(out: Any, arr: Any, m: tuple[Any, ...], g: Group, comm: MPI.Intra
                                                  p * nb, True, counts, displs))
 
 
-def all_gather_v(out: Any, arr: Any, m: tuple[Any, ...], counts: Sequence[int],
+def all_gather_v(out: Any, arr: Any, m: ArrayMeta, counts: Sequence[int],
                  displs: Sequence[int], need: int, g: Group, comm: MPI.Intracomm) -> bool:
-    p, me, it = g.size, comm.Get_rank(), m[0].itemsize
+    p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     arr = _contig(arr, m)
     cb, db = [c * it for c in counts], [d * it for d in displs]
     return _run("all_gather_v", g, comm, m, (out, arr),
-                {"in": (arr, m[1] * it), "out": (out, need * it)},
-                lambda _: S.all_gather_v(p, me, cb, db), traced=m[1] * it,
+                {"in": (arr, m.size * it), "out": (out, need * it)},
+                lambda _: S.all_gather_v(p, me, cb, db), traced=m.size * it,
                 hier=lambda h, b: h.all_gather_v("all_gather_v", b["in"].ptr, b["out"].ptr,
                                                  need * it, True, cb, db))
 
 
-def reduce_scatter(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...], op: ReduceOp,
+def reduce_scatter(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta, op: ReduceOp,
                    g: Group, comm: MPI.Intracomm) -> bool:
-    """``out`` = block ``me`` of the reduction of the packed inputs (p blocks of m[1])."""
-    return reduce_scatter_v(out, x, m, mi, [m[1]] * g.size, op, g, comm, "reduce_scatter")
+    """``out`` = block ``me`` of the reduction of the packed inputs (p blocks of m.size)."""
+    return reduce_scatter_v(out, x, m, mi, [m.size] * g.size, op, g, comm, "reduce_scatter")
 
 
-def reduce_scatter_v(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...],
+def reduce_scatter_v(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
                      counts: Sequence[int], op: ReduceOp, g: Group, comm: MPI.Intracomm,
                      name: str = "reduce_scatter_v") -> bool:
-    p, me, it = g.size, comm.Get_rank(), m[0].itemsize
+    p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     x = _contig(x, mi)
-    return _run(name, g, comm, m, (out, x), {"in": (x, mi[1] * it), "out": (out, m[1] * it)},
+    return _run(name, g, comm, m, (out, x), {"in": (x, mi.size * it), "out": (out, m.size * it)},
                 lambda _: S.reduce_scatter_v(p, me, [c * it for c in counts]), op=op,
-                average=(out, m[1] * it), traced=mi[1] * it)
+                average=(out, m.size * it), traced=mi.size * it)
 
 
-def all_reduce(arr: Any, m: tuple[Any, ...], op: ReduceOp, g: Group,
+def all_reduce(arr: Any, m: ArrayMeta, op: ReduceOp, g: Group,
                comm: MPI.Intracomm) -> bool:
-    p, me, it = g.size, comm.Get_rank(), m[0].itemsize
-    nb = m[1] * it
+    p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
+    nb = m.size * it
     return _run("all_reduce", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
                 lambda _: (S.all_reduce_direct if p == 2 or nb <= DIRECT_ALL_REDUCE_BYTES
-                           else S.all_reduce)(p, me, m[1], it), op=op, average=(arr, nb),
+                           else S.all_reduce)(p, me, m.size, it), op=op, average=(arr, nb),
                 traced=nb,
                 export=("out",),
-                hier=lambda h, b: h.all_reduce("all_reduce", b["out"].ptr, True, m[1], m[0], op))
+                hier=lambda h, b: h.all_reduce("all_reduce", b["out"].ptr, True, m.size, m.dtype, op))
 
 
-def all_to_all(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...], g: Group,
+def all_to_all(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta, g: Group,
                comm: MPI.Intracomm) -> bool:
-    """Block j of rank i's input goes to block i of rank j's ``out`` (blocks of m[1])."""
-    p, me, it = g.size, comm.Get_rank(), m[0].itemsize
-    b = m[1] * it
+    """Block j of rank i's input goes to block i of rank j's ``out`` (blocks of m.size)."""
+    p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
+    b = m.size * it
     x = _contig(x, mi)
     return _run("all_to_all", g, comm, m, (out, x), {"in": (x, p * b), "out": (out, p * b)},
                 lambda _: S.all_to_all_v(p, me, [[b] * p] * p, [[j * b for j in range(p)]] * p,
@@ -221,32 +222,32 @@ def all_to_all(out: Any, x: Any, m: tuple[Any, ...], mi: tuple[Any, ...], g: Gro
 
 
 def all_to_all_v(out: Any, oc: Sequence[int], od: Sequence[int], oneed: int, arr: Any,
-                 ic: Sequence[int], idd: Sequence[int], m: tuple[Any, ...], g: Group,
+                 ic: Sequence[int], idd: Sequence[int], m: ArrayMeta, g: Group,
                  comm: MPI.Intracomm) -> bool:
-    p, me, it = g.size, comm.Get_rank(), m[0].itemsize
+    p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     arr = _contig(arr, m)
 
     def make(meta: np.ndarray) -> S.Schedule:
         return S.all_to_all_v(p, me, (meta[:, :p] * it).tolist(), (meta[:, p:] * it).tolist(),
                               [d * it for d in od])
     return _run("all_to_all_v", g, comm, m, (out, arr),
-                {"in": (arr, m[1] * it), "out": (out, oneed * it)}, make,
+                {"in": (arr, m.size * it), "out": (out, oneed * it)}, make,
                 meta=list(ic) + list(idd), traced=sum(ic) * it)
 
 
-def broadcast(arr: Any, m: tuple[Any, ...], root: int, g: Group, comm: MPI.Intracomm) -> bool:
+def broadcast(arr: Any, m: ArrayMeta, root: int, g: Group, comm: MPI.Intracomm) -> bool:
     p, me = g.size, comm.Get_rank()
-    nb = m[1] * m[0].itemsize
+    nb = m.nbytes
     return _run("broadcast", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
                 lambda _: S.broadcast(p, me, root, nb), traced=nb if me == root else 0)
 
 
-def exchange(out: Any, arr: Any, m: tuple[Any, ...], moves: Sequence[S.P2P], out_nbytes: int,
+def exchange(out: Any, arr: Any, m: ArrayMeta, moves: Sequence[S.P2P], out_nbytes: int,
              g: Group, comm: MPI.Intracomm) -> bool:
     """Point-to-point moves between the ranks of ``g`` (every rank passes the same list):
     bytes of rank ``src``'s ``arr`` land in rank ``dst``'s ``out``."""
     p, me = g.size, comm.Get_rank()
     arr = _contig(arr, m)
-    nb = m[1] * m[0].itemsize
+    nb = m.nbytes
     return _run("exchange", g, comm, m, (out, arr), {"in": (arr, nb), "out": (out, out_nbytes)},
                 lambda _: S.exchange(p, me, moves), traced=nb)

@@ -1,4 +1,4 @@
-"""Scenarios S6-S10 and a two-layer MLP forward pass in data, tensor and 2-D parallel layouts.
+"""Matmul and a two-layer MLP forward pass in data, tensor (model) and 2-D parallel layouts.
 
 Every value is compared with NumPy on the whole arrays; inferred signatures are checked
 against the cost table (boxing.conversion_cost) recomputed here, and the communication
@@ -50,10 +50,10 @@ def boxing_ops(inf, operands):
     return t.ops()
 
 
-# ---- S6, S7: one matmul, no communication ------------------------------------------------------
+# ---- data and model parallel: one matmul, no communication ---------------------------------
 
 @pytest.mark.mpi(min_size=1)
-def test_s6_data_parallel(device_type):
+def test_data_parallel_matmul(device_type):
     pl = full(device_type)
     x, w = randn(4, 5, pl=pl, sbp=S0), randn(5, 8, pl=pl, sbp=B)
     with sm.trace() as t:
@@ -64,7 +64,7 @@ def test_s6_data_parallel(device_type):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s7_model_parallel(device_type):
+def test_model_parallel_matmul(device_type):
     pl = full(device_type)
     x, w = randn(4, 5, pl=pl, sbp=B), randn(5, 8, pl=pl, sbp=S1)
     with sm.trace() as t:
@@ -74,17 +74,17 @@ def test_s7_model_parallel(device_type):
     np.testing.assert_allclose(y.numpy(), x.numpy() @ w.numpy(), rtol=1e-12)
 
 
-# ---- S8: the matmul signatures ----------------------------------------------------------------
+# ---- the matmul signatures ------------------------------------------------------------------
 
-S8 = [((S0, B), S0), ((B, S1), S1), ((S1, S0), P), ((P, B), P), ((B, P), P), ((B, B), B)]
+MATMUL_SIGNATURES = [((S0, B), S0), ((B, S1), S1), ((S1, S0), P), ((P, B), P), ((B, P), P), ((B, B), B)]
 
 
 @pytest.mark.mpi(min_size=1)
-def test_s8_matmul_signatures():
+def test_every_matmul_signature():
     pl = full("cpu")
     rng = np.random.default_rng(8)
     a_val, b_val = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
-    for (sa, sb), out in S8:
+    for (sa, sb), out in MATMUL_SIGNATURES:
         a = sm.tensor(a_val, placement=pl, sbp=sa)
         b = sm.tensor(b_val, placement=pl, sbp=sb)
         inf = sm.explain(sm.matmul, a, b)
@@ -102,11 +102,11 @@ def test_s8_matmul_signatures():
         np.testing.assert_allclose(y.numpy(), a_val @ b_val, rtol=1e-12, atol=1e-12)
 
 
-# ---- S9: automatic boxing between two model-parallel layers -------------------------------------
+# ---- automatic boxing between two model-parallel layers -------------------------------------
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("n_out", [64, 3])
-def test_s9_chained_model_parallel(device_type, n_out):
+def test_chained_model_parallel_layers(device_type, n_out):
     pl = full(device_type)
     x = randn(4, 8, pl=pl, sbp=B)
     w0 = randn(8, 8, pl=pl, sbp=S1)
@@ -131,10 +131,10 @@ def test_s9_chained_model_parallel(device_type, n_out):
     np.testing.assert_allclose(y1.numpy(), x.numpy() @ w0.numpy() @ w1.numpy(), rtol=1e-10)
 
 
-# ---- S10: 2-D SBP -----------------------------------------------------------------------------
+# ---- 2-D SBP -------------------------------------------------------------------------------
 
 @pytest.mark.mpi(min_size=4)
-def test_s10_2d_matmul(device_type):
+def test_matmul_on_a_2d_mesh(device_type):
     pl = mesh(device_type)
     x = randn(4, 5, pl=pl, sbp=(S0, B))
     w = randn(5, 6, pl=pl, sbp=(B, S1))

@@ -1,4 +1,4 @@
-"""python -m sbpmpi.abort runs a script, ``-m module`` or ``-c code`` (as python -m mpi4py),
+"""The abort runner: python -m sbpmpi.abort runs a script, ``-m module`` or ``-c code`` (as python -m mpi4py),
 and a failure on one rank, an exception or sys.exit(n), ends the whole job."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def run(n, program, cwd, extra_env=None):
 
 
 @pytest.mark.parametrize("how", ["script", "-m", "-c"])
-def test_runner_runs_each_kind_of_program(tmp_path, how):
+def test_abort_runner_runs_each_kind_of_program(tmp_path, how):
     src = FAIL.format(action="pass")
     (tmp_path / "prog_mod.py").write_text(src)
     program = {"script": [str(tmp_path / "prog_mod.py")], "-m": ["-m", "prog_mod"],
@@ -41,14 +41,14 @@ def test_runner_runs_each_kind_of_program(tmp_path, how):
 
 @pytest.mark.parametrize("action,says", [("raise KeyError('planted')", "KeyError: 'planted'"),
                                          ("sys.exit(5)", "sys.exit(5)")])
-def test_runner_c_failure_on_one_rank_ends_the_job(tmp_path, action, says):
+def test_abort_runner_ends_the_job_when_one_rank_fails(tmp_path, action, says):
     r, took = run(2, ["-c", FAIL.format(action=action)], tmp_path)
     assert r.returncode != 0
     assert took < 60, f"the job took {took:.0f} s: the other rank was left waiting"
     assert "sbpmpi: rank 1:" in r.stderr and says in r.stderr, r.stderr[-3000:]
 
 
-def test_runner_usage():
+def test_abort_runner_usage():
     r = subprocess.run([sys.executable, "-m", "sbpmpi.comm.abort", "-c"], capture_output=True,
                        text=True, timeout=TIMEOUT, env=job_env(1, TIMEOUT))
     assert r.returncode == 2 and "-c code" in r.stderr
