@@ -27,7 +27,7 @@ from .creation import rand, tensor
 from .tensor import GlobalTensor
 
 __all__ = ["Module", "Linear", "relu", "cross_entropy", "save_training_state",
-           "load_training_state", "DataParallel", "no_sync"]
+           "load_training_state", "DataParallel", "no_sync", "shard"]
 
 
 class Module:
@@ -242,6 +242,16 @@ class DataParallel(Module):
 
     def __repr__(self) -> str:
         return f"DataParallel({self.module!r}, buckets={self.reducer.layout()})"
+
+
+def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0) -> tuple[Any, Any]:
+    """ZeRO on the data-parallel mesh axis ``axis``: ``model, opt = sm.nn.shard(model, opt,
+    stage=1)`` splits the optimizer state over that axis, ``stage=3`` the parameters too
+    (all-gathered at each forward; gradients reduce-scattered into the split). Use the
+    returned pair from then on. See :mod:`sbpmpi.zero`."""
+    from .zero import shard as shard_layouts
+
+    return shard_layouts(module, optimizer, stage=stage, axis=axis)
 
 
 # ---- training state ---------------------------------------------------------------------------
