@@ -166,7 +166,8 @@ def test_no_sync_accumulates_and_the_next_backward_reduces_the_sum_once(how):
         np.testing.assert_allclose(p.grad.numpy(), g1 + g2, rtol=1e-12, atol=1e-14)
     with sm.trace() as t:
         backward(dp, x3, y3)
-    assert sum(r.nonblocking for r in t) == len(dp.reducer.layout())  # one per bucket
+    # one reduction per bucket (none for a single rank: nothing to sum over)
+    assert sum(r.nonblocking for r in t) == (len(dp.reducer.layout()) if size > 1 else 0)
     for p, g1, g2, g3 in zip(dp.parameters(), numpy_grads(params, x1, y1),
                              numpy_grads(params, x2, y2), numpy_grads(params, x3, y3)):
         assert p.grad.layout == p.layout
@@ -294,3 +295,33 @@ def test_with_abort_off_every_rank_reports_the_failed_rank():
     for r in range(3):  # the bucket every rank started was completed before raising
         assert f"rank {r}: no request left in flight" in res.out, res
     assert "should not happen" not in res.out, res
+
+
+# ---- parameters used twice; gradients the rules already reduced -----------------------------
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("rows, width", [(BATCH, D_IN), (2 * size, 96)],
+                         ids=["partial-gradients", "rules-reduce-first"])
+def test_a_parameter_used_twice_and_gradients_reduced_by_the_rules(rows, width):
+    """``x @ w`` twice: the bucket starts after w's second gradient. With few rows and a
+    wide ``w`` the matmul rule may move the inputs and give w's gradient already reduced
+    (not partial): it is not reduced again (no more bytes than the unbucketed path)."""
+    rng = np.random.default_rng(4)
+    xv, wv = rng.standard_normal((rows, width)), rng.standard_normal((width, width))
+    sent, got = [], []
+    for bucketed in (False, True):
+        model = sm.nn.Module()
+        model.w = sm.tensor(wv, placement=world(), sbp=B, requires_grad=True)
+        if bucketed:
+            dp = sm.nn.DataParallel(model, bucket_cap_mb=0.0, first_bucket_mb=0.0)
+            assert dp.reducer.layout() == [[str(wv.shape)]]
+        x = sm.tensor(xv, placement=world(), sbp=S(0))
+        with sm.trace() as t:
+            ((x @ model.w) * (x @ model.w)).sum().backward()
+        sent.append(t.nbytes())
+        got.append(model.w.grad.numpy())
+        assert model.w.grad.layout == model.w.layout
+    want = 2 * xv.T @ (xv @ wv)
+    np.testing.assert_allclose(got[1], want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-13, atol=1e-13)
+    assert sent[1] <= sent[0], sent

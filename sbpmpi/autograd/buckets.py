@@ -57,12 +57,13 @@ from .. import backend, comm, ops
 from ..comm.collective_work import CollectiveWork
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
-from ..core.sbp import Broadcast, partial_sum
+from ..core.sbp import Broadcast, Partial, partial_sum
 from ..env import get_rank
 from ..runtime.consistency import check_collective
 from ..tensor import GlobalTensor
 
-__all__ = ["Reducer", "no_sync", "slot_of", "add", "progress", "finish", "abandon",
+__all__ = ["Reducer", "no_sync", "slot_of", "add", "done", "contributions", "arrived",
+           "progress", "finish", "abandon",
            "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES", "INFLIGHT"]
 
 MIB = 1 << 20
@@ -83,11 +84,15 @@ class _Slot:
     reducer: Reducer
     bucket: _Bucket
     view: Any  # this rank's shard of the gradient, a view into bucket.flat
+    offset: int  # where the view starts in bucket.flat
     partial: Layout  # the parameter's layout with partial_sum on the data-parallel axis
     filled: bool = False  # a gradient was written since the bucket was last reduced
+    done: bool = False  # no more gradient comes in this backward
+    local: bool = False  # the view holds local gradients to reduce (written or kept)
     prev: GlobalTensor | None = None  # the .grad the reduced gradient is added to
     local_grad: GlobalTensor | None = None  # the partial_sum view set as .grad in no_sync
     reduced: GlobalTensor | None = None  # the view set as .grad after the last reduction
+    extra: GlobalTensor | None = None  # gradients that arrived already reduced, this round
 
 
 @dataclass(eq=False)
@@ -183,7 +188,7 @@ class Reducer:
             for p, s in zip(ps, shapes):
                 n = int(np.prod(s))
                 sbp = tuple(partial_sum if i == self.axis else x for i, x in enumerate(p.sbp))
-                slot = _Slot(p, self, b, b.flat[off:off + n].reshape(s),
+                slot = _Slot(p, self, b, b.flat[off:off + n].reshape(s), off,
                              Layout(p.shape, p.placement, sbp))
                 off += n
                 b.slots.append(slot)
@@ -221,25 +226,34 @@ class Reducer:
             self._syncing = self.require_sync and _SYNC[0]
 
     def _write(self, slot: _Slot, g: GlobalTensor) -> None:
+        """Add the gradient ``g`` (one contribution) to ``slot``."""
         p = slot.param
         if g.dtype != p.dtype:
             g = ops.astype(g, p.dtype)
-        if g.layout != slot.partial:  # rare: the rules chose another layout; local boxing
-            g = g.to_global(placement=slot.partial.placement, sbp=slot.partial.sbp)
-        local = g.to_local()
-        if slot.filled:
-            slot.view += local
-            return
-        keep = self._begin(slot)
-        if keep:
-            slot.view += local
+        local = None
+        if g.layout == slot.partial:
+            local = g.to_local()
+        elif isinstance(g.sbp[self.axis], Partial) and g.placement == p.placement:
+            local = g.to_global(sbp=slot.partial.sbp).to_local()  # e.g. another axis' split
         else:
-            slot.view[...] = local
-        slot.filled = True
-        b = slot.bucket
-        b.pending -= 1
-        if b.pending == 0 and self._syncing:
-            self._start_ready()
+            # the rules already reduced it on the data axis (moving the inputs was cheaper
+            # than reducing the product): reducing it again in the bucket would send it
+            # twice, so it takes the unbucketed road
+            g = g.to_global(placement=p.placement, sbp=p.sbp)
+            slot.extra = g if slot.extra is None else ops.add(slot.extra, g)
+        if not slot.filled:
+            slot.filled = True
+            slot.local = self._begin(slot)
+            if not slot.local:
+                if local is not None:
+                    slot.view[...] = local
+                    slot.local = True
+                else:
+                    slot.view[...] = 0
+                return
+        if local is not None:
+            slot.view += local
+            slot.local = True
 
     def _begin(self, slot: _Slot) -> bool:
         """First gradient of ``slot`` this round: True to add to the bucket's content
@@ -256,18 +270,52 @@ class Reducer:
         slot.prev = cur
         return False
 
+    def _done(self, slot: _Slot) -> None:
+        """No more gradient comes to ``slot`` in this backward: start the buckets that
+        are complete."""
+        if slot.done:
+            return
+        slot.done = True
+        if not slot.filled:
+            self._unused(slot)
+        b = slot.bucket
+        b.pending -= 1
+        if b.pending == 0 and self._syncing:
+            self._start_ready()
+
+    def _unused(self, slot: _Slot) -> None:
+        """``slot`` got no gradient this round: the bucket sends its kept local sum
+        (no_sync) or zeros, and its ``.grad`` stays as it is."""
+        p = slot.param
+        if slot.local_grad is not None and p._grad is slot.local_grad:
+            slot.local = True
+            return
+        if p._grad is not None and p._grad is slot.reduced:
+            p._grad = GlobalTensor(slot.view.copy(), slot.reduced.layout, p.dtype)
+        slot.view[...] = 0
+
     def _start_ready(self) -> None:
-        """Start, in order, the buckets whose slots are all written."""
+        """Start, in order, the buckets whose slots are all complete."""
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             self._start(self.buckets[self._next])
             self._next += 1
 
     def _start(self, b: _Bucket) -> None:
-        check_collective("gradient bucket", (b.placement, b.dtype, {
-            "bucket": b.index, "axis": self.axis, "params": len(b.slots), "bytes": b.nbytes}))
+        """Start the reduction of ``b`` (none when no slot holds local gradients: every
+        rank decides alike, from layouts)."""
         b.started = True
-        if b.group is not None and b.flat.size:
-            b.work = comm.all_reduce(b.flat, comm.ReduceOp.SUM, b.group, async_op=True)
+        sent = [i for i, s in enumerate(b.slots) if s.local]
+        if not sent or b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
+            return
+        # the slots from the first to the last that hold local gradients (the others'
+        # gradients took the unbucketed road)
+        first, last = b.slots[sent[0]], b.slots[sent[-1]]
+        check_collective("gradient bucket", (b.placement, b.dtype, {
+            "bucket": b.index, "axis": self.axis, "params": (sent[0], sent[-1] + 1),
+            "bytes": b.nbytes}))
+        part = b.flat[first.offset:last.offset + last.view.size]
+        if b.group is not None and part.size:
+            b.work = comm.all_reduce(part, comm.ReduceOp.SUM, b.group, async_op=True)
             INFLIGHT.append(b.work)
 
     def _finish(self) -> None:
@@ -280,59 +328,59 @@ class Reducer:
                 self._reset(b)
             return
         for b in self.buckets[self._next:]:
-            used = False
             for s in b.slots:
-                if s.filled or (s.local_grad is not None and s.param._grad is s.local_grad):
-                    used = True
-                    continue
-                if s.param._grad is not None and s.param._grad is s.reduced:
-                    s.param._grad = GlobalTensor(s.view.copy(), s.reduced.layout, s.param.dtype)
-                s.view[...] = 0
+                if not s.done:
+                    s.done = True
+                    if not s.filled:
+                        self._unused(s)
             b.pending = 0
-            if used:
-                self._start(b)
+            self._start(b)
         self._next = len(self.buckets)
         for b in self.buckets:
             if b.work is not None:
                 b.work.wait()
-            if b.started:
-                for s in b.slots:
-                    if s.filled or (s.local_grad is not None and s.param._grad is s.local_grad):
-                        self._set_reduced(s)
+            for s in b.slots:
+                if s.filled or s.local:
+                    self._set_reduced(s)
             self._reset(b)
 
     def _set_reduced(self, s: _Slot) -> None:
         p = s.param
-        r = GlobalTensor(s.view, p.layout, p.dtype)
+        r = GlobalTensor(s.view, p.layout, p.dtype) if s.local else None
         s.reduced, s.local_grad = r, None
-        if s.prev is None:
+        if s.prev is None and s.extra is None:
             p._grad = r
         else:
             from .engine import accumulate
 
             p._grad = s.prev
-            accumulate(p, r)
-        s.prev = None
+            for g in (r, s.extra):
+                if g is not None:
+                    accumulate(p, g)
+        s.prev = s.extra = None
 
     def _set_local(self, s: _Slot) -> None:
         p = s.param
-        loc = GlobalTensor(s.view, s.partial, p.dtype)
-        if s.prev is None:
+        loc = GlobalTensor(s.view, s.partial, p.dtype) if s.local else None
+        if s.prev is None and s.extra is None:
             s.local_grad = p._grad = loc
-        else:  # a reduced .grad was kept: add to it now (boxed to the parameter's layout)
+        else:  # add to the kept .grad now (boxed to the parameter's layout)
             from .engine import accumulate
 
             p._grad = s.prev
-            accumulate(p, GlobalTensor(s.view.copy(), s.partial, p.dtype))
+            for g in (None if loc is None else GlobalTensor(s.view.copy(), s.partial, p.dtype),
+                      s.extra):
+                if g is not None:
+                    accumulate(p, g)
             s.local_grad = None
-        s.prev = None
+        s.prev = s.extra = None
 
     def _reset(self, b: _Bucket) -> None:
         if b.work is not None and b.work in INFLIGHT:
             INFLIGHT.remove(b.work)
         b.work, b.started, b.pending = None, False, len(b.slots)
         for s in b.slots:
-            s.filled = False
+            s.filled = s.done = s.local = False
         self._next = 0
 
     def _abandon(self) -> None:
@@ -346,7 +394,7 @@ class Reducer:
                 for s in b.slots:
                     if s.filled and s.prev is not None:
                         s.param._grad = s.prev
-                    s.prev = None
+                    s.prev = s.extra = None
                 self._reset(b)
 
 
@@ -370,9 +418,41 @@ def slot_of(leaf: GlobalTensor) -> _Slot | None:
 
 
 def add(slot: _Slot, g: GlobalTensor) -> None:
-    """Write the gradient ``g`` of ``slot``'s parameter; start the buckets that are full."""
+    """Add one gradient contribution ``g`` to ``slot``'s parameter."""
     slot.reducer._touch()
     slot.reducer._write(slot, g)
+
+
+def done(slot: _Slot) -> None:
+    """``slot``'s parameter gets no more gradient in this backward: start the buckets
+    that are complete."""
+    slot.reducer._touch()
+    slot.reducer._done(slot)
+
+
+def contributions(order: Iterable[Any]) -> dict[int, list[Any]]:
+    """For the tape nodes ``order`` (a backward's), the gradients each bucketed leaf will
+    get: ``id(leaf) -> [slot, count]`` (empty when no parameter is bucketed)."""
+    out: dict[int, list[Any]] = {}
+    if not _SLOTS:
+        return out
+    for node in order:
+        for x, need in zip(node.inputs, node.needs):
+            if need and isinstance(x, GlobalTensor) and x._node is None:
+                slot = _SLOTS.get(id(x))
+                if slot is not None:
+                    out.setdefault(id(x), [slot, 0])[1] += 1
+    return out
+
+
+def arrived(leaf: GlobalTensor, counts: dict[int, list[Any]]) -> None:
+    """One of ``leaf``'s expected gradients came (or will not come): the last one makes
+    its slot complete."""
+    entry = counts.get(id(leaf))
+    if entry is not None:
+        entry[1] -= 1
+        if entry[1] == 0:
+            done(entry[0])
 
 
 def progress() -> None:

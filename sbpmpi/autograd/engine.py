@@ -114,6 +114,9 @@ def backward(root: GlobalTensor, gradient: Any = None) -> None:
         try:
             if root._node is None:
                 _to_leaf(root, g)
+                slot = buckets.slot_of(root)
+                if slot is not None:
+                    buckets.done(slot)
             else:
                 _run(root._node, g)
             if ACTIVE:
@@ -136,9 +139,17 @@ def _to_leaf(leaf: GlobalTensor, g: GlobalTensor) -> None:
 def _run(root: Node, g: GlobalTensor) -> None:
     """Apply the rules from ``root`` (gradient ``g``) back to the leaves."""
     grads: dict[int, GlobalTensor] = {id(root): g}
-    for node in _order(root):
+    order = _order(root)
+    # a bucketed leaf's slot is complete when its last gradient has come (a parameter
+    # used twice gets two), so the engine counts them down
+    expected = buckets.contributions(order)
+    for node in order:
         gy = grads.pop(id(node), None)
         if gy is None:
+            if expected:
+                for x, need in zip(node.inputs, node.needs):
+                    if need:
+                        buckets.arrived(x, expected)
             continue
         rule = RULES.get(node.name)
         if rule is None:  # e.g. the backward-only ops, called by hand with grad on
@@ -149,11 +160,17 @@ def _run(root: Node, g: GlobalTensor) -> None:
             mark(f"backward {node.name}")
         gxs = rule(node, gy)
         for x, need, gx in zip(node.inputs, node.needs, gxs):
-            if not need or gx is None:
+            if not need:
+                continue
+            if gx is None:
+                if expected:
+                    buckets.arrived(x, expected)
                 continue
             assert isinstance(x, GlobalTensor) and gx.shape == x.shape, (node, gx, x)
             if x._node is None:
                 _to_leaf(x, gx)
+                if expected:
+                    buckets.arrived(x, expected)
                 continue
             if gx.dtype != x.dtype:
                 gx = ops.astype(gx, x.dtype)
