@@ -6,9 +6,14 @@ the batch. Without buckets the engine boxes each such gradient to the parameter'
 when backward reaches the leaf, one blocking all-reduce per parameter after the compute
 that produced it. A :class:`Reducer` (made by :class:`sbpmpi.nn.DataParallel`) instead
 gives every eligible parameter a slot in a flat bucket buffer: the local contribution is
-written there, and as soon as every slot of a bucket is written the bucket's all-reduce
-is started (``sm.comm.all_reduce(..., async_op=True)``), so it runs while backward
-computes the gradients of the layers before. Buckets are filled in reverse parameter
+written (or added) there, and as soon as every slot of a bucket has had its last
+gradient of this backward (the engine counts each leaf's expected gradients: a parameter
+used twice gets two) the bucket's all-reduce is started
+(``sm.comm.all_reduce(..., async_op=True)``), so it runs while backward computes the
+gradients of the layers before. A gradient that the rules already reduced on the data
+axis (a matmul whose inference moved its inputs instead of reducing its product) takes
+the unbucketed road: reducing it again would send it twice; a bucket reduces only the
+span of its slots that hold local gradients. Buckets are filled in reverse parameter
 order (the order backward produces the gradients of a feed-forward model, as PyTorch DDP
 does): the first bucket holds about ``first_bucket_bytes``, the others about
 ``bucket_cap_bytes``; a bucket closes with the parameter that reaches its size, and its
