@@ -4,12 +4,18 @@ across stages, argument errors on every rank."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import errors_of
 from mpi4py import MPI
 
 import sbpmpi as sm
+from sbpmpi.launch import find_mpiexec
 
 S, B = sm.sbp.split, sm.sbp.broadcast
 comm = MPI.COMM_WORLD
@@ -104,3 +110,28 @@ def test_shard_arguments_are_checked_on_every_rank():
     other = sm.optim.SGD(MLP().parameters(), lr=0.1)
     kind, text = errors_of(lambda: sm.nn.shard(model, other, stage=3))
     assert kind == "ValueError" and "exactly the module's parameters" in text
+
+
+# ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 240
+
+
+def _run(n, *args):
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run([find_mpiexec().path, "-n", str(n), sys.executable, *map(str, args)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+@pytest.mark.parametrize("save,resume", [((2, "3"), (3, "1")), ((4, "1"), (1, "0")),
+                                         ((3, "b"), (2, "3"))],
+                         ids=["n2-stage3-to-n3-stage1", "n4-stage1-to-n1-dp",
+                              "n3-buckets-to-n2-stage3"])
+def test_a_checkpoint_resumes_under_another_stage_and_world_size(tmp_path, save, resume):
+    prog = ROOT / "tests" / "train_programs" / "resume_zero.py"
+    assert "SAVED" in _run(save[0], prog, "save", tmp_path, save[1])
+    assert "RESUME OK" in _run(resume[0], prog, "resume", tmp_path, resume[1])
