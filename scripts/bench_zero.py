@@ -9,12 +9,13 @@ gradient buckets (``sm.nn.DataParallel``), ZeRO stage 1 (Adam state split over t
 and stage 3 (parameters split too, gathered at each forward). Per layout: the median
 step time (slowest rank), the bytes this rank holds in parameters, gradients and
 optimizer state (counted from the live local shards after a step), the process's peak
-RSS, and the bytes this rank hands to MPI per step (``sm.trace``: a collective's whole
-input buffer), next to the formula (P = parameter bytes, N ranks): DP holds P + P + 2P
-(Adam), stage 1 P + P + 2P/N, stage 3 P/N + P/N + 2P/N between steps; DP hands MPI P
-per step (the gradients' all-reduce), stage 1 P + P/N (all-reduce, then the all-gather
-of the updated slices), stage 3 P/N + P (the forward's all-gather, the gradients'
-reduce-scatter). On the wire each is about 2P (N-1)/N.
+RSS so far (the layouts run one after the other in one process), and the bytes this
+rank hands to MPI per step (``sm.trace``: a collective's input buffer, so an all-reduce
+counts P where a ring puts 2P (N-1)/N on the wire; a large reduce-scatter sends only
+the other ranks' blocks), next to the formulas (P = parameter bytes, N ranks): DP holds
+P + P + 2P (Adam), stage 1 P + P + 2P/N, stage 3 P/N + P/N + 2P/N between steps; the
+wire bytes of DP and stage 3 (an all-gather and a reduce-scatter of the parameters) are
+2P (N-1)/N, stage 1 adds the all-gather of the updated slices, P (N-1)/N.
 """
 
 from __future__ import annotations
@@ -110,13 +111,14 @@ def main() -> None:
         r["formula_bytes"] = dict(zip(("param", "grad", "state"), want))
         got = (r["param_bytes"], r["grad_bytes"], r["state_bytes"])
         r["vs_formula"] = max(abs(g / w - 1) for g, w in zip(got, want))
-        r["sent_formula_bytes"] = p if r["layout"].startswith("DP") else p + p / size
+        wire = 2 * p * (size - 1) / size
+        r["sent_formula_bytes"] = wire * 1.5 if r["layout"] == "ZeRO 1" else wire
     table = world.gather(rows, root=0)
     if rank != 0:
         return
     print(f"bench_zero: {size} ranks, float64, Adam; bytes per rank (rank 0), sent per step")
     head = ["layout", "step ms", "params B", "grads B", "state B", "max off formula",
-            "sent B", "formula", "peak RSS MiB"]
+            "sent B (trace)", "wire formula", "peak RSS MiB"]
     out = [head] + [[r["layout"], f"{r['step_ms']:.1f}", str(r["param_bytes"]),
                      str(r["grad_bytes"]), str(r["state_bytes"]), f"{r['vs_formula']:.1%}",
                      str(r["sent_bytes"]), f"{r['sent_formula_bytes']:.0f}",
