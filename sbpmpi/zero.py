@@ -100,6 +100,8 @@ def _repoint(optimizer: Any, sharded: ShardedModule) -> None:
         with no_grad():
             optimizer.state[i] = {k: _owned(v.to_global(sbp=leaf.sbp))
                                   for k, v in optimizer.state[i].items()}
+    for group in getattr(optimizer, "param_groups", ()):  # optimizers with parameter groups
+        group["params"] = [new.get(id(q), q) for q in group["params"]]
 
 
 def _owned(x: GlobalTensor) -> GlobalTensor:
@@ -214,9 +216,12 @@ class ShardedOptimizer:
                 grad = g if sbp is None else g.to_global(sbp=sbp)
                 local = mine.to_local()
                 if local.size:
+                    # optimizers with parameter groups take the group's options too
+                    group = (opt.param_groups[opt.group_of[i]],) \
+                        if hasattr(opt, "group_of") else ()
                     opt._update(backend.get_xp(p.placement.type), local, grad.to_local(),
                                 {k: v.to_local() for k, v in opt.state[i].items()},
-                                opt.steps[i])
+                                opt.steps[i], *group)
                 if sbp is not None:
                     whole = mine.to_global(sbp=p.sbp)
                     dst = p.to_local()
