@@ -3,9 +3,10 @@
     mpiexec -n 2 python scripts/bench_train.py [--batch 1024 --features 512 --hidden 512]
         [--reps 10] [--json out.json]
 
-Per layout (data parallel, tensor parallel, 2-D on a (n/2) x 2 mesh when n >= 4 is
-even) the median time of one SGD step (forward, cross-entropy, backward, update) of
-``relu(x @ W1 + b1) @ W2 + b2``, the slowest rank's, against
+Per layout (data parallel, data parallel with gradient buckets (``sm.nn.DataParallel``:
+the all-reduces start during backward), tensor parallel, 2-D on a (n/2) x 2 mesh when
+n >= 4 is even) the median time of one SGD step (forward, cross-entropy, backward,
+update) of ``relu(x @ W1 + b1) @ W2 + b2``, the slowest rank's, against
 
 * the single-process NumPy step at the same global batch (rank 0 alone, the other
   ranks idle without spinning): the scaling ratio; 0.5 is perfect at 2 ranks;
@@ -14,7 +15,9 @@ even) the median time of one SGD step (forward, cross-entropy, backward, update)
 * torch DDP (gloo, CPU) when torch is importable.
 
 Two sizes: a compute-bound one (the flags) and a tiny one (batch 32, 16 features,
-16 hidden) where per-step overhead dominates. BLAS runs one thread per rank
+16 hidden) where per-step overhead dominates. ``--bucket-cap-mb`` and
+``--first-bucket-mb`` set the buckets (DDP's 25 and 1 by default; with a smaller first
+bucket the last layer's gradients are reduced while the first layer's are computed). BLAS runs one thread per rank
 (OMP/OPENBLAS/MKL_NUM_THREADS=1 are set before NumPy loads). Rank 0 prints a table
 and, with ``--json``, writes the numbers.
 """
@@ -94,14 +97,26 @@ def sgd(p: list[np.ndarray], grads: list[np.ndarray], lr: float = 0.01) -> None:
         a -= lr * g
 
 
-def layouts() -> dict[str, dict[str, Any]]:
+def layouts(bucket_cap_mb: float, first_bucket_mb: float) -> dict[str, dict[str, Any]]:
     pl = sm.placement("cpu", list(range(size)))
-    out = {"data parallel": dict(pl=pl, x=(S(0),), w1=(B,), w2=(B,)),
+    dp = dict(pl=pl, x=(S(0),), w1=(B,), w2=(B,))
+    out = {"data parallel": dp,
+           "DP, buckets": dict(dp, buckets=(bucket_cap_mb, first_bucket_mb)),
            "tensor parallel": dict(pl=pl, x=(B,), w1=(S(1),), w2=(S(0),))}
     if size >= 4 and size % 2 == 0:
         mesh = sm.placement("cpu", np.arange(size).reshape(size // 2, 2).tolist())
         out["2-D"] = dict(pl=mesh, x=(S(0), B), w1=(B, S(1)), w2=(B, S(0)))
     return out
+
+
+class _Params(sm.nn.Module):
+    """The four parameters as a module, for ``sm.nn.DataParallel``."""
+
+    def __init__(self, params: list[sm.GlobalTensor]) -> None:
+        self.w1, self.b1, self.w2, self.b2 = params
+
+
+_keep: list[Any] = []  # the DataParallel wrappers of the runs (their buckets stay in use)
 
 
 def sbpmpi_step(lay: dict[str, Any], p0: list[np.ndarray], x: np.ndarray, y: np.ndarray
@@ -113,6 +128,10 @@ def sbpmpi_step(lay: dict[str, Any], p0: list[np.ndarray], x: np.ndarray, y: np.
               sm.tensor(p0[2], placement=pl, sbp=lay["w2"], requires_grad=True),
               sm.tensor(p0[3], placement=pl, sbp=(B,) * pl.ndim, requires_grad=True)]
     w1, bb1, w2, bb2 = params
+    if "buckets" in lay:
+        cap, first = lay["buckets"]
+        _keep.append(sm.nn.DataParallel(_Params(params), bucket_cap_mb=cap,
+                                        first_bucket_mb=first))
     opt = sm.optim.SGD(params, lr=0.01)
     xt = sm.tensor(x, placement=pl, sbp=lay["x"])
     ysbp = tuple(s if s == S(0) else B for s in lay["x"])
@@ -141,7 +160,7 @@ def raw_dp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> Callable[
     return step
 
 
-def torch_ddp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray
+def torch_ddp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray, bucket_cap_mb: float
                    ) -> Callable[[], None] | None:
     try:
         import torch
@@ -156,7 +175,7 @@ def torch_ddp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray
     model = torch.nn.Sequential(torch.nn.Linear(p0[0].shape[0], p0[0].shape[1]),
                                 torch.nn.ReLU(),
                                 torch.nn.Linear(p0[2].shape[0], N_CLASSES)).double()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     lo, hi = rank * len(y) // size, (rank + 1) * len(y) // size
     xl, yl = torch.from_numpy(x[lo:hi]), torch.from_numpy(y[lo:hi])
@@ -169,7 +188,8 @@ def torch_ddp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray
     return step
 
 
-def bench(name: str, n: int, d_in: int, d_hid: int, reps: int) -> list[dict[str, Any]]:
+def bench(name: str, n: int, d_in: int, d_hid: int, reps: int, buckets: tuple[float, float]
+          ) -> list[dict[str, Any]]:
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((n, d_in)), rng.integers(0, N_CLASSES, size=n)
     p0 = init(d_in, d_hid)
@@ -187,12 +207,12 @@ def bench(name: str, n: int, d_in: int, d_hid: int, reps: int) -> list[dict[str,
     single = idle_until_rank0_done(one_process)
     raw = median_step(raw_dp_step(p0, x, y), reps)
     rows = []
-    for lname, lay in layouts().items():
+    for lname, lay in layouts(*buckets).items():
         t = median_step(sbpmpi_step(lay, p0, x, y), reps)
         rows.append(dict(size=name, shape=f"{n}x{d_in}x{d_hid}x{N_CLASSES}", layout=lname,
                          step_ms=t * 1e3, one_process_ms=single * 1e3, vs_one_process=t / single,
                          raw_dp_ms=raw * 1e3, vs_raw_dp=t / raw))
-    tstep = torch_ddp_step(p0, x, y)
+    tstep = torch_ddp_step(p0, x, y, buckets[0])
     tddp = median_step(tstep, reps) if tstep is not None else None
     for r in rows:
         r["torch_ddp_ms"] = None if tddp is None else tddp * 1e3
@@ -202,6 +222,11 @@ def bench(name: str, n: int, d_in: int, d_hid: int, reps: int) -> list[dict[str,
                      vs_one_process=raw / single, raw_dp_ms=raw * 1e3, vs_raw_dp=1.0,
                      torch_ddp_ms=rows[0]["torch_ddp_ms"],
                      vs_torch_ddp=None if tddp is None else raw / tddp))
+    if tddp is not None:
+        rows.append(dict(size=name, shape=rows[0]["shape"], layout="torch DDP",
+                         step_ms=tddp * 1e3, one_process_ms=single * 1e3,
+                         vs_one_process=tddp / single, raw_dp_ms=raw * 1e3,
+                         vs_raw_dp=tddp / raw, torch_ddp_ms=tddp * 1e3, vs_torch_ddp=1.0))
     return rows
 
 
@@ -211,10 +236,13 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args()
-    rows = bench("compute-bound", a.batch, a.features, a.hidden, a.reps)
-    rows += bench("tiny", 32, 16, 16, max(a.reps, 50))
+    buckets = (a.bucket_cap_mb, a.first_bucket_mb)
+    rows = bench("compute-bound", a.batch, a.features, a.hidden, a.reps, buckets)
+    rows += bench("tiny", 32, 16, 16, max(a.reps, 50), buckets)
     if rank != 0:
         return
 
@@ -235,7 +263,8 @@ def main() -> None:
         print("(torch is not importable here: no torch DDP column)")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"ranks": size, "results": rows}, fh, indent=1)
+            json.dump({"ranks": size, "bucket_cap_mb": a.bucket_cap_mb,
+                       "first_bucket_mb": a.first_bucket_mb, "results": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

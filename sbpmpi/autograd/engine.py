@@ -6,6 +6,14 @@ all-reduce for a broadcast weight under data parallelism, a local slice or a
 reduce-scatter for a split one) and added to ``leaf.grad``. Everything is decided from
 metadata, so every rank makes the same calls and argument errors are raised on every
 rank before any communication.
+
+Parameters of a :class:`sbpmpi.nn.DataParallel` model take another road at the leaf:
+their gradient is written into a bucket of :mod:`.buckets`, whose all-reduce starts as
+soon as the bucket is full; the loop lets MPI advance the buckets in flight between rules
+and waits for all of them before ``backward`` returns (so ``.grad`` is never read in
+flight). With ``sm.trace()`` active each rule leaves a mark (``"backward <op>"``, then
+``"backward end"``) among the comm records, which shows the buckets' all-reduces starting
+while backward computes.
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
+from ..comm.trace import ACTIVE, mark
 from ..core.sbp import Partial, broadcast
 from ..creation import full
 from ..tensor import GlobalTensor
+from . import buckets
 from .mode import no_grad
 from .rules import RULES
 from .tape import Node, differentiable
@@ -101,29 +111,71 @@ def backward(root: GlobalTensor, gradient: Any = None) -> None:
                            "(make a leaf with requires_grad=True, outside sm.no_grad())")
     g = _seed(root, gradient)
     with no_grad():
-        if root._node is None:
-            accumulate(root, g)
-            return
-        grads: dict[int, GlobalTensor] = {id(root._node): g}
-        for node in _order(root._node):
-            gy = grads.pop(id(node), None)
-            if gy is None:
+        try:
+            if root._node is None:
+                _to_leaf(root, g)
+                slot = buckets.slot_of(root)
+                if slot is not None:
+                    buckets.done(slot)
+            else:
+                _run(root._node, g)
+            if ACTIVE:
+                mark("backward end")
+            buckets.finish()
+        except BaseException:
+            buckets.abandon()  # no bucket left in flight
+            raise
+
+
+def _to_leaf(leaf: GlobalTensor, g: GlobalTensor) -> None:
+    """``g`` into ``leaf``'s bucket when it has one, else :func:`accumulate`."""
+    slot = buckets.slot_of(leaf)
+    if slot is None:
+        accumulate(leaf, g)
+    else:
+        buckets.add(slot, g)
+
+
+def _run(root: Node, g: GlobalTensor) -> None:
+    """Apply the rules from ``root`` (gradient ``g``) back to the leaves."""
+    grads: dict[int, GlobalTensor] = {id(root): g}
+    order = _order(root)
+    # a bucketed leaf's slot is complete when its last gradient has come (a parameter
+    # used twice gets two), so the engine counts them down
+    expected = buckets.contributions(order)
+    for node in order:
+        gy = grads.pop(id(node), None)
+        if gy is None:
+            if expected:
+                for x, need in zip(node.inputs, node.needs):
+                    if need:
+                        buckets.arrived(x, expected)
+            continue
+        rule = RULES.get(node.name)
+        if rule is None:  # e.g. the backward-only ops, called by hand with grad on
+            raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
+        if buckets.INFLIGHT:
+            buckets.progress()
+        if ACTIVE:
+            mark(f"backward {node.name}")
+        gxs = rule(node, gy)
+        for x, need, gx in zip(node.inputs, node.needs, gxs):
+            if not need:
                 continue
-            rule = RULES.get(node.name)
-            if rule is None:  # e.g. the backward-only ops, called by hand with grad on
-                raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
-            gxs = rule(node, gy)
-            for x, need, gx in zip(node.inputs, node.needs, gxs):
-                if not need or gx is None:
-                    continue
-                assert isinstance(x, GlobalTensor) and gx.shape == x.shape, (node, gx, x)
-                if x._node is None:
-                    accumulate(x, gx)
-                    continue
-                if gx.dtype != x.dtype:
-                    gx = ops.astype(gx, x.dtype)
-                key = id(x._node)
-                old = grads.get(key)
-                grads[key] = gx if old is None else ops.add(old, gx)
+            if gx is None:
+                if expected:
+                    buckets.arrived(x, expected)
+                continue
+            assert isinstance(x, GlobalTensor) and gx.shape == x.shape, (node, gx, x)
+            if x._node is None:
+                _to_leaf(x, gx)
+                if expected:
+                    buckets.arrived(x, expected)
+                continue
+            if gx.dtype != x.dtype:
+                gx = ops.astype(gx, x.dtype)
+            key = id(x._node)
+            old = grads.get(key)
+            grads[key] = gx if old is None else ops.add(old, gx)
 
 

@@ -11,13 +11,15 @@ fingerprint all-reduce, the descriptions gathered on a mismatch, collective deci
 used by the consistency check and by checked mode), :mod:`.checks` (checked mode),
 :mod:`.call` (the one skeleton every call below follows: group, checks, agreement,
 trace, watchdog, staging),
-:mod:`.p2p`, :mod:`.collectives`, :mod:`.vcollectives`, :mod:`.objects`,
+:mod:`.p2p`, :mod:`.collectives` (with :mod:`.collective_work`, the handle of a
+non-blocking collective), :mod:`.vcollectives`, :mod:`.objects`,
 :mod:`.mpi_library` (library version, MAX_COUNT), :mod:`.info` (the whole setup),
 :mod:`.world` (rank, size, the node split; public as ``sm.env``), :mod:`.gpu` (the GPU
 transports: CUDA IPC on a node, and which one is used).
 """
 
 from .checks import checking
+from .collective_work import CollectiveWork
 from .collectives import (
     all_gather,
     all_reduce,
@@ -41,7 +43,7 @@ from .vcollectives import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v
 __all__ = [
     "ReduceOp", "Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups",
     "all_gather_object", "broadcast_object", "all_agree",
-    "send", "recv", "isend", "irecv", "Work",
+    "send", "recv", "isend", "irecv", "Work", "CollectiveWork",
     "barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
     "reduce_scatter", "all_to_all",
     "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v",

@@ -85,17 +85,22 @@ class Call:
         note(self.name, nbytes, self.g, dtype, peer, device, staged)
 
     def mpi_call(self, nbytes: int | Callable[[], int] = 0, dtype: Any = "",
-                 peer: int | None = None, device: bool = False, staged: bool = False) -> Any:
+                 peer: int | None = None, device: bool = False, staged: bool = False,
+                 nonblocking: bool = False) -> Any:
         """Steps 5 and 6: note the call in the active traces (``nbytes`` may be a function,
         called only while tracing) and return the watchdog's context for the MPI call
         itself, so that no call of the group runs unwatched::
 
             with c.mpi_call(nbytes, dtype, peer, device, st.staged):
                 c.comm.Allreduce(...)
+
+        A non-blocking call (``nonblocking=True``) is noted when it starts; its
+        :class:`~sbpmpi.comm.collective_work.CollectiveWork` keeps the context and enters
+        it around the wait.
         """
         if ACTIVE:
             note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
-                 device, staged)
+                 device, staged, nonblocking)
         return watch(self.name, self.ranks)
 
 

@@ -8,19 +8,21 @@ are copied. Each call is one mpi4py upper-case (buffer) call.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Literal, overload
 
 import numpy as np
 from mpi4py import MPI
 
 from . import checks
-from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
+from .buffers import HOST, ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
 from .call import Call, average, call, host_only
+from .collective_work import CollectiveWork
 from .dtypes import dtype_info
 from .gpu import route as _gpu
 from .group import Group, root_rank
 from .listbufs import gather_list_in, list_metas, scatter_list_out
-from .reduce_op import ReduceOp, mpi_reduction
+from .reduce_op import MPIReduction, ReduceOp, mpi_reduction
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
@@ -88,9 +90,35 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
             average(buf, c.g.size)
 
 
-def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None) -> None:
-    """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result."""
+@overload
+def all_reduce(arr: Any, op: ReduceOp = ..., group: Group | None = ...,
+               async_op: Literal[False] = ...) -> None: ...
+
+
+@overload
+def all_reduce(arr: Any, op: ReduceOp = ..., group: Group | None = ..., *,
+               async_op: Literal[True]) -> CollectiveWork: ...
+
+
+@overload
+def all_reduce(arr: Any, op: ReduceOp, group: Group | None,
+               async_op: Literal[True]) -> CollectiveWork: ...
+
+
+def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None,
+               async_op: bool = False) -> CollectiveWork | None:
+    """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result.
+
+    With ``async_op=True`` the reduction is started (``MPI_Iallreduce``) and a
+    :class:`~sbpmpi.comm.collective_work.CollectiveWork` is returned: ``arr`` holds the
+    result once its ``wait()`` (or a ``test()`` that returns True) has completed it, and
+    must not be touched before. Every rank of the group starts its non-blocking
+    collectives in the same order, as for blocking ones. Returns None otherwise.
+    """
     c = call("all_reduce", group)
+    if type(async_op) is not bool:
+        c.refuse(TypeError(f"all_reduce: async_op must be a bool, got "
+                           f"{type(async_op).__name__} {async_op!r}"))
     try:
         m = output_array_meta(arr, "arr", c.name)
         info = dtype_info(m.dtype)
@@ -98,16 +126,35 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m.size, op=op.name))
+        c.agree(_sig(m, size=m.size, op=op.name, **({"async_op": True} if async_op else {})))
     if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
-        return
+        return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
     red = c.nan_safe(red, op, m.dtype, arr)
+    if async_op:
+        return _start_all_reduce(c, arr, m, info.mpi, red)
     with stager(m.on_gpu, host_only(red, arr, m)) as st:
         buf = st.out(arr, m, copy_in=True)
         with c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu, st.staged):
             c.comm.Allreduce(MPI.IN_PLACE, [buf, m.size, info.mpi], op=red.op)
         if red.average:
             average(buf, c.g.size)
+    return None
+
+
+def _start_all_reduce(c: Call, arr: Any, m: ArrayMeta, t: MPI.Datatype,
+                      red: MPIReduction) -> CollectiveWork:
+    """Post ``MPI_Iallreduce`` for :func:`all_reduce`; the work finishes it (averaging,
+    copying a staged result back) and releases the staging buffers."""
+    st = stager(m.on_gpu, host_only(red, arr, m))
+    try:
+        buf = st.out(arr, m, copy_in=True)
+        ctx = c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu, st.staged, nonblocking=True)
+        req = c.comm.Iallreduce(MPI.IN_PLACE, [buf, m.size, t], op=red.op)
+    except BaseException:
+        st.release()
+        raise
+    after = functools.partial(average, buf, c.g.size) if red.average else None
+    return CollectiveWork(c.name, req, st, buf, ctx, after)
 
 
 def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bool) -> ArrayMeta:

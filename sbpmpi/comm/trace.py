@@ -11,15 +11,31 @@ cross-rank agreement (:mod:`sbpmpi.comm.agreement`: the consistency check, check
 mode, collective decisions) are kept apart, in ``Trace.agreements``, so that the records
 show the calls that move data. When no trace is active the cost is one truth test of a
 module-level list.
+
+Every record and every :class:`Mark` (a point in the program that a layer above names,
+e.g. the autograd engine's ``"backward relu"`` before each backward rule) carries a
+sequence number, so ``Trace.timeline()`` shows the calls between the marks: a
+non-blocking all-reduce (``nonblocking=True``) started before ``"backward end"`` is
+communication that overlaps the rest of backward.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["CommRecord", "Trace", "trace", "record", "record_agreement"]
+__all__ = ["CommRecord", "Mark", "Trace", "trace", "record", "record_agreement", "mark",
+           "next_seq"]
+
+# One counter for the records and marks of every trace: their order within a trace.
+_seq = itertools.count()
+
+
+def next_seq() -> int:
+    """The next sequence number (records and marks are numbered in creation order)."""
+    return next(_seq)
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,11 @@ class CommRecord:
         ``"cpu"`` or ``"cuda"``: where the caller's buffers live.
     staged : bool
         True when GPU data went through pinned host buffers.
+    nonblocking : bool
+        True for a call that was started here and completes later (``async_op=True``):
+        the record marks its start.
+    seq : int
+        Its place among the records and marks of the trace (not compared).
     """
 
     op: str
@@ -58,6 +79,16 @@ class CommRecord:
     peer: int | None = None
     device: str = "cpu"
     staged: bool = False
+    nonblocking: bool = False
+    seq: int = field(default_factory=next_seq, compare=False)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A named point in the program (``text``), numbered like the records (``seq``)."""
+
+    text: str
+    seq: int = field(default_factory=next_seq, compare=False)
 
 
 class Trace:
@@ -72,6 +103,7 @@ class Trace:
     def __init__(self) -> None:
         self.records: list[CommRecord] = []
         self.agreements: list[CommRecord] = []
+        self.marks: list[Mark] = []
 
     def __len__(self) -> int:
         return len(self.records)
@@ -106,6 +138,24 @@ class Trace:
     def clear(self) -> None:
         self.records.clear()
         self.agreements.clear()
+        self.marks.clear()
+
+    def events(self) -> list[CommRecord | Mark]:
+        """The records and marks merged in program order (by ``seq``)."""
+        return sorted([*self.records, *self.marks], key=lambda e: e.seq)
+
+    def timeline(self) -> str:
+        """One line per record and mark, in program order: marks as ``-- text``, calls as
+        ``op nbytes [group]`` with ``(started)`` for a non-blocking one."""
+        lines = []
+        for e in self.events():
+            if isinstance(e, Mark):
+                lines.append(f"-- {e.text}")
+            else:
+                ranks = ",".join(map(str, e.group_ranks)) if e.group_ranks else str(e.group_size)
+                lines.append(f"{e.op} {e.nbytes} B [{ranks}]"
+                             + (" (started)" if e.nonblocking else ""))
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"<Trace of {len(self.records)} calls: {self.summary()}>"
@@ -134,6 +184,14 @@ def record(rec: CommRecord) -> None:
     """Append ``rec`` to every active trace (called by sbpmpi.comm)."""
     for t in ACTIVE:
         t.records.append(rec)
+
+
+def mark(text: str) -> None:
+    """Append a :class:`Mark` named ``text`` to every active trace (callers test
+    ``if ACTIVE:`` first)."""
+    m = Mark(text)
+    for t in ACTIVE:
+        t.marks.append(m)
 
 
 def record_agreement(rec: CommRecord) -> None:

@@ -1,0 +1,53 @@
+"""A rank that raises inside backward while gradient buckets are in flight.
+
+    mpiexec -n N python buckets_raise.py
+
+A DataParallel MLP with small buckets: the bucket of the last layer starts when its
+gradients are made; then the ``relu`` backward rule raises on rank 1 only. Rank 1 must
+complete the bucket already started before the error propagates (it prints whether a
+request is left in flight); the other ranks must not hang in the next bucket: under the
+abort hook the job ends at once, with it off the exit-time agreement makes every rank
+raise with the cause.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi.autograd import buckets, rules
+
+rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+pl = sm.placement("cpu", list(range(size)))
+S = sm.sbp.split
+
+
+class MLP(sm.nn.Module):
+    def __init__(self) -> None:
+        self.l1 = sm.nn.Linear(6, 5, placement=pl, dtype=np.float64)
+        self.l2 = sm.nn.Linear(5, 3, placement=pl, dtype=np.float64)
+
+    def forward(self, x):
+        return self.l2(sm.nn.relu(self.l1(x)))
+
+
+def failing_relu(node, gy):
+    raise RuntimeError(f"relu rule failed on rank {rank}")
+
+
+dp = sm.nn.DataParallel(MLP(), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
+x = sm.tensor(np.ones((2 * size, 6)), placement=pl, sbp=S(0))
+loss = sm.nn.cross_entropy(dp(x), np.zeros(2 * size, dtype=np.int64))
+if rank == 1:
+    rules.RULES["relu"] = failing_relu
+with sm.trace() as t:
+    try:
+        loss.backward()
+    except RuntimeError:
+        if any(r.nonblocking for r in t):
+            print(f"rank {rank}: bucket started before the failure", flush=True)
+        if not buckets.INFLIGHT:
+            print(f"rank {rank}: no request left in flight", flush=True)
+        raise
+print(f"rank {rank}: backward finished (should not happen)", flush=True)

@@ -1,0 +1,137 @@
+"""ZeRO stages as layouts (``sm.nn.shard``): training equals the unsharded run, the state
+(and for stage 3 the parameters) is split over the data-parallel axis, checkpoints load
+across stages, argument errors on every rank."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import errors_of
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi.launch import find_mpiexec
+
+S, B = sm.sbp.split, sm.sbp.broadcast
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def world() -> sm.Placement:
+    return sm.placement("cpu", list(range(size)))
+
+
+class MLP(sm.nn.Module):
+    def __init__(self) -> None:
+        sm.manual_seed(5)
+        self.l1 = sm.nn.Linear(7, 5, placement=world(), dtype=np.float64)
+        self.l2 = sm.nn.Linear(5, 3, placement=world(), dtype=np.float64)
+
+    def forward(self, x):
+        return self.l2(sm.nn.relu(self.l1(x)))
+
+
+OPTIMIZERS = {"sgd-momentum": lambda ps: sm.optim.SGD(ps, lr=0.3, momentum=0.9),
+              "adam": lambda ps: sm.optim.Adam(ps, lr=0.05)}
+
+
+def make(stage: int, opt: str):
+    model = MLP()
+    o = OPTIMIZERS[opt](model.parameters())
+    return sm.nn.shard(model, o, stage=stage) if stage else (model, o)
+
+
+def steps(model, opt, first: int, count: int) -> list[float]:
+    losses = []
+    for s in range(first, first + count):
+        rng = np.random.default_rng(s)
+        x, y = rng.standard_normal((11, 7)), rng.integers(0, 3, 11)
+        opt.zero_grad()
+        loss = sm.nn.cross_entropy(model(sm.tensor(x, placement=world(), sbp=S(0))), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.numpy()))
+    return losses
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 3])
+def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
+    base_model, base_opt = make(0, opt)
+    base = steps(base_model, base_opt, 0, 5)
+    model, o = make(stage, opt)
+    got = steps(model, o, 0, 5)
+    np.testing.assert_allclose(got, base, rtol=1e-11)
+    for p, q in zip(model.parameters(), base_model.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-10, atol=1e-13)
+    inner = o.optimizer if stage == 1 else o
+    for state in inner.state:  # every state tensor split(0) over the data axis: 1/N a rank
+        for v in state.values():
+            assert v.sbp == (S(0),)
+            held = comm.allgather(v.to_local().size)
+            assert sum(held) == v.size and max(held) <= -(-v.shape[0] // size) * (
+                v.size // v.shape[0])
+    want = (S(0),) if stage == 3 else (B,)
+    assert all(p.sbp == want for p in model.parameters())
+    if stage == 3:
+        assert all(p.grad.sbp == (S(0),) for p in model.parameters())  # reduce-scattered
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("saved, loaded", [(3, 1), (1, 3), (3, 0), (0, 3)])
+def test_a_checkpoint_saved_under_one_stage_resumes_under_another(shared_dir, saved, loaded):
+    ref_model, ref_opt = make(0, "adam")
+    ref = steps(ref_model, ref_opt, 0, 5)
+    model, o = make(saved, "adam")
+    steps(model, o, 0, 2)
+    sm.nn.save_training_state(shared_dir, model, o)
+    model2, o2 = make(loaded, "adam")
+    sm.nn.load_training_state(shared_dir, model2, o2)
+    np.testing.assert_allclose(steps(model2, o2, 2, 3), ref[2:], rtol=1e-10)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_shard_arguments_are_checked_on_every_rank():
+    model = MLP()
+    opt = sm.optim.SGD(model.parameters(), lr=0.1)
+    assert errors_of(lambda: sm.nn.shard(model, opt, stage=4)) == (
+        "ValueError", "shard: stage must be 1, 2 or 3, got 4")
+    kind, text = errors_of(lambda: sm.nn.shard(model, opt, stage=2))
+    assert kind == "ValueError" and "stage 2 is not offered" in text
+    assert errors_of(lambda: sm.nn.shard(model, opt, stage=1, axis=1)) == (
+        "ValueError", "shard: axis must be a mesh axis of the parameters' 1-d placement "
+        "(0..0), got 1")
+    other = sm.optim.SGD(MLP().parameters(), lr=0.1)
+    kind, text = errors_of(lambda: sm.nn.shard(model, other, stage=3))
+    assert kind == "ValueError" and "exactly the module's parameters" in text
+
+
+# ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 240
+
+
+def _run(n, *args):
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run([find_mpiexec().path, "-n", str(n), sys.executable, *map(str, args)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+@pytest.mark.parametrize("save,resume", [((2, "3"), (3, "1")), ((4, "1"), (1, "0")),
+                                         ((3, "b"), (2, "3"))],
+                         ids=["n2-stage3-to-n3-stage1", "n4-stage1-to-n1-dp",
+                              "n3-buckets-to-n2-stage3"])
+def test_a_checkpoint_resumes_under_another_stage_and_world_size(tmp_path, save, resume):
+    prog = ROOT / "tests" / "train_programs" / "resume_zero.py"
+    assert "SAVED" in _run(save[0], prog, "save", tmp_path, save[1])
+    assert "RESUME OK" in _run(resume[0], prog, "resume", tmp_path, resume[1])
