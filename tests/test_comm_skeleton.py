@@ -14,7 +14,7 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import comm as C
 from sbpmpi.comm import call as call_mod
-from sbpmpi.comm import collectives, objects, p2p, vcollectives, watchdog
+from sbpmpi.comm import collectives, nan_reduction, objects, p2p, vcollectives, watchdog
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -57,7 +57,8 @@ def _calls():
 @pytest.fixture
 def watched(monkeypatch):
     """The ops every comm call passes to the watchdog, in order: the skeleton's
-    ``Call.mpi_call`` and ``Work.wait`` are the only places that watch."""
+    ``Call.mpi_call``, ``Work.wait`` and the NaN flag exchange of a float max/min
+    (``nan_reduction``) are the only places that watch."""
     seen: list[str] = []
     real = watchdog.watch
 
@@ -65,7 +66,7 @@ def watched(monkeypatch):
         seen.append(op)
         return real(op, peers, seconds)
 
-    for mod in (p2p, call_mod):
+    for mod in (p2p, call_mod, nan_reduction):
         monkeypatch.setattr(mod, "watch", spy)
     for mod in (collectives, vcollectives, objects):  # no module but call.py watches
         assert not hasattr(mod, "watch"), mod
