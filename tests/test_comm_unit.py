@@ -15,7 +15,7 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.backend import device_copy
 from sbpmpi.comm import ReduceOp, cuda_aware
-from sbpmpi.comm.buffers import PinnedPool, Stager, describe
+from sbpmpi.comm.buffers import PinnedPool, Stager, array_meta
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
@@ -190,10 +190,10 @@ def test_pinned_pool_reuses_by_size_class():
 def test_fake_cuda_copies_and_meta():
     h = np.arange(12, dtype=np.int32).reshape(3, 4)
     d = FakeCudaArray.from_numpy(h)
-    assert describe(d, "x", "t") == (np.dtype(np.int32), 12, True, True)
+    assert array_meta(d, "x", "t") == (np.dtype(np.int32), 12, True, True)
     nc = d[:, ::2]
-    assert describe(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
-    assert describe(d[1:2], "x", "t")[2]  # a contiguous slice
+    assert array_meta(nc, "x", "t") == (np.dtype(np.int32), 6, False, True)
+    assert array_meta(d[1:2], "x", "t")[2]  # a contiguous slice
     out = np.empty(12, np.int32)
     device_copy.copy_device_to_host(d, out)
     np.testing.assert_array_equal(out, h.ravel())
@@ -201,7 +201,7 @@ def test_fake_cuda_copies_and_meta():
     np.testing.assert_array_equal(d.get(), h * 2)
     np.testing.assert_array_equal(device_copy.ascontiguous_device(nc).get(), (h * 2)[:, ::2])
     with pytest.raises(TypeError, match="NumPy or CuPy"):
-        describe([1, 2], "arr", "all_reduce")
+        array_meta([1, 2], "arr", "all_reduce")
 
 
 class _GpuCupy:
@@ -254,12 +254,12 @@ def test_fake_cuda_never_reaches_cupy(gpu_cupy):
         cuda_aware.set_cuda_aware(aware)
         try:
             st = Stager()
-            m = describe(nc, "arr", "t")
+            m = array_meta(nc, "arr", "t")
             buf = st.inp(nc, m)  # a non-contiguous device input: copied by the stand-in
             np.testing.assert_array_equal(np.asarray(buf.get() if aware else buf),
                                           h[:, ::2].ravel().reshape(buf.shape))
             out = FakeCudaArray.zeros(6, np.float64)
-            ob = st.out(out, describe(out, "out", "t"))
+            ob = st.out(out, array_meta(out, "out", "t"))
             if aware:
                 assert ob is out
             else:
@@ -277,7 +277,7 @@ def test_stager_round_trip_without_mpi():
     try:
         d = FakeCudaArray.from_numpy(np.arange(5.0))
         st = Stager()
-        m = describe(d, "arr", "t")
+        m = array_meta(d, "arr", "t")
         buf = st.out(d, m, copy_in=True)
         assert isinstance(buf, np.ndarray) and st.staged
         buf *= 3

@@ -178,13 +178,13 @@ def test_subgroups_mixed_arrays_and_exchange(chk, dev):
     chk.same(y.get(), np.full(3, float(p)), "one rank not exportable")
     chk.true(stats()["fallbacks"] == before + 1, "fell back together")
     # point-to-point moves between ranks (the exchange boxing's moves map onto)
-    from sbpmpi.comm.buffers import describe
+    from sbpmpi.comm.buffers import array_meta
     from sbpmpi.comm.gpu.schedule import P2P
 
     a = dev.array(np.arange(4, dtype=np.int32) + 10 * rank)
     o = dev.empty(2, np.int32)
     moves = [P2P(src=r, src_off=4, dst=(r + 1) % p, dst_off=0, nbytes=8) for r in range(p)]
-    done = route.exchange(o, a, describe(a, "a", "t"), moves, 8, C.WORLD, world)
+    done = route.exchange(o, a, array_meta(a, "a", "t"), moves, 8, C.WORLD, world)
     if done:
         chk.same(o.get(), np.arange(4, dtype=np.int32)[1:3] + 10 * ((rank - 1) % p), "exchange")
     else:  # only across (pseudo-)nodes (SBPMPI_IPC_NODE_SIZE): no hierarchical exchange

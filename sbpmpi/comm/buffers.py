@@ -16,14 +16,14 @@ import numpy as np
 from ..backend import device_copy
 from .cuda_aware import is_cuda_aware
 
-__all__ = ["ArrayMeta", "describe", "describe_out", "check_output", "check_same_dtype",
+__all__ = ["ArrayMeta", "array_meta", "output_array_meta", "check_output", "check_same_dtype",
            "HostStager", "HOST", "Stager", "stager", "PinnedPool", "POOL"]
 
 # (dtype, number of elements, C-contiguous, on GPU)
 ArrayMeta = tuple[np.dtype, int, bool, bool]
 
 
-def describe(a: Any, arg: str, op: str) -> ArrayMeta:
+def array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
     """(dtype, size, C-contiguous, on GPU) of a NumPy or GPU array; TypeError otherwise."""
     if isinstance(a, np.ndarray):
         return a.dtype, a.size, a.flags.c_contiguous, False
@@ -33,13 +33,13 @@ def describe(a: Any, arg: str, op: str) -> ArrayMeta:
     raise TypeError(f"{op}: {arg} must be a NumPy or CuPy array, got {type(a).__name__}")
 
 
-def describe_out(a: Any, arg: str, op: str) -> ArrayMeta:
-    """:func:`describe` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
+def output_array_meta(a: Any, arg: str, op: str) -> ArrayMeta:
+    """:func:`array_meta` plus :func:`check_output`, fast for writable contiguous NumPy arrays."""
     if isinstance(a, np.ndarray):
         f = a.flags
         if f.c_contiguous and f.writeable:
             return a.dtype, a.size, True, False
-    m = describe(a, arg, op)
+    m = array_meta(a, arg, op)
     check_output(a, m, arg, op)
     return m
 

@@ -4,7 +4,7 @@ A buffer call is written as::
 
     c = call("all_reduce", group)         # 1. resolve the group (WORLD for None)
     try:                                  # 2. describe and validate the buffers
-        m = describe_out(arr, "arr", c.name)
+        m = output_array_meta(arr, "arr", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)                       #    (checked mode: raised on every rank)
     if checks._enabled:

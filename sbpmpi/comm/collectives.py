@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import checks
-from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
 from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
@@ -41,7 +41,7 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
     """Copy ``arr`` of world rank ``src`` into ``arr`` on every rank of ``group``."""
     c = call("broadcast", group)
     try:
-        m = describe_out(arr, "arr", c.name)
+        m = output_array_meta(arr, "arr", c.name)
         t = dtype_info(m[0]).mpi
         root = root_rank(c.g, src, "src", c.name)
     except (TypeError, ValueError) as e:
@@ -64,7 +64,7 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
     """
     c = call("reduce", group)
     try:
-        m = describe_out(arr, "arr", c.name)
+        m = output_array_meta(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
         root = root_rank(c.g, dst, "dst", c.name)
@@ -92,7 +92,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result."""
     c = call("all_reduce", group)
     try:
-        m = describe_out(arr, "arr", c.name)
+        m = output_array_meta(arr, "arr", c.name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
@@ -112,7 +112,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
 
 def _whole(x: Any, p: int, m: ArrayMeta, arg: str, ref: str, op: str, output: bool) -> ArrayMeta:
     """Checks for one array that holds ``p`` blocks of the size of ``m``."""
-    mx = describe_out(x, arg, op) if output else describe(x, arg, op)
+    mx = output_array_meta(x, arg, op) if output else array_meta(x, arg, op)
     check_same_dtype(mx, m, arg, ref, op)
     if mx[1] != p * m[1]:
         raise ValueError(f"{op}: {arg} has {mx[1]} elements but must have {p} x {m[1]} = "
@@ -143,7 +143,7 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
     """
     try:
         op = c.name
-        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        m = array_meta(arr, "arr", op) if to_root else output_array_meta(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         root = root_rank(c.g, root_world, root_arg, op)
         me, p = c.comm.Get_rank(), c.g.size
@@ -209,7 +209,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     op = c.name
     out = out_list_or_array
     try:
-        m = describe(arr, "arr", op)
+        m = array_meta(arr, "arr", op)
         t = dtype_info(m[0]).mpi
         p = c.g.size
         metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
@@ -248,7 +248,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
     name = c.name
     x = in_list_or_array
     try:
-        m = describe_out(out, "out", name)
+        m = output_array_meta(out, "out", name)
         info = dtype_info(m[0])
         red = mpi_reduction(op, info)
         p = c.g.size
@@ -290,10 +290,10 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
             if len(out) != p or not out:
                 raise ValueError(f"{name}: out has {len(out)} arrays, expected one per rank "
                                  f"of the group ({p})")
-            m = describe(out[0], "out[0]", name)
+            m = array_meta(out[0], "out[0]", name)
             out_metas = list_metas(out, p, m, "out", "out[0]", name, output=True)
         else:
-            mo = describe_out(out, "out", name)
+            mo = output_array_meta(out, "out", name)
             if mo[1] % p:
                 raise ValueError(f"{name}: out has {mo[1]} elements, not divisible by the "
                                  f"group size {p}")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import device_copy
-from .buffers import ArrayMeta, check_output, check_same_dtype, describe
+from .buffers import ArrayMeta, array_meta, check_output, check_same_dtype
 
 __all__ = ["list_metas", "scatter_list_out", "gather_list_in"]
 
@@ -26,7 +26,7 @@ def list_metas(lst: Sequence[Any], p: int, m: ArrayMeta, arg: str, ref: str, op:
     metas = []
     for i, a in enumerate(lst):
         name = f"{arg}[{i}]"
-        mi = describe(a, name, op)
+        mi = array_meta(a, name, op)
         if output:
             check_output(a, mi, name, op)
         check_same_dtype(mi, m, name, ref, op)

@@ -10,7 +10,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .buffers import ArrayMeta, HostStager, describe, describe_out, stager
+from .buffers import ArrayMeta, HostStager, array_meta, output_array_meta, stager
 from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
@@ -111,7 +111,7 @@ def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,
              receive: bool, blocking: bool) -> tuple[Call, ArrayMeta, MPI.Datatype, int]:
     """(call, buffer metadata, MPI datatype, peer's group rank) of one point-to-point call."""
     c = call(op, group)
-    m = describe_out(arr, "arr", op) if receive else describe(arr, "arr", op)
+    m = output_array_meta(arr, "arr", op) if receive else array_meta(arr, "arr", op)
     t = dtype_info(m[0]).mpi
     if receive and rank is None:  # receive from any rank
         peer = MPI.ANY_SOURCE

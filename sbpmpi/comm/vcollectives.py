@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.layout import block_starts
 from . import checks
-from .buffers import ArrayMeta, check_same_dtype, describe, describe_out, stager
+from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
 from .call import Call, average, call, host_only
 from .dtypes import dtype_info
 from .gpu import route as _gpu
@@ -49,8 +49,8 @@ def _layout(counts: Any, displs: Any, p: int, carg: str, darg: str,
 
 def _arr_out(arr: Any, out: Any, op: str) -> tuple[ArrayMeta, ArrayMeta]:
     """(meta of the input ``arr``, meta of the output ``out``), of one dtype."""
-    m = describe(arr, "arr", op)
-    mo = describe_out(out, "out", op)
+    m = array_meta(arr, "arr", op)
+    mo = output_array_meta(out, "out", op)
     check_same_dtype(mo, m, "out", "arr", op)
     return m, mo
 
@@ -75,7 +75,7 @@ def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str
     try:
         op = c.name
         me, p = c.comm.Get_rank(), c.g.size
-        m = describe(arr, "arr", op) if to_root else describe_out(arr, "arr", op)
+        m = array_meta(arr, "arr", op) if to_root else output_array_meta(arr, "arr", op)
         root = root_rank(c.g, root_world, root_arg, op)
         cs, d, need = _layout(counts, displs, p, "counts", "displs", op)
         _check_mine(m, cs, me, "arr", "counts", op)
@@ -85,7 +85,7 @@ def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str
             if x is None:
                 what = "out" if to_root else "the input"
                 raise ValueError(f"{op}: {what} is required on {root_arg} rank {root_world}")
-            mx = describe_out(x, arg, op) if to_root else describe(x, arg, op)
+            mx = output_array_meta(x, arg, op) if to_root else array_meta(x, arg, op)
             check_same_dtype(mx, m, arg, "arr", op)
             _check_extent(mx, need, arg, "counts and displs", op)
         return m, root, cs, d, need, mx, dtype_info(m[0]).mpi
