@@ -23,7 +23,9 @@ from ..runtime import redistribute
 from ..runtime.consistency import (
     check_broadcast_shards,
     check_collective,
+    check_enabled,
     debug_enabled,
+    note_known_step,
     note_step,
     step_check,
 )
@@ -53,15 +55,17 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
                        for o, lay in zip(call.operands, best.inputs)):
         agreed = check_collective(call.name, meta)  # data moves: all ranks must agree now
-    else:
+    elif fast is None or debug_enabled():
         note_step(call.name, meta)  # local only: verified at the next check
-        if fast is not None and not debug_enabled():
-            out = best.output
-            me = get_rank()
-            xp = backend.get_xp(out.placement.type) if me in out.placement else None
-            dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
-                              call.out_dtype, out.local_shape(me), step_check(call.name, meta),
-                              call.name)
+    else:  # the same, and remembered for the fast path with the step described once
+        step = step_check(call.name, meta)
+        if check_enabled():
+            note_known_step(step)
+        out = best.output
+        me = get_rank()
+        xp = backend.get_xp(out.placement.type) if me in out.placement else None
+        dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
+                          call.out_dtype, out.local_shape(me), step, call.name)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
         best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:

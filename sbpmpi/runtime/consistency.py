@@ -257,10 +257,8 @@ def conversion_check(x: Any, placement: Any, sbp: Any) -> StepCheck:
     :func:`conversion_meta` normalises it (no communication; cached for repeated
     arguments)."""
     if type(sbp) is list and all(type(s) in _SBP_TYPES for s in sbp):
-        sbp_key: Any = tuple(sbp)  # the same request as the tuple (the text is normalised)
-    else:
-        sbp_key = sbp
-    key = _text_key(TO_GLOBAL, (x, placement, sbp_key))
+        sbp = tuple(sbp)  # the same request as the tuple, described alike
+    key = _text_key(TO_GLOBAL, (x, placement, sbp))
     if key is not None:
         key = (_CONVERSION, *key)
         hit = _CHECKS.get(key)
