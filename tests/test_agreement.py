@@ -183,6 +183,24 @@ def test_box_and_numpy_in_checked_mode_make_one_exchange(checked):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("check", [True, False])
+def test_an_op_that_boxes_an_operand_makes_one_exchange_in_checked_mode(check, checked):
+    """The operand an op boxes goes through the same door as x.to_global: in checked mode
+    the op's consistency check covers its conversion (its collectives make no exchange of
+    their own), and without the check the conversion makes one exchange itself."""
+    consistency.configure(check=check)
+    a, x = _x()
+    y = x.to_global(sbp=sm.sbp.split(1))
+    _ = x + y  # the signature is chosen (and cached) before the traced call
+    with sm.trace() as t:
+        z = x + y  # S(0) + S(1): one operand is converted (a collective)
+    # one agreement exchange for the whole step: the op's check, or the conversion's own
+    assert len(t.agreements) == (size > 1), (str(t), t.agreements)
+    assert len(t) >= (size > 1), str(t)
+    np.testing.assert_array_equal(z.numpy(), a + a)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_checked_sm_comm_calls_agree_in_one_small_exchange(checked):
     x = np.arange(3.0) + rank
     with sm.trace() as t:
