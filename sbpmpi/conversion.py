@@ -55,27 +55,34 @@ def destination(x: GlobalTensor, placement: Placement | None,
 # A repeated conversion (``y = x.to_global(...)`` in a loop) finds its checked destination
 # here: after a large conversion has evicted the CPU caches, validating the arguments
 # again costs tens of microseconds. Entries are made only for arguments that
-# :func:`destination` accepted.
+# :func:`destination` accepted; a conversion that changes nothing is kept as _UNCHANGED
+# (the caller then gets the tensor's own layout object, and needs no comparison).
 _CACHE_SIZE = 4096
+_UNCHANGED: Any = object()
 _destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) -> destination
 
 
 def _destination(x: GlobalTensor, placement: Placement | None,
                  sbp: SBP | Sequence[SBP] | None) -> Layout:
-    """:func:`destination`, cached for hashable arguments."""
+    """:func:`destination`, cached for hashable arguments; ``x.layout`` itself (the same
+    object) when the conversion changes nothing."""
     if type(x) is not GlobalTensor:
         return destination(x, placement, sbp)
-    key = (x._layout, placement, tuple(sbp) if type(sbp) is list else sbp)
+    src = x._layout
+    key = (src, placement, tuple(sbp) if type(sbp) is list else sbp)
     try:
         dst = _destinations.get(key)
-    except TypeError:  # unhashable arguments: validated (and refused) every time
-        return destination(x, placement, sbp)
+    except TypeError:  # unhashable arguments: validated every time
+        dst = destination(x, placement, sbp)
+        return src if dst == src else dst
     if dst is None:
         dst = destination(x, placement, sbp)
+        if dst == src:
+            dst = _UNCHANGED
         if len(_destinations) >= _CACHE_SIZE:
             _destinations.clear()
         _destinations[key] = dst
-    return dst
+    return src if dst is _UNCHANGED else dst
 
 
 def convert(x: GlobalTensor, placement: Placement | None = None,
@@ -103,11 +110,11 @@ def box(x: GlobalTensor, placement: Placement | None = None,
 
 
 def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
-    """``x`` converted to the checked layout ``dst`` by :func:`redistribute` (``x`` itself
-    when ``dst`` is its layout)."""
+    """``x`` converted to the checked layout ``dst`` (from :func:`_destination`) by
+    :func:`redistribute`; ``x`` itself when ``dst`` is its layout object."""
     src = x._layout
     local = redistribute(x._local, src, dst, x._dtype, agreed=agreed)
-    if dst is src or dst == src:
+    if dst is src:  # unchanged: _destination hands back the tensor's own layout
         return x
     return GlobalTensor(local, dst, x._dtype)
 

@@ -256,11 +256,19 @@ def conversion_check(x: Any, placement: Any, sbp: Any) -> StepCheck:
     """The :class:`StepCheck` of ``x.to_global(placement, sbp)``: its metadata as
     :func:`conversion_meta` normalises it (no communication; cached for repeated
     arguments)."""
-    if type(sbp) is list and all(type(s) in _SBP_TYPES for s in sbp):
-        sbp = tuple(sbp)  # the same request as the tuple, described alike
-    key = _text_key(TO_GLOBAL, (x, placement, sbp))
-    if key is not None:
-        key = (_CONVERSION, *key)
+    # the key of _text_key, made directly (this runs on every x.to_global)
+    t = type(sbp)
+    if t is list or t is tuple:
+        keyed = all(type(s) in _SBP_TYPES for s in sbp)
+        if keyed:
+            sbp = tuple(sbp)  # a list is the same request as the tuple, described alike
+    else:
+        keyed = sbp is None or t in _SBP_TYPES
+    layout = getattr(x, "layout", None)
+    key = None
+    if keyed and (placement is None or type(placement) is Placement) \
+            and isinstance(layout, Layout) and not isinstance(x, type):
+        key = (_CONVERSION, layout, x.dtype, placement, sbp)
         hit = _CHECKS.get(key)
         if hit is not None:
             return hit
