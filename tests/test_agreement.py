@@ -11,6 +11,8 @@ comm's checked mode, at n = 1..4.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from conftest import assert_same_on_all_ranks, errors_of
@@ -41,8 +43,11 @@ def _x():
 def test_conversion_meta_normalises_against_ndim():
     pl = sm.placement("cpu", [0])
     x = sm.tensor(np.zeros((2, 3)), placement=pl, sbp=sm.sbp.split(0))
-    texts = {consistency._step_text("x.to_global", consistency.conversion_meta(x, None, s))
-             for s in (sm.sbp.split(-1), sm.sbp.split(1), [sm.sbp.split(1)], (sm.sbp.split(-1),))}
+    sbps = (sm.sbp.split(-1), sm.sbp.split(1), [sm.sbp.split(1)], (sm.sbp.split(-1),))
+    texts = {consistency.step_check("x.to_global", consistency.conversion_meta(x, None, s)).text
+             for s in sbps}
+    # x.to_global's own check (cached per raw arguments) describes them alike too
+    assert {consistency.conversion_check(x, None, s).text for s in sbps} == texts
     assert texts == {"x.to_global(tensor((2, 3), float64, sbp=(S(0)), placement=cpu[0]), None, "
                      "(S(1),))"}, texts
     # an SBP that does not normalise is described as given (the conversion refuses it later)
@@ -94,14 +99,12 @@ def test_a_real_sbp_mismatch_raises_on_every_rank(mode, checked):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_repeated_to_global_is_checked_like_the_first():
-    """Repeated arguments take conversion's cached target (text and fingerprint described
+    """Repeated arguments take the cached step check (text and fingerprint described
     once): a rank that diverges on a repeated call, or after a local step of its own,
     still raises on every rank, with the same message as the first time."""
     if not consistency.check_enabled():
         pytest.skip("SBPMPI_CHECK is off")
-    from sbpmpi import conversion
-
-    conversion._targets.clear()
+    consistency.clear_step_checks()
     a, x = _x()
     first = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
                                           sm.sbp.broadcast))
@@ -110,8 +113,9 @@ def test_a_repeated_to_global_is_checked_like_the_first():
         z = x.to_global(sbp=sm.sbp.split(1))
     np.testing.assert_array_equal(y.to_local(), a)
     np.testing.assert_array_equal(z.numpy(), a)
-    assert conversion._known(x, None, sm.sbp.broadcast)[1] is not None
-    assert conversion._known(x, None, sm.sbp.split(1))[1] is not None
+    for sbp in (sm.sbp.broadcast, sm.sbp.split(1)):  # cached: the same check again
+        assert consistency.conversion_check(x, None, sbp) is \
+            consistency.conversion_check(x, None, sbp)
     again = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
                                           sm.sbp.broadcast))
     assert again == first and again[0] == "CollectiveMismatchError", (first, again)
@@ -176,6 +180,24 @@ def test_box_and_numpy_in_checked_mode_make_one_exchange(checked):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("check", [True, False])
+def test_an_op_that_boxes_an_operand_makes_one_exchange_in_checked_mode(check, checked):
+    """The operand an op boxes goes through the same door as x.to_global: in checked mode
+    the op's consistency check covers its conversion (its collectives make no exchange of
+    their own), and without the check the conversion makes one exchange itself."""
+    sm.config.update(check=check)  # the fixture restores it
+    a, x = _x()
+    y = x.to_global(sbp=sm.sbp.split(1))
+    _ = x + y  # the signature is chosen (and cached) before the traced call
+    with sm.trace() as t:
+        z = x + y  # S(0) + S(1): one operand is converted (a collective)
+    # one agreement exchange for the whole step: the op's check, or the conversion's own
+    assert len(t.agreements) == (size > 1), (str(t), t.agreements)
+    assert len(t) >= (size > 1), str(t)
+    np.testing.assert_array_equal(z.numpy(), a + a)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_checked_sm_comm_calls_agree_in_one_small_exchange(checked):
     x = np.arange(3.0) + rank
     with sm.trace() as t:
@@ -196,9 +218,9 @@ def test_checked_sm_comm_calls_agree_in_one_small_exchange(checked):
 @pytest.mark.mpi(min_size=1)
 def test_decisions_are_traced_as_agreements():
     with sm.trace() as t:
-        assert consistency.all_ok(True)
-        assert consistency.decide_on_root(lambda: 7, "seven") == 7
-        consistency.raise_if_any(None, "nothing")
+        assert agreement.all_ok(True)
+        assert agreement.decide_on_root(lambda: 7, "seven") == 7
+        agreement.raise_if_any(None, "nothing")
     assert len(t) == 0
     want = ["agreement", "agreement_broadcast", "agreement"] if size > 1 else []
     assert [r.op for r in t.agreements] == want, t.agreements
@@ -244,22 +266,31 @@ def test_fingerprints_and_helpers():
         assert agreement.all_ok(False) is False
 
 
-def test_repeated_step_texts_are_cached_only_where_equal_means_alike():
-    """The text cache of a step (x.to_global in a loop) never gives two different
+def test_repeated_step_checks_are_cached_only_where_equal_means_alike():
+    """The check cache of a step (x.to_global in a loop) never gives two different
     descriptions one text: numbers are described afresh (``1 == True``), a tensor's text
-    follows its dtype, and the cached text equals a fresh description."""
+    follows its dtype, and the cached check equals a fresh description."""
     pl = sm.placement("cpu", [0], world_size=1)
     a = sm.zeros(4, 3, placement=sm.placement("cpu", [0]), sbp=sm.sbp.split(0))
     b = a.astype(np.float64)
-    assert consistency._text_key("f", (1,)) is None
-    assert consistency._text_key("f", (a, [sm.sbp.split(0)])) is None  # a list: not cached
-    ta = consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
-    tb = consistency._step_text("x.to_global", (b, pl, (sm.sbp.broadcast,)))
-    assert ta != tb and "float64" in tb
-    consistency._TEXTS.clear()
-    fresh = consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
-    assert fresh == ta == consistency._step_text("x.to_global", (a, pl, (sm.sbp.broadcast,)))
-    assert consistency._step_text("f", (1,)) != consistency._step_text("f", (True,))
-    fp = consistency._fingerprint(ta, consistency._NO_STEPS)
-    assert fp == agreement.fingerprint_of(ta, consistency._NO_STEPS)
-    assert consistency._fingerprint(ta, b"x" * 8) == agreement.fingerprint_of(ta, b"x" * 8) != fp
+    check = consistency.step_check
+    assert check("f", (1,)) is not check("f", (1,))  # a number: described afresh
+    assert check("f", (1,)).text != check("f", (True,)).text
+    listed = (a, [sm.sbp.split(0)])
+    assert check("f", listed) is not check("f", listed)  # a list: not cached
+    meta = (a, pl, (sm.sbp.broadcast,))
+    ta = check("x.to_global", meta)
+    assert ta is check("x.to_global", meta)  # cached
+    tb = check("x.to_global", (b, pl, (sm.sbp.broadcast,)))
+    assert ta.text != tb.text and "float64" in tb.text
+    consistency.clear_step_checks()
+    fresh = check("x.to_global", meta)
+    assert fresh == ta and fresh is not ta
+    # the fingerprint the check compares and the digest a local step folds in: the text's
+    assert ta.fingerprint == agreement.fingerprint_of(ta.text)
+    assert ta.digest == hashlib.blake2b(ta.text.encode(), digest_size=8).digest()
+    # x.to_global's check (SBP normalised) is cached apart from a step of the same arguments
+    raw = (a, None, sm.sbp.split(-1))
+    assert consistency.conversion_check(*raw).text.endswith("(S(1),))")
+    assert check("x.to_global", raw).text.endswith("S(-1))")
+    assert consistency.conversion_check(*raw).text.endswith("(S(1),))")  # not overwritten

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
-from sbpmpi.boxing.plan import meaningful
+from sbpmpi.boxing.plan import why_meaningless
 from sbpmpi.boxing.reference import assemble
 from sbpmpi.core.layout import Layout
 from sbpmpi.core.reduction import identity_value
@@ -104,7 +104,7 @@ def run_matrix(chk, value, src_pls, dst_pls, pairs=None, stride=1):
                         continue
                     dst = Layout.make(value.shape, p2, s2)
                     ctx = f"{value.dtype}{value.shape} {x.layout} -> {dst}"
-                    if meaningful(x.layout, dst) is not None:
+                    if why_meaningless(x.layout, dst) is not None:
                         with pytest.raises(ValueError, match="cannot convert partial"):
                             x.to_global(placement=p2, sbp=s2)
                         continue

@@ -51,11 +51,11 @@ def test_split_to_split_with_empty_ranks_makes_one_mpi_call_per_group():
 
 
 def test_comm_check_message_names_the_differing_fields():
-    msg = checks._disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
+    msg = checks.disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
                                2, (("call", "all_to_all_v"), ("dtype", "<f8"),
                                    ("counts", (0, 0))))
     assert msg.startswith("all_to_all_v: ranks disagree on counts: ")
-    msg = checks._disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
+    msg = checks.disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
                                2, (("call", "all_to_all"), ("dtype", "<f8"), ("block", 0)))
     assert "ranks called different collectives" in msg
     assert "group rank 0 called all_to_all_v(dtype=<f8, counts=(1, 2))" in msg

@@ -16,7 +16,7 @@ from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 
 from sbpmpi import config
-from sbpmpi.comm import abort, watchdog
+from sbpmpi.comm import abort, agreement, watchdog
 from sbpmpi.errors import CollectiveMismatchError
 from sbpmpi.runtime import consistency
 
@@ -156,17 +156,17 @@ def test_ranks_converting_to_different_sbps_fail_on_every_rank():
     assert "should not happen" not in res.out, res
 
 
-def test_describe_and_fingerprint_are_stable_and_metadata_only():
+def test_meta_text_and_fingerprint_are_stable_and_metadata_only():
     import sbpmpi as sm
 
     pl = sm.placement("cpu", [0])
     x = sm.tensor(np.arange(6.0).reshape(2, 3), placement=pl, sbp=sm.sbp.split(1))
     y = sm.tensor(np.zeros((2, 3)), placement=pl, sbp=sm.sbp.split(1))
-    assert consistency.describe(x) == consistency.describe(y)  # data does not count
-    assert consistency.describe(x) == "tensor((2, 3), float64, sbp=(S(1)), placement=cpu[0])"
-    assert consistency.describe((np.float32, np.dtype("<i4"), [1, 2.5], {"b": 1, "a": None})) \
+    assert consistency.meta_text(x) == consistency.meta_text(y)  # data does not count
+    assert consistency.meta_text(x) == "tensor((2, 3), float64, sbp=(S(1)), placement=cpu[0])"
+    assert consistency.meta_text((np.float32, np.dtype("<i4"), [1, 2.5], {"b": 1, "a": None})) \
         == "(float32, int32, [1, 2.5], {'a': None, 'b': 1})"
-    assert consistency.describe(object()) == "<object>"  # no memory addresses
+    assert consistency.meta_text(object()) == "<object>"  # no memory addresses
     metas = [(x,), (x, 1), (x, sm.sbp.broadcast), ("add", (2, 3)),
              ("add", (3, 2)), ("mul", (2, 3)), (np.zeros((2, 3)),), (np.zeros((3, 2)),)]
     fps = [consistency.fingerprint(m) for m in metas]
@@ -444,19 +444,19 @@ def test_collective_decisions():
 
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     last = size - 1
-    assert consistency.all_ok(True) is True
-    assert consistency.all_ok(rank != last) is False
+    assert agreement.all_ok(True) is True
+    assert agreement.all_ok(rank != last) is False
     # an error on the last rank only: the same type and message everywhere
-    got = errors_of(lambda: consistency.raise_if_any(
+    got = errors_of(lambda: agreement.raise_if_any(
         FileNotFoundError("no such file 'a.npy'") if rank == last else None, "sm.load"))
     assert got == ("FileNotFoundError", f"sm.load: rank {last}: no such file 'a.npy'"), got
     # errors on several ranks: the lowest rank's type; the others listed
-    got = errors_of(lambda: consistency.raise_if_any(ValueError(f"bad {rank}"), "step"))
+    got = errors_of(lambda: agreement.raise_if_any(ValueError(f"bad {rank}"), "step"))
     assert got[0] == "ValueError" and got[1].startswith("step: rank 0: bad 0"), got
     assert all(f"step: rank {r}: bad {r}" in got[1] for r in range(min(size, 4))), got
 
     def block():
-        with consistency.collective_errors("reading"):
+        with agreement.collective_errors("reading"):
             if rank == 0:
                 raise KeyError("w")
     got = errors_of(block)
@@ -465,13 +465,13 @@ def test_collective_decisions():
     def unknown_type():
         class LocalError(Exception):
             pass
-        with consistency.collective_errors("x"):
+        with agreement.collective_errors("x"):
             if rank == last:
                 raise LocalError("odd")
     got = errors_of(unknown_type)
     assert got[0] == "RuntimeError" and f"x: rank {last}: odd" in got[1], got
     # one rank decides, everyone follows
-    assert consistency.decide_on_root(lambda: ("tmp", rank), "save") == ("tmp", 0)
-    got = errors_of(lambda: consistency.decide_on_root(
+    assert agreement.decide_on_root(lambda: ("tmp", rank), "save") == ("tmp", 0)
+    got = errors_of(lambda: agreement.decide_on_root(
         lambda: (_ for _ in ()).throw(PermissionError("read-only")), "sm.save"))
     assert got == ("PermissionError", "sm.save: read-only"), got

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
-from sbpmpi.boxing.plan import meaningful
+from sbpmpi.boxing.plan import why_meaningless
 from sbpmpi.core.layout import Layout
 
 comm = MPI.COMM_WORLD
@@ -188,7 +188,7 @@ def test_global_to_global_matches_the_reference(device_type):
         for src in all_sbps(src_pl, 2):
             x = sm.tensor(value, placement=src_pl, sbp=src)
             for dst in all_sbps(dst_pl, 2):
-                if meaningful(x.layout, Layout.make(value.shape, dst_pl, dst)) is not None:
+                if why_meaningless(x.layout, Layout.make(value.shape, dst_pl, dst)) is not None:
                     with pytest.raises(ValueError, match="cannot convert partial_"):
                         x.to_global(placement=dst_pl, sbp=dst)
                     continue

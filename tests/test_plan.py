@@ -26,10 +26,10 @@ from sbpmpi.boxing.cost import (
 from sbpmpi.boxing.plan import (
     STEP_KINDS,
     check_conversion,
-    meaningful,
     modelled_result,
     span_kind,
     transition_kind,
+    why_meaningless,
 )
 from sbpmpi.boxing.planner import candidate_plans, plan_conversion
 from sbpmpi.boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
@@ -257,7 +257,7 @@ def test_every_plan_models_its_destination(name, p1, p2):
             pairs = list(itertools.product(s1s, s2s))
         for s1, s2 in pairs:
             src, dst = L(shape, p1, s1), L(shape, p2, s2)
-            if meaningful(src, dst) is not None:
+            if why_meaningless(src, dst) is not None:
                 with pytest.raises(ValueError, match="cannot convert partial"):
                     check_conversion(src, dst)
                 assert conversion_cost(src, dst, 4) == math.inf

@@ -21,7 +21,7 @@ send_recv          any -> any (placements)  point-to-point blocks, then a local 
 
 This module holds the steps, the rules saying which single-step changes are valid
 (:func:`transition_kind`, :func:`span_kind`), which conversions have a meaning
-(:func:`meaningful`) and the symbolic application of a plan (:func:`modelled_result`).
+(:func:`why_meaningless`) and the symbolic application of a plan (:func:`modelled_result`).
 :mod:`.planner` searches for the cheapest plan; :mod:`.schedule` computes the blocks a
 point-to-point step moves. Everything is a pure function of metadata.
 """
@@ -46,7 +46,7 @@ __all__ = [
     "Plan",
     "PlanChoice",
     "check_conversion",
-    "meaningful",
+    "why_meaningless",
     "transition_kind",
     "span_kind",
     "group_of",
@@ -153,8 +153,8 @@ def span_kind(sbp: NdSbp, hierarchy: Sequence[int], first: int, last: int,
 
 # -- what may be converted ---------------------------------------------------------------------
 
-def meaningful(src: Layout, dst: Layout) -> str | None:
-    """None when ``src`` -> ``dst`` has a meaning; otherwise the reason it has none.
+def why_meaningless(src: Layout, dst: Layout) -> str | None:
+    """Why ``src`` -> ``dst`` has no meaning, or None when it has one.
 
     A partial tensor's value is the reduction of its shards; turning it into a partial
     of another reduction (partial_max to partial_sum, say) would have to invent new
@@ -183,7 +183,7 @@ def check_conversion(src: Layout, dst: Layout) -> None:
     if src.shape != dst.shape:
         raise ValueError(f"boxing keeps the global shape, but the source has shape {src.shape} "
                          f"and the destination {dst.shape}")
-    why = meaningful(src, dst)
+    why = why_meaningless(src, dst)
     if why is not None:
         raise ValueError(why)
 
@@ -275,7 +275,7 @@ class Step:
                                         + self.src.sbp[b:]))
         return any(full[d] % p for d in dims)
 
-    def describe(self) -> str:
+    def change_text(self) -> str:
         """What changes, e.g. ``S(0) -> B`` or the two layouts of a cross-placement step."""
         if self.kind in CROSS_KINDS:
             return (f"{_sbp_str(self.src.sbp)} on {_ranks_str(self.src.placement)} -> "
@@ -284,9 +284,9 @@ class Step:
 
     def short(self) -> str:
         if self.kind in CROSS_KINDS:
-            return f"{self.name}[{self.describe()}]"
+            return f"{self.name}[{self.change_text()}]"
         word = "axis" if self.span == 1 else "axes"
-        return f"{self.name}({word} {self.axis_label}: {self.describe()})"
+        return f"{self.name}({word} {self.axis_label}: {self.change_text()})"
 
 
 def _sbp_str(sbp: NdSbp) -> str:
@@ -344,7 +344,7 @@ class Plan:
                           f"{_ranks_str(s.dst.placement)}")
             else:
                 comms = " ".join(str(list(g)) for g in s.groups) or "-"
-                change = s.describe() if s.kind != "broadcast" else (
+                change = s.change_text() if s.kind != "broadcast" else (
                     f"from rank {s.root} to {_ranks_str(s.dst.placement)}")
             rows.append((str(i), s.name, s.axis_label, change, comms,
                          _fmt_bytes(s.send_bytes), _fmt_bytes(s.recv_bytes),

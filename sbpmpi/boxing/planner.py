@@ -359,7 +359,9 @@ def candidate_plans(src: Layout, dst: Layout, itemsize: int,
     """The cheapest plan from ``src`` to ``dst`` and the rejected candidates.
 
     Candidates are the best plans through each possible first step. Raises ValueError
-    for conversions without a meaning (see :func:`meaningful`).
+    for conversions without a meaning (see :func:`why_meaningless`): this is the
+    conversion's one validation, made once per cached plan, which
+    :func:`sbpmpi.runtime.redistribute` relies on.
     """
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize <= 0:
         raise ValueError(f"itemsize must be a positive int, got {itemsize!r}")

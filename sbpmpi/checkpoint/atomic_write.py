@@ -15,8 +15,8 @@ import os
 import uuid
 from collections.abc import Callable
 
+from ..comm import agreement
 from ..env import get_rank
-from ..runtime import consistency
 
 __all__ = ["TMP_TAG", "temp_name", "write_collectively", "write_text", "commit", "discard"]
 
@@ -48,22 +48,22 @@ def write_collectively(path: str, what: str, write: Callable[[str], None]) -> No
     ``"<what>: <message>"`` on every rank before anything is written). If ``write``
     fails on any rank, rank 0 removes ``tmp`` and every rank raises the same error
     ``"<what> '<path>': rank R: <message>"``; the file under ``path`` is untouched.
-    One exchange decides that: :func:`consistency.raise_if_any` alone.
+    One exchange decides that: :func:`sbpmpi.comm.agreement.raise_if_any` alone.
     """
-    tmp = consistency.decide_on_root(lambda: _prepare_target(path), what)
+    tmp = agreement.decide_on_root(lambda: _prepare_target(path), what)
     error: Exception | None = None
     try:
         write(tmp)
     except Exception as e:
         error = e
     try:
-        consistency.raise_if_any(error, f"{what} {path!r}")
+        agreement.raise_if_any(error, f"{what} {path!r}")
     except Exception:
         if get_rank() == 0:
             discard(tmp)
         raise
     # looked up at call time, so that a test can make rank 0 die just before the rename
-    consistency.decide_on_root(lambda: commit(tmp, path), what)
+    agreement.decide_on_root(lambda: commit(tmp, path), what)
 
 
 def write_text(path: str, text: str) -> None:

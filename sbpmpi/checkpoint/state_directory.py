@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..comm import agreement
 from ..core.placement import Placement
 from ..env import get_world_size
 from ..errors import CheckpointError
@@ -55,7 +56,7 @@ def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike
     # one check for the whole state: each file's name follows from d, the tensor's name
     # and rank 0's token, so the tensors' own saves need none
     consistency.check_collective("sm.save_state", (d, tuple(items.items())))
-    token, old = consistency.decide_on_root(lambda: _prepare_state_dir(d), "sm.save_state")
+    token, old = agreement.decide_on_root(lambda: _prepare_state_dir(d), "sm.save_state")
     used: set[str] = set()
     entries: dict[str, Any] = {}
     progress = Progress(f"sm.save_state {d}",
@@ -74,7 +75,7 @@ def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike
         progress.tensor(name, x.shape, x.dtype, time.perf_counter() - t0)
         entries[name] = entry(x, fname)
     index = new_index(entries)
-    consistency.decide_on_root(lambda: write_index(d, index, old), "sm.save_state")
+    agreement.decide_on_root(lambda: write_index(d, index, old), "sm.save_state")
     progress.close()
 
 
@@ -109,7 +110,7 @@ def load_state(directory: str | os.PathLike[str], *,
     # one check for the whole state: each tensor's file, placement and SBP follow from
     # these arguments and rank 0's index, so the tensors' own loads need none
     consistency.check_collective("sm.load_state", (d, placement, sbp))
-    index = consistency.decide_on_root(lambda: read_index(d), "sm.load_state")
+    index = agreement.decide_on_root(lambda: read_index(d), "sm.load_state")
     tensors: dict[str, Any] = index["tensors"]
     for arg, what in ((placement, "placement"), (sbp, "sbp")):
         if isinstance(arg, Mapping):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..comm import file_io
+from ..comm import agreement, file_io
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.reduction import identity_value
@@ -120,7 +120,7 @@ def read_tensor(path: str, pl: Placement, sbp: Any) -> GlobalTensor:
     (``sm.load_state``). Two exchanges: rank 0's verdict on the header, and one on
     whether every rank read its slice.
     """
-    shape, dtype, fortran, offset = consistency.decide_on_root(lambda: read_header(path),
+    shape, dtype, fortran, offset = agreement.decide_on_root(lambda: read_header(path),
                                                                "sm.load")
     layout = Layout.make(shape, pl, sbp)
     nat = native(dtype)
@@ -148,7 +148,7 @@ def read_tensor(path: str, pl: Placement, sbp: Any) -> GlobalTensor:
             local = backend.to_device(buf, pl.type)
     except Exception as e:
         error = e
-    consistency.raise_if_any(error, f"sm.load {path!r}")
+    agreement.raise_if_any(error, f"sm.load {path!r}")
     return GlobalTensor(local, layout, nat)
 
 

@@ -269,7 +269,7 @@ class collective_errors:  # noqa: N801 - a context manager, used like a function
     (one small all-reduce). Use it around local work that can fail on some ranks only
     (reading a file, checking a shard) before the next collective.
 
-        with consistency.collective_errors("sm.load"):
+        with agreement.collective_errors("sm.load"):
             header = read_header(path) if rank == 0 else None
     """
 

@@ -24,10 +24,10 @@ from typing import Any
 from .. import config
 from ..errors import CollectiveMismatchError
 from . import agreement
-from .exit_agreement import group_lines
 from .group import Group
+from .mismatch import mismatch_message
 
-__all__ = ["checking", "agree", "agreed"]
+__all__ = ["checking", "agree", "agreed", "disagreement"]
 
 # The calls test this flag first (one global read): the setting, off inside agreed().
 _enabled: bool = config.comm_check.value
@@ -105,10 +105,9 @@ def _explain(everyone: list[Any], group: Group) -> None:
     if not all(isinstance(d, tuple) and len(d) == 2 and isinstance(d[1], tuple)
                and d[1][:1] and d[1][0][:1] == ("call",) for d in details):
         # some rank is in another kind of agreement (an op's consistency check)
-        lines = group_lines([str(t) for t, _ in everyone], tuple(group.ranks))
-        raise CollectiveMismatchError(
-            "ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank "
-            "must make the same sbpmpi calls, in the same order.")
+        raise CollectiveMismatchError(mismatch_message(
+            [t for t, _ in everyone], group.ranks,
+            "Every rank must make the same sbpmpi calls, in the same order."))
     bad = [(r, e) for r, (e, _) in enumerate(details) if e is not None]
     if bad:
         r, (tname, msg) = bad[0]
@@ -117,10 +116,10 @@ def _explain(everyone: list[Any], group: Group) -> None:
     sigs = [s for _, s in details]
     for r, s in enumerate(sigs):
         if s != sigs[0]:
-            raise ValueError(_disagreement(sigs[0], r, s))
+            raise ValueError(disagreement(sigs[0], r, s))
 
 
-def _disagreement(sig0: Sequence[tuple[str, Any]], r: int, sig: Sequence[tuple[str, Any]]) -> str:
+def disagreement(sig0: Sequence[tuple[str, Any]], r: int, sig: Sequence[tuple[str, Any]]) -> str:
     """The message for group rank ``r`` whose ``sig`` (("call", name) first) differs from rank 0's."""
     a, b = dict(sig0), dict(sig)
     diff = [k for k in dict.fromkeys([*a, *b]) if a.get(k, _MISSING) != b.get(k, _MISSING)]

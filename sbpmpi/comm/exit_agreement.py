@@ -37,6 +37,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .mismatch import SAME_CALLS, mismatch_message
+
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
            "GRACE", "enter", "cannot_meet"]
 
@@ -61,20 +63,6 @@ _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before thi
 # check numbered above the finished rank's count for the group never can.
 _checks: dict[str, int] = {}
 _peer_checks: dict[int, dict[str, int] | None] = {}
-
-
-def group_lines(texts: list[str], ranks: tuple[int, ...], limit: int = 8) -> list[str]:
-    """``rank(s) R: text`` lines, ranks with the same text merged, in rank order."""
-    order: dict[str, list[int]] = {}
-    for r, t in zip(ranks, texts):
-        order.setdefault(t, []).append(r)
-    lines = []
-    for t, rs in order.items():
-        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
-        lines.append(f"  {who}: {t}")
-    if len(lines) > limit:
-        lines = lines[:limit] + [f"  ... and {len(lines) - limit} more"]
-    return lines
 
 
 def init() -> None:
@@ -161,15 +149,13 @@ def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = Fals
 
 
 def _compose(texts: dict[int, str], ranks: Sequence[int]) -> str:
-
     rs = tuple(ranks)
-    lines = group_lines([texts.get(r, "did not answer (busy outside sbpmpi's checks, e.g. "
-                                       "in an sm.comm call or computing)") for r in rs], rs)
-    return ("ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must "
-            "call the same operations, on tensors of the same shape, dtype, SBP and placement, "
-            "in the same order; a rank that reaches the end of the program cannot meet a "
-            "collective call of its peers (a collective inside `if rank == ...`, or an early "
-            "sys.exit on some ranks).")
+    return mismatch_message(
+        [texts.get(r, "did not answer (busy outside sbpmpi's checks, e.g. in an sm.comm call "
+                      "or computing)") for r in rs], rs,
+        SAME_CALLS[:-1] + "; a rank that reaches the end of the program cannot meet a "
+        "collective call of its peers (a collective inside `if rank == ...`, or an early "
+        "sys.exit on some ranks).")
 
 
 def enter(kind: str, ranks: Sequence[int]) -> tuple[str, int]:

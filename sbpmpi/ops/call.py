@@ -19,7 +19,7 @@ from ..tensor import GlobalTensor
 from .signature import DimMatch, Signature
 
 __all__ = ["OpCall", "Kernel", "is_scalar", "operand", "tensor_arg", "probe_dtype", "norm_dim",
-           "norm_dims", "describe"]
+           "norm_dims", "arg_summary"]
 
 #: ``kernel(xp, operands, out_local_shape) -> local result``; tensor operands are local shards.
 Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
@@ -77,7 +77,7 @@ def is_scalar(x: Any) -> bool:
     return isinstance(x, _SCALARS) or (isinstance(x, np.ndarray) and x.ndim == 0)
 
 
-def describe(x: Any) -> str:
+def arg_summary(x: Any) -> str:
     """Short description of an argument for error messages."""
     if isinstance(x, GlobalTensor):
         return f"GlobalTensor of shape {x.shape}"
@@ -96,14 +96,14 @@ def operand(op: str, x: Any, what: str) -> Any:
     if isinstance(x, _SCALARS):
         return x
     raise TypeError(
-        f"{op}: {what} must be a GlobalTensor or a scalar, got {describe(x)}; make a global "
+        f"{op}: {what} must be a GlobalTensor or a scalar, got {arg_summary(x)}; make a global "
         f"tensor of an array with sm.tensor(value, placement=..., sbp=...)")
 
 
 def tensor_arg(op: str, x: Any, what: str = "x") -> GlobalTensor:
     """``x`` if it is a GlobalTensor, else a TypeError naming ``op`` and the argument."""
     if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{op}: {what} must be a GlobalTensor, got {describe(x)}")
+        raise TypeError(f"{op}: {what} must be a GlobalTensor, got {arg_summary(x)}")
     return x
 
 
@@ -119,7 +119,7 @@ def probe_dtype(op: str, fn: Callable[..., Any], *args: Any) -> np.dtype:
             warnings.simplefilter("ignore")
             return np.dtype(np.asarray(fn(*stand)).dtype)
     except (TypeError, ValueError) as e:
-        dts = ", ".join(str(a.dtype) if isinstance(a, GlobalTensor) else describe(a)
+        dts = ", ".join(str(a.dtype) if isinstance(a, GlobalTensor) else arg_summary(a)
                         for a in args)
         raise type(e)(f"{op}: not defined for operands of dtype {dts}: {e}") from None
 

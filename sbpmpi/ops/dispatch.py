@@ -11,7 +11,8 @@ consistency check's running hash (``SBPMPI_CHECK``, tested at every call), compu
 local shard with the cached kernel and wraps it in the cached output layout.
 
 Invalidation: :func:`clear` (called by ``inference.clear_cache``, so also when the boxing
-cost table in use changes: :func:`lookup` asks ``inference._check_table`` first). With
+cost table in use changes: the caller of :func:`lookup` calls
+``inference.clear_if_table_changed`` first). With
 ``SBPMPI_DEBUG=1`` every call takes the full path (strict checks run each step).
 Arguments that are not plain hashable values (lists, arrays, slices) are never cached.
 """
@@ -19,7 +20,6 @@ Arguments that are not plain hashable values (lists, arrays, slices) are never c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,10 +28,11 @@ import numpy as np
 
 from ..autograd.tape import record_op
 from ..core.layout import Layout
-from ..runtime.consistency import check_enabled, debug_enabled, note_step_digest, step_digest
+from ..runtime.consistency import StepCheck, check_enabled, debug_enabled, note_known_step
 from ..tensor import GlobalTensor
+from .kernel import Kernel, local_result
 
-__all__ = ["Fast", "key", "lookup", "remember", "clear", "SIZE"]
+__all__ = ["Fast", "key", "lookup", "remember", "clear", "entries", "SIZE"]
 
 #: Most entries kept; the cache is emptied when full (a loop has few distinct calls).
 SIZE = 4096
@@ -84,18 +85,17 @@ def key(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ..
 @dataclass(frozen=True, eq=False)
 class Fast:
     """What a repeated local-only call needs: where its operands come from, the kernel,
-    the output layout and dtype, this rank's output shard shape, and the step text."""
+    the output layout and dtype, this rank's output shard shape, and the step's check."""
 
     name: str
     sources: tuple[tuple[int, Any], ...]  # per operand: (0, arg index) (1, kwarg) (2, value)
     identity: bool  # operands are exactly the positional args
-    kernel: Callable[[ModuleType, Any, tuple[int, ...]], Any]
+    kernel: Kernel
     xp: ModuleType | None  # None: this rank is outside the output placement
     output: Layout
     dtype: np.dtype
     shape: tuple[int, ...]
-    text: str  # consistency.note_step's text for this call (a function of the key)
-    digest: bytes  # consistency.step_digest(text), made once
+    step: StepCheck  # what consistency.note_step folds for this call (a function of the key)
 
     def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.identity:
@@ -107,22 +107,14 @@ class Fast:
         """Run the call: fold the step into the check, compute, wrap, record for autograd."""
         ops = self.operands(args, kwargs)
         if check_enabled():
-            note_step_digest(self.digest, self.text)
+            note_known_step(self.step)
         xp = self.xp
         if xp is None:
             out = GlobalTensor(np.empty(self.shape, dtype=self.dtype), self.output, self.dtype)
         else:
             local = [o._local if type(o) is GlobalTensor else o for o in ops]
-            res = xp.asarray(self.kernel(xp, local, self.shape))
-            if res.dtype != self.dtype:
-                res = res.astype(self.dtype)
-            if not res.flags.c_contiguous:
-                res = res.copy()
-            if res.shape != self.shape:
-                raise RuntimeError(f"{self.name}: internal error: local result has shape "
-                                   f"{tuple(res.shape)}, layout {self.output} expects "
-                                   f"{self.shape}")
-            out = GlobalTensor(res, self.output, self.dtype)
+            out = GlobalTensor(local_result(self.name, self.kernel, xp, local, self.shape,
+                                            self.dtype, self.output), self.output, self.dtype)
         for o in ops:  # the autograd hook acts only when an operand requires grad
             if type(o) is GlobalTensor and o._requires_grad:
                 return record_op(self.name, ops, args, kwargs, out)
@@ -131,7 +123,7 @@ class Fast:
 
 def lookup(k: tuple[Any, ...]) -> Fast | None:
     """The entry for key ``k``, if any and if the fast path may be taken now (the caller
-    has checked the cost table: ``inference._check_table``)."""
+    has checked the cost table: ``inference.clear_if_table_changed``)."""
     hit = _FAST.get(k)
     if hit is None or debug_enabled():
         return None
@@ -140,7 +132,7 @@ def lookup(k: tuple[Any, ...]) -> Fast | None:
 
 def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
              operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, output: Layout,
-             dtype: np.dtype, shape: tuple[int, ...], text: str, name: str) -> None:
+             dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str) -> None:
     """Store the entry of a call that ran on local shards only (see the module doc)."""
     sources: list[tuple[int, Any]] = []
     for o in operands:
@@ -163,9 +155,14 @@ def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
     if len(_FAST) >= SIZE:
         _FAST.clear()
     _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),
-                    tuple(shape), text, step_digest(text))
+                    tuple(shape), step)
 
 
 def clear() -> None:
     """Forget every entry."""
     _FAST.clear()
+
+
+def entries() -> int:
+    """How many calls the fast path holds (for tests and diagnostics)."""
+    return len(_FAST)

@@ -86,7 +86,7 @@ def partners_finite(name: str, operands: Sequence[Any], which: Sequence[int]) ->
     rows of ``name`` are exact for (finite; also nonzero for a divisor).
 
     A partner that is itself partial counts as not exact (its pending sum may overflow).
-    Combine the verdicts of all ranks before acting (``consistency.all_ok``).
+    Combine the verdicts of all ranks before acting (:func:`sbpmpi.comm.agreement.all_ok`).
     """
     for i in which:
         o = operands[i]

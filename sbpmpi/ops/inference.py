@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..boxing.plan import meaningful as _boxing_refusal
+from ..boxing.plan import why_meaningless as _boxing_refusal
 from ..boxing.planner import axis_change_seconds, send_recv_step
 from ..core.layout import Layout
 from ..core.placement import Placement
@@ -45,7 +45,7 @@ from .exactness import exact, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
 __all__ = ["Candidate", "Inference", "infer",
-           "TIE_RTOL", "choose", "clear_cache", "refusal"]
+           "TIE_RTOL", "choose", "clear_cache", "clear_if_table_changed", "refusal"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
@@ -93,8 +93,9 @@ def clear_cache() -> None:
     dispatch.clear()
 
 
-def _check_table() -> None:
-    """Clear the caches when the cost table in use has changed (a new version)."""
+def clear_if_table_changed() -> None:
+    """Clear the caches (:func:`clear_cache`) when the cost table in use has changed since
+    they were filled (a new :func:`sbpmpi.runtime.cost_table.version`)."""
     v = cost_table.version()
     if v != _table[0]:
         clear_cache()
@@ -262,7 +263,7 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
     the same calls, so the caches agree.
     """
     pls = _placements(call)
-    _check_table()
+    clear_if_table_changed()
     key = (*_key(call), exact_only)
     hit = _CACHE.get(key)
     if hit is not None:

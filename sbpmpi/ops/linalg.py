@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..tensor import GlobalTensor
-from .call import OpCall, describe, probe_dtype
+from .call import OpCall, arg_summary, probe_dtype
 from .op import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
@@ -33,7 +33,7 @@ def _build(a: Any, b: Any) -> OpCall:
     """Build the OpCall of ``matmul``."""
     for what, x in (("a", a), ("b", b)):
         if not isinstance(x, GlobalTensor):
-            raise TypeError(f"matmul: {what} must be a GlobalTensor, got {describe(x)} "
+            raise TypeError(f"matmul: {what} must be a GlobalTensor, got {arg_summary(x)} "
                             f"(matmul takes no scalars; use mul)")
         if x.ndim < 2:
             raise ValueError(f"matmul: {what} has shape {x.shape}; matmul needs at least 2 dims "

@@ -17,13 +17,24 @@ import numpy as np
 
 from .. import backend
 from ..autograd.tape import record_op
+from ..comm.agreement import all_ok
 from ..env import get_rank
 from ..runtime import redistribute
+from ..runtime.consistency import (
+    check_broadcast_shards,
+    check_collective,
+    check_enabled,
+    debug_enabled,
+    note_known_step,
+    note_step,
+    step_check,
+)
 from ..tensor import GlobalTensor
 from . import dispatch
 from .call import OpCall
 from .exactness import partners_finite, risky_partners
-from .inference import _check_table, infer
+from .inference import clear_if_table_changed, infer
+from .kernel import local_result
 
 __all__ = ["GlobalOp", "execute"]
 
@@ -34,59 +45,48 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
     runs on local shards only, it is remembered for the dispatch fast path.
     """
-    from ..runtime.consistency import (
-        _step_text,
-        all_ok,
-        check_broadcast_shards,
-        check_collective,
-        debug_enabled,
-        note_step,
-    )
-
     inf = infer(call)
     best = inf.best
     meta = (call.operands, call.params)
     # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
     # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
     partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    agreed = False  # whether the ranks agreed on this step (then on its conversions too)
     if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
                        for o, lay in zip(call.operands, best.inputs)):
-        check_collective(call.name, meta)  # data moves: all ranks must agree now
-    else:
+        agreed = check_collective(call.name, meta)  # data moves: all ranks must agree now
+    elif fast is None or debug_enabled():
         note_step(call.name, meta)  # local only: verified at the next check
-        if fast is not None and not debug_enabled():
-            out = best.output
-            me = get_rank()
-            xp = backend.get_xp(out.placement.type) if me in out.placement else None
-            dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
-                              call.out_dtype, out.local_shape(me), _step_text(call.name, meta),
-                              call.name)
+    else:  # the same, and remembered for the fast path with the step described once
+        step = step_check(call.name, meta)
+        if check_enabled():
+            note_known_step(step)
+        out = best.output
+        me = get_rank()
+        xp = backend.get_xp(out.placement.type) if me in out.placement else None
+        dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
+                          call.out_dtype, out.local_shape(me), step, call.name)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
-        best = infer(call, exact_only=True).best
+        best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:
         if isinstance(o, GlobalTensor):
             check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
     args: list[Any] = []
     for o, lay in zip(call.operands, best.inputs):
-        if isinstance(o, GlobalTensor):
-            assert lay is not None
-            args.append(redistribute(o.to_local(), o.layout, lay, o.dtype))
-        else:
+        if not isinstance(o, GlobalTensor):
             args.append(o)
+        elif o.layout == lay:  # the same on every rank: none of them converts
+            args.append(o.to_local())
+        else:
+            assert lay is not None
+            args.append(redistribute(o.to_local(), o.layout, lay, o.dtype, agreed=agreed))
     out = best.output
     me = get_rank()
     shape = out.local_shape(me)
     if me not in out.placement:
         return GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
     xp = backend.get_xp(out.placement.type)
-    res = xp.asarray(call.kernel(xp, args, shape))
-    if res.dtype != call.out_dtype:
-        res = res.astype(call.out_dtype)
-    if not res.flags.c_contiguous:
-        res = res.copy()
-    if tuple(res.shape) != shape:
-        raise RuntimeError(f"{call.name}: internal error: local result has shape "
-                           f"{tuple(res.shape)}, layout {out} expects {shape} on rank {me}")
+    res = local_result(call.name, call.kernel, xp, args, shape, call.out_dtype, out)
     return GlobalTensor(res, out, call.out_dtype)
 
 
@@ -111,7 +111,7 @@ class GlobalOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         k = dispatch.key(self, args, kwargs) if self.fast else None
         if k is not None:
-            _check_table()  # a new cost table empties the caches
+            clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)
             if hit is not None:  # seen before: lookup, local compute, wrap
                 return hit.run(args, kwargs)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..tensor import GlobalTensor
-from .call import OpCall, describe, norm_dim, tensor_arg
+from .call import OpCall, arg_summary, norm_dim, tensor_arg
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
@@ -160,7 +160,7 @@ def _index_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple
             isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
         if not ok:
             raise TypeError(f"getitem: index {k!r} is not supported: use ints, slices, None and "
-                            f"... (no arrays or booleans); got {describe(k)}")
+                            f"... (no arrays or booleans); got {arg_summary(k)}")
         if isinstance(k, slice):
             for part in (k.start, k.stop, k.step):
                 if part is not None and (isinstance(part, (bool, np.bool_))
@@ -246,7 +246,7 @@ def _cat(tensors: Any, dim: Any = 0) -> OpCall:
     """Build the OpCall of ``cat``."""
     if isinstance(tensors, GlobalTensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"cat: tensors must be a list or tuple of GlobalTensors, got "
-                        f"{describe(tensors)}")
+                        f"{arg_summary(tensors)}")
     if not tensors:
         raise ValueError("cat: needs at least one tensor")
     ts = tuple(tensor_arg("cat", t, f"tensors[{i}]") for i, t in enumerate(tensors))

@@ -1,6 +1,6 @@
 """The runtime: conversions run on local arrays.
 
-:func:`redistribute` is the one function that runs a conversion, with one plan cache;
+:func:`redistribute` is the one function that runs a conversion, with one program cache;
 :mod:`.execute` compiles plans into programs of :mod:`sbpmpi.comm` calls;
 :mod:`.cost_table` keeps the cost table in use and :func:`calibrate` measures one.
 Nothing here knows ``GlobalTensor``.
@@ -15,9 +15,8 @@ from .redistribution import (
     conversion_cost,
     explain_layouts,
     plan_for_layouts,
-    program_for,
     redistribute,
 )
 
-__all__ = ["redistribute", "program_for", "plan_for_layouts", "explain_layouts",
+__all__ = ["redistribute", "plan_for_layouts", "explain_layouts",
            "conversion_cost", "check_dtype", "calibrate", "get_cost_table", "set_cost_table"]

@@ -25,10 +25,16 @@ changes them at run time (on every rank alike); see :mod:`sbpmpi.config`.
 A conversion's SBP is described after normalising it against the tensor's ndim and the
 mesh (:func:`conversion_meta`), so ``split(-1)`` and ``split(1)`` of a 2-d tensor agree.
 
-:func:`raise_if_any` and :class:`collective_errors` combine a verdict that depends on
-local data (a shard's shape, a file's state) across ranks before acting, so that a
-failure on one rank raises the same error on all of them instead of leaving the
-others waiting in the next collective.
+:func:`step_check` describes a step once: its text, the fingerprint the check
+compares and the digest a local step folds in, cached for repeated steps (one cache,
+keyed only by values whose equality implies an equal text); :func:`conversion_check`
+does the same for ``x.to_global``. :func:`agree_on_conversion` is comm's checked mode's
+own agreement on a conversion, made by :func:`sbpmpi.runtime.redistribute` when no
+consistency check covered it. The mismatch message itself is
+:func:`sbpmpi.comm.mismatch.mismatch_message`'s.
+
+The collective decisions on local verdicts (``all_ok``, ``raise_if_any``,
+``decide_on_root``, ``collective_errors``) are :mod:`sbpmpi.comm.agreement`'s.
 
 These exchanges carry metadata only (fingerprints, flags, short strings), never
 tensor data; ``sm.trace`` keeps them apart from the comm calls, in ``Trace.agreements``.
@@ -40,15 +46,14 @@ import collections
 import functools
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import config
 from ..comm import agreement
-from ..comm.agreement import all_ok, collective_errors, decide_on_root, raise_if_any
-from ..comm.exit_agreement import group_lines
 from ..comm.group import WORLD, Group
+from ..comm.mismatch import SAME_CALLS, mismatch_message
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
@@ -57,24 +62,22 @@ from ..errors import CollectiveMismatchError
 __all__ = [
     "check_enabled",
     "debug_enabled",
-    "describe",
+    "meta_text",
     "fingerprint",
+    "StepCheck",
+    "step_check",
+    "conversion_check",
+    "clear_step_checks",
     "conversion_meta",
     "check_collective",
-    "step_text",
-    "check_known_step",
+    "check_step",
     "note_step",
-    "note_step_digest",
-    "step_digest",
+    "note_known_step",
+    "agree_on_conversion",
     "check_broadcast_shards",
-    "all_ok",
-    "raise_if_any",
-    "decide_on_root",
-    "collective_errors",
     "stats",
 ]
 
-_MASK63 = agreement.MASK63
 _stats = {"checks": 0, "exchanges": 0, "shard_checks": 0}
 _CHECK, _DEBUG = config.check, config.debug  # read on every step
 
@@ -98,7 +101,7 @@ def stats() -> dict[str, int]:
 
 # -- descriptions and fingerprints ------------------------------------------------------------
 
-def describe(obj: Any) -> str:
+def meta_text(obj: Any) -> str:
     """A readable description of ``obj`` that is the same string on every rank for equal values.
 
     Global tensors are described by their metadata (shape, dtype, placement, SBP), local
@@ -123,12 +126,12 @@ def describe(obj: Any) -> str:
     if isinstance(obj, np.generic):
         return repr(obj.item())
     if isinstance(obj, tuple):
-        inner = ", ".join(describe(o) for o in obj)
+        inner = ", ".join(meta_text(o) for o in obj)
         return f"({inner}{',' if len(obj) == 1 else ''})"
     if isinstance(obj, list):
-        return "[" + ", ".join(describe(o) for o in obj) + "]"
+        return "[" + ", ".join(meta_text(o) for o in obj) + "]"
     if isinstance(obj, Mapping):
-        items = sorted((describe(k), describe(v)) for k, v in obj.items())
+        items = sorted((meta_text(k), meta_text(v)) for k, v in obj.items())
         return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
     if obj is Ellipsis:
         return "..."
@@ -161,33 +164,93 @@ def _describe_tensor(layout: Layout, dtype: np.dtype) -> str:
 
 
 def fingerprint(meta: Any) -> int:
-    """A 63-bit non-negative integer hash of ``describe(meta)``, equal across processes."""
-    digest = hashlib.blake2b(describe(meta).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & _MASK63
+    """A 63-bit non-negative integer hash of ``meta_text(meta)``, equal across processes
+    (:func:`sbpmpi.comm.agreement.fingerprint_of`)."""
+    return agreement.fingerprint_of(meta_text(meta))
 
 
-def _step_text(what: str, meta: Any) -> str:
+class StepCheck(NamedTuple):
+    """A step as the consistency check describes it, made once per distinct step."""
+
+    #: ``what(meta_text of each argument)``, the text a mismatch message shows
+    text: str
+    #: the fingerprint the check compares when no local steps are pending
+    fingerprint: int
+    #: the 8-byte digest a local step folds into the running hash (:func:`note_step`)
+    digest: bytes
+
+
+def _new_check(what: str, meta: Any) -> StepCheck:
     args = meta if isinstance(meta, tuple) else (meta,)
-    key = _text_key(what, args)
-    if key is not None:
-        text = _TEXTS.get(key)
-        if text is not None:
-            return text
-    text = f"{what}({', '.join(describe(a) for a in args)})"
-    if key is not None:
-        if len(_TEXTS) >= _CACHE_SIZE:
-            _TEXTS.clear()
-        _TEXTS[key] = text
-    return text
+    text = f"{what}({', '.join(meta_text(a) for a in args)})"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    # the fingerprint of ``text`` with an empty seed (agreement.fingerprint_of), from its digest
+    return StepCheck(text, int.from_bytes(digest, "little") & agreement.MASK63, digest)
 
 
-# A repeated step (x.to_global in a loop) reuses its text and fingerprint: describing and
-# hashing cost tens of microseconds once a large conversion has evicted the caches.
+# A repeated step (x.to_global in a loop, an op on the same layouts) reuses its check:
+# describing and hashing cost tens of microseconds once a large conversion has evicted the
+# caches. The one cache of step checks; keys from _text_key only.
 _CACHE_SIZE = 4096
-_TEXTS: dict[tuple[Any, ...], str] = {}
-_FINGERPRINTS: dict[str, int] = {}  # text -> fingerprint with no local steps pending
+_CHECKS: dict[tuple[Any, ...], StepCheck] = {}
 _SBP_TYPES = (Split, Broadcast, Partial)
 _PLAIN = (str, Placement, Layout, *_SBP_TYPES)
+_CONVERSION = object()  # keys conversion_check's entries apart from step_check's
+
+
+def _cached_check(key: tuple[Any, ...] | None, what: str, meta: Any) -> StepCheck:
+    if key is not None:
+        hit = _CHECKS.get(key)
+        if hit is not None:
+            return hit
+    check = _new_check(what, meta)
+    if key is not None:
+        if len(_CHECKS) >= _CACHE_SIZE:
+            _CHECKS.clear()
+        _CHECKS[key] = check
+    return check
+
+
+def step_check(what: str, meta: Any = ()) -> StepCheck:
+    """The :class:`StepCheck` of the step ``(what, meta)``, as :func:`check_collective`
+    describes it (no communication; cached where the arguments allow)."""
+    args = meta if isinstance(meta, tuple) else (meta,)
+    return _cached_check(_text_key(what, args), what, meta)
+
+
+def conversion_check(x: Any, placement: Any, sbp: Any) -> StepCheck:
+    """The :class:`StepCheck` of ``x.to_global(placement, sbp)``: its metadata as
+    :func:`conversion_meta` normalises it (no communication; cached for repeated
+    arguments)."""
+    # the key of _text_key, made directly (this runs on every x.to_global)
+    t = type(sbp)
+    if t is list or t is tuple:
+        keyed = all(type(s) in _SBP_TYPES for s in sbp)
+        if keyed:
+            sbp = tuple(sbp)  # a list is the same request as the tuple, described alike
+    else:
+        keyed = sbp is None or t in _SBP_TYPES
+    layout = getattr(x, "layout", None)
+    key = None
+    if keyed and (placement is None or type(placement) is Placement) \
+            and isinstance(layout, Layout) and not isinstance(x, type):
+        key = (_CONVERSION, layout, x.dtype, placement, sbp)
+        hit = _CHECKS.get(key)
+        if hit is not None:
+            return hit
+    return _cached_check(key, TO_GLOBAL, conversion_meta(x, placement, sbp))
+
+
+def clear_step_checks() -> None:
+    """Forget the cached step checks (they are described again on their next use).
+
+    A test hook as much as anything: a fresh description must equal the cached one.
+    """
+    _CHECKS.clear()
+
+
+#: What the consistency check of ``x.to_global`` calls the step.
+TO_GLOBAL = "x.to_global"
 
 
 def _text_key(what: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -212,15 +275,10 @@ def _text_key(what: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     return tuple(key)
 
 
-def _fingerprint(text: str, seed: bytes) -> int:
-    if seed != _NO_STEPS:
-        return agreement.fingerprint_of(text, seed)
-    fp = _FINGERPRINTS.get(text)
-    if fp is None:
-        if len(_FINGERPRINTS) >= _CACHE_SIZE:
-            _FINGERPRINTS.clear()
-        fp = _FINGERPRINTS[text] = agreement.fingerprint_of(text, seed)
-    return fp
+def _fingerprint(check: StepCheck, seed: bytes) -> int:
+    """The fingerprint of ``check``'s text after the local steps hashed into ``seed``."""
+    return check.fingerprint if seed == _NO_STEPS else \
+        agreement.fingerprint_of(check.text, seed)
 
 
 _NO_STEPS = bytes(8)
@@ -244,23 +302,16 @@ def note_step(what: str, meta: Any = ()) -> None:
     if debug_enabled():  # strict: every step is checked at once
         check_collective(what, meta)
         return
-    text = _step_text(what, meta)
-    note_step_digest(step_digest(text), text)
+    note_known_step(step_check(what, meta))
 
 
-def step_digest(text: str) -> bytes:
-    """The 8-byte fingerprint of a step's text, as :func:`note_step` folds it."""
-    return hashlib.blake2b(text.encode(), digest_size=8).digest()
-
-
-def note_step_digest(digest: bytes, text: str) -> None:
-    """Fold a local step whose text (``what(description of meta)``) and
-    :func:`step_digest` the caller made once and cached (the ops' dispatch fast path);
-    the caller checks that checking is on and debug mode off. Same effect as
-    :func:`note_step` with that text."""
+def note_known_step(step: StepCheck) -> None:
+    """Fold a local step whose :func:`step_check` the caller made once and kept (the ops'
+    dispatch fast path); the caller checks that checking is on and debug mode off. Same
+    effect as :func:`note_step` with that step."""
     global _pending, _pending_n
-    _pending = hashlib.blake2b(_pending + digest, digest_size=8).digest()
-    _recent.append(text)
+    _pending = hashlib.blake2b(_pending + step.digest, digest_size=8).digest()
+    _recent.append(step.text)
     _pending_n += 1
 
 
@@ -333,31 +384,21 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
         world, n = agreement.covers_world(group), len(group.ranks)
     if n == 1:
         return True
-    text = _step_text(what, meta)
-    return _agree(what, text, _fingerprint(text, _pending if world else _NO_STEPS), group,
-                  world)
+    step = step_check(what, meta)
+    return _agree(what, step.text, _fingerprint(step, _pending if world else _NO_STEPS),
+                  group, world)
 
 
-def step_text(what: str, meta: Any = ()) -> tuple[str, int]:
-    """The text :func:`check_collective` describes the step ``(what, meta)`` by, and its
-    fingerprint with no local steps pending (no communication), for
-    :func:`check_known_step`."""
-    text = _step_text(what, meta)
-    return text, _fingerprint(text, _NO_STEPS)
-
-
-def check_known_step(what: str, text: str, fp: int) -> bool:
-    """:func:`check_collective` on the world for a step whose :func:`step_text` the caller
-    made (and may cache: ``x.to_global`` repeated with the same arguments): the same
-    exchange and result, without describing the step again."""
+def check_step(what: str, step: StepCheck) -> bool:
+    """:func:`check_collective` on the world for a step whose :func:`step_check` (or
+    :func:`conversion_check`) the caller made: the same exchange and result, without
+    describing the step again."""
     if not _CHECK.value:
         return False
     _stats["checks"] += 1
     if len(WORLD.ranks) == 1:
         return True
-    if _pending is not _NO_STEPS:  # local steps to fold in: the fingerprint changes
-        fp = _fingerprint(text, _pending)
-    return _agree(what, text, fp, None, True)
+    return _agree(what, step.text, _fingerprint(step, _pending), None, True)
 
 
 def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> bool:
@@ -368,13 +409,36 @@ def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> b
         _reset_pending()
     if texts is None:
         return True
-    _, ranks = agreement.members(group)
-    lines = group_lines([t for t, _ in texts], ranks)
     raise CollectiveMismatchError(
-        "ranks disagree on a collective step:\n" + "\n".join(lines) + "\nEvery rank must call "
-        "the same operations, on tensors of the same shape, dtype, SBP and placement, in the "
-        "same order."
-    )
+        mismatch_message([t for t, _ in texts], agreement.members(group)[1], SAME_CALLS))
+
+
+def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
+    """Comm's checked mode: every rank of the world must ask for the same conversion (one
+    agreement exchange), for a conversion no consistency check covered.
+
+    Raises
+    ------
+    ValueError
+        On every rank, naming the conversion of rank 0 and of the first rank that differs.
+    CollectiveMismatchError
+        On every rank, when some rank is in another kind of step.
+    """
+    sig = (str(src), str(dst), dtype.str)
+    text = f"box({sig[0]} -> {sig[1]}, {dtype})"
+    sigs = agreement.agree(agreement.fingerprint_of(repr(sig)), "box", text,
+                           lambda: (text, sig))
+    if sigs is None:
+        return
+    if not all(isinstance(d, tuple) and len(d) == 3 for _, d in sigs):  # another kind of step
+        raise CollectiveMismatchError(
+            mismatch_message([t for t, _ in sigs], agreement.members(None)[1]))
+    for r, (_, s) in enumerate(sigs):
+        if s != sigs[0][1]:
+            s0 = sigs[0][1]
+            raise ValueError(f"box: ranks disagree on the conversion: rank 0 converts "
+                             f"{s0[0]} to {s0[1]} ({np.dtype(s0[2])}) but rank "
+                             f"{r} converts {s[0]} to {s[1]} ({np.dtype(s[2])})")
 
 
 def _local_steps(world: bool) -> str:
@@ -393,7 +457,7 @@ def _shard_hash(local: Any) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(str((a.shape, a.dtype.str)).encode())
     h.update(a.view(np.uint8).reshape(-1).data if a.size else b"")
-    return int.from_bytes(h.digest(), "little") & _MASK63
+    return int.from_bytes(h.digest(), "little") & agreement.MASK63
 
 
 def check_broadcast_shards(x: Any, what: str = "tensor") -> None:

@@ -452,7 +452,8 @@ def _slices(box: Box, origin: Box) -> tuple[slice, ...]:
     return tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin))
 
 
-def _convert(x: Any, same: bool, device_type: str) -> Any:
+def _on_device_type(x: Any, same: bool, device_type: str) -> Any:
+    """``x`` as an array of ``device_type`` (a copy unless ``same``: it already is one)."""
     return x if same else backend.to_device(x, device_type)
 
 
@@ -523,7 +524,7 @@ def _send_recv(st: Step, me: int) -> Fn | None:
             for piece in _pieces(_contiguous(xp1, a[idx] if idx else a), limit):
                 works.append(comm.isend(piece, r, TAG))
         for slot, idx1, idx2 in local:
-            bufs[slot][idx2] = _convert(a[idx1], same_type, t2)
+            bufs[slot][idx2] = _on_device_type(a[idx1], same_type, t2)
         for w in works:
             w.wait()
         for slot, idx, tmp in later:
@@ -558,12 +559,12 @@ def _broadcast(st: Step, me: int) -> Fn | None:
         if me == root:
             buf = _contiguous(xp1, a)
             comm.broadcast(buf, root, group)
-            return _convert(buf, same_type, t2) if in2 else np.empty(empty_shape(ndim), a.dtype)
+            return _on_device_type(buf, same_type, t2) if in2 else np.empty(empty_shape(ndim), a.dtype)
         if group is not None:
             out = backend.empty(xp2, shape, a.dtype)
             comm.broadcast(out, root, group)
             return out
-        return _convert(a, same_type, t2)  # already holds the value
+        return _on_device_type(a, same_type, t2)  # already holds the value
 
     return run
 

@@ -2,11 +2,15 @@
 
 ``redistribute(local, src, dst, dtype)`` takes this rank's shard of a tensor laid out as
 ``src`` and returns its shard laid out as ``dst``. It knows layouts and local arrays,
-not ``GlobalTensor``; :meth:`sbpmpi.GlobalTensor.to_global` and the ops call it.
+not ``GlobalTensor``; ``x.to_global`` (through :mod:`sbpmpi.conversion`), the operands
+the ops box, the gradients autograd boxes and the checkpoints' conversions all call it.
 
 There is one cache: ``(src, dst, dtype, cost-table version) -> compiled program``. A hit
-runs the program; a miss validates the conversion (the same error on every rank, before
-any communication), plans it with the cost table in use and compiles it for this rank.
+runs the program; a miss plans the conversion with the cost table in use (the planner
+validates it: the same error on every rank, before any communication), checks the dtype
+and compiles the plan for this rank. In comm's checked mode (``SBPMPI_COMM_CHECK=1``) the
+conversion is agreed on as a whole first (unless the caller's consistency check covered
+it: ``agreed=True``) and its collectives skip their own exchange.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import numpy as np
 
 from ..boxing.cost import CostTable
 from ..boxing.explanation import Explanation
-from ..boxing.plan import Plan, check_conversion, meaningful
+from ..boxing.plan import Plan, why_meaningless
 from ..boxing.planner import candidate_plans, plan_conversion
+from ..comm import checks
 from ..core.layout import Layout
 from ..core.sbp import check_partials
 from ..env import get_rank
 from . import cost_table
+from .consistency import agree_on_conversion
 from .execute import Program, compile_plan
 
 __all__ = ["redistribute", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
@@ -43,27 +49,22 @@ def check_dtype(src: Layout, dst: Layout, dtype: np.dtype) -> None:
     check_partials(src.sbp + dst.sbp, dtype)
 
 
-def _validate(src: Layout, dst: Layout, dtype: np.dtype) -> None:
-    check_conversion(src, dst)
-    check_dtype(src, dst, dtype)
-
-
 def program_for(src: Layout, dst: Layout, dtype: Any) -> Program | None:
     """The compiled program converting ``src`` to ``dst`` on this rank (None: no change).
 
     Validated and planned on the first call for these layouts, dtype and cost table;
-    cached after that.
+    cached after that. Only :func:`redistribute` runs it.
     """
     if not isinstance(dtype, np.dtype):
         dtype = np.dtype(dtype)
-    key = (src, dst, dtype, cost_table._version)  # the version, read without a call
+    key = (src, dst, dtype, cost_table.version())
     prog = _programs.get(key, _MISSING)
     if prog is not _MISSING:
         return prog  # type: ignore[return-value]
     prog = None
     if src != dst:
-        _validate(src, dst, dtype)
         plan = plan_conversion(src, dst, dtype.itemsize, cost_table.get_cost_table())
+        check_dtype(src, dst, dtype)
         prog = compile_plan(plan, get_rank())
     if len(_programs) >= _CACHE_SIZE:
         _programs.clear()
@@ -71,31 +72,47 @@ def program_for(src: Layout, dst: Layout, dtype: Any) -> Program | None:
     return prog
 
 
-def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any) -> Any:
+def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any, *,
+                 agreed: bool = False) -> Any:
     """This rank's shard of the tensor laid out as ``dst``, from its shard ``local`` as ``src``.
 
     Collective over the ranks of both layouts' placements (every rank of the world may
     call it; ranks outside both return an empty shard). ``local`` is returned unchanged
     when ``src == dst``; the result may share memory with ``local`` where the shard is
     unchanged (a view, as NumPy slicing gives).
+
+    ``agreed``: the caller's consistency check covered this conversion on every rank of
+    the world; in comm's checked mode it then makes no agreement exchange of its own.
+    Without it, checked mode makes one, and every rank of the world must call
+    ``redistribute`` (members of neither placement too).
     """
+    if not checks.checking():
+        prog = program_for(src, dst, dtype)
+        return local if prog is None else prog(local)
+    if not agreed:  # before anything returns: a rank with nothing to do takes part too
+        agree_on_conversion(src, dst, np.dtype(dtype))
     prog = program_for(src, dst, dtype)
-    return local if prog is None else prog(local)
+    if prog is None:
+        return local
+    with checks.agreed():  # agreed as a whole: its collectives skip their own exchange
+        return prog(local)
 
 
 def plan_for_layouts(src: Layout, dst: Layout, dtype: Any) -> Plan:
     """The plan :func:`redistribute` runs from ``src`` to ``dst`` (no communication)."""
     dtype = np.dtype(dtype)
-    _validate(src, dst, dtype)
-    return plan_conversion(src, dst, dtype.itemsize, cost_table.get_cost_table())
+    plan = plan_conversion(src, dst, dtype.itemsize, cost_table.get_cost_table())
+    check_dtype(src, dst, dtype)
+    return plan
 
 
 def explain_layouts(src: Layout, dst: Layout, dtype: Any) -> Explanation:
     """The chosen plan from ``src`` to ``dst`` and the rejected ones (no communication)."""
     dtype = np.dtype(dtype)
-    _validate(src, dst, dtype)
     table: CostTable = cost_table.get_cost_table()
-    return Explanation(candidate_plans(src, dst, dtype.itemsize, table), dtype, table)
+    choice = candidate_plans(src, dst, dtype.itemsize, table)
+    check_dtype(src, dst, dtype)
+    return Explanation(choice, dtype, table)
 
 
 def conversion_cost(src: Layout, dst: Layout, itemsize: int, device_type: str = "cpu") -> float:
@@ -107,6 +124,6 @@ def conversion_cost(src: Layout, dst: Layout, itemsize: int, device_type: str = 
     """
     if src == dst:
         return 0.0
-    if src.shape == dst.shape and meaningful(src, dst) is not None:
+    if src.shape == dst.shape and why_meaningless(src, dst) is not None:
         return float("inf")
     return plan_conversion(src, dst, int(itemsize), cost_table.get_cost_table()).seconds
