@@ -302,6 +302,9 @@ class DataParallel(Module):
     returns; its local shard is a view into its bucket. The results equal the unbucketed
     ones (bit for bit, as each gradient all-reduced on its own).
 
+    Use :meth:`no_sync` (or :func:`sbpmpi.nn.no_sync` for every DataParallel) to
+    accumulate gradients over several backwards and reduce the sum once.
+
     Parameters
     ----------
     module : Module
@@ -312,9 +315,6 @@ class DataParallel(Module):
     bucket_cap_mb, first_bucket_mb : float
         Bucket sizes in MiB, counted over whole gradients in reverse parameter order:
         PyTorch DDP's 25 and 1 by default (the first bucket small, to start early).
-
-    Use :meth:`no_sync` (or :func:`sbpmpi.nn.no_sync` for every DataParallel) to
-    accumulate gradients over several backwards and reduce the sum once.
     """
 
     def __init__(self, module: Module, *, axis: int = 0, bucket_cap_mb: float = 25.0,
@@ -352,6 +352,8 @@ def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0) -> tuple
     returned pair from then on. See :mod:`sbpmpi.zero`."""
     from .zero import shard as shard_layouts
 
+    if not isinstance(module, Module):
+        raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
     return shard_layouts(module, optimizer, stage=stage, axis=axis)
 
 

@@ -51,10 +51,11 @@ def _split_sbp(p: GlobalTensor, axis: int) -> tuple[SBP, ...] | None:
 
 
 def _check(module: Any, optimizer: Any, stage: Any, axis: Any) -> None:
-    from .nn import Module
     from .optim import Optimizer
 
-    if not isinstance(module, Module):
+    # sm.nn.shard checks the type itself; a module here needs what ShardedModule calls
+    # (sbpmpi.nn imports this module: no import back)
+    if not callable(module) or not callable(getattr(module, "named_parameters", None)):
         raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"shard: optimizer must be an sm.optim optimizer, got "

@@ -66,6 +66,7 @@ from ..core.sbp import Broadcast, Partial, partial_sum
 from ..env import get_rank
 from ..runtime.consistency import check_collective
 from ..tensor import GlobalTensor
+from .gradients import accumulate
 
 __all__ = ["Reducer", "no_sync", "slot_of", "add", "done", "contributions", "arrived",
            "progress", "finish", "abandon",
@@ -356,8 +357,6 @@ class Reducer:
         if s.prev is None and s.extra is None:
             p._grad = r
         else:
-            from .engine import accumulate
-
             p._grad = s.prev
             for g in (r, s.extra):
                 if g is not None:
@@ -370,8 +369,6 @@ class Reducer:
         if s.prev is None and s.extra is None:
             s.local_grad = p._grad = loc
         else:  # add to the kept .grad now (boxed to the parameter's layout)
-            from .engine import accumulate
-
             p._grad = s.prev
             for g in (None if loc is None else GlobalTensor(s.view.copy(), s.partial, p.dtype),
                       s.extra):

@@ -22,10 +22,11 @@ from typing import Any
 
 from .. import ops
 from ..comm.trace import ACTIVE, mark
-from ..core.sbp import Partial, broadcast
+from ..core.sbp import broadcast
 from ..creation import full
 from ..tensor import GlobalTensor
 from . import buckets
+from .gradients import accumulate
 from .mode import no_grad
 from .rules import RULES
 from .tape import Node, differentiable
@@ -75,27 +76,6 @@ def _order(root: Node) -> list[Node]:
         else:
             post.append(node)
     return post[::-1]
-
-
-def accumulate(leaf: GlobalTensor, g: GlobalTensor) -> None:
-    """Add ``g`` to ``leaf.grad``, boxed to the leaf's placement, SBP and dtype."""
-    if g.dtype != leaf.dtype:
-        g = ops.astype(g, leaf.dtype)
-    g = _in_layout_of(leaf, g)
-    leaf._grad = g if leaf._grad is None else _in_layout_of(leaf, ops.add(leaf._grad, g))
-
-
-def _in_layout_of(leaf: GlobalTensor, g: GlobalTensor) -> GlobalTensor:
-    """``g`` boxed to ``leaf``'s placement and SBP."""
-    if g.layout == leaf.layout:
-        return g
-    if any(isinstance(s, Partial) and s.op != "sum" for s in leaf.sbp):
-        # partial_max/min leaf: a partial_sum gradient (or sum of two gradients) cannot
-        # become one directly, it is reduced first (a broadcast value is a valid
-        # partial_max value)
-        g = g.to_global(placement=leaf.placement, sbp=tuple(
-            broadcast if isinstance(s, Partial) else s for s in leaf.sbp))
-    return g.to_global(placement=leaf.placement, sbp=leaf.sbp)
 
 
 def backward(root: GlobalTensor, gradient: Any = None) -> None:
