@@ -1,0 +1,135 @@
+"""Elementwise functions: every one of the standard, computed on local shards.
+
+Elementwise functions need no communication on any layout: a split operand keeps its
+split, a partial one is reduced first (see :mod:`._local`). The kernels are NumPy's
+ufuncs, which follow the standard's special cases for NaN, infinities and signed zeros.
+Python scalars take the dtype of the array operands (the standard's rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..tensor import GlobalTensor
+from ._dtypes import bool as bool_
+from ._dtypes import result_type
+from ._local import elementwise
+
+#: The standard's name -> NumPy's ufunc name, for the unary functions.
+UNARY: dict[str, str] = {
+    "abs": "absolute", "acos": "arccos", "acosh": "arccosh", "asin": "arcsin",
+    "asinh": "arcsinh", "atan": "arctan", "atanh": "arctanh", "bitwise_invert": "invert",
+    "conj": "conjugate", "cos": "cos", "cosh": "cosh", "exp": "exp", "expm1": "expm1",
+    "imag": "imag", "isfinite": "isfinite", "isinf": "isinf", "isnan": "isnan", "log": "log",
+    "log1p": "log1p", "log2": "log2", "log10": "log10", "logical_not": "logical_not",
+    "negative": "negative", "positive": "positive", "real": "real",
+    "reciprocal": "reciprocal", "sign": "sign", "signbit": "signbit", "sin": "sin",
+    "sinh": "sinh", "square": "square", "sqrt": "sqrt", "tan": "tan", "tanh": "tanh",
+}
+#: Unary rounding functions: the identity on integers (the standard keeps their dtype).
+ROUNDING: dict[str, str] = {"ceil": "ceil", "floor": "floor", "trunc": "trunc",
+                            "round": "round"}
+#: The standard's name -> NumPy's ufunc name, for the binary functions.
+BINARY: dict[str, str] = {
+    "add": "add", "atan2": "arctan2", "bitwise_and": "bitwise_and",
+    "bitwise_left_shift": "left_shift", "bitwise_or": "bitwise_or",
+    "bitwise_right_shift": "right_shift", "bitwise_xor": "bitwise_xor",
+    "copysign": "copysign", "divide": "true_divide", "equal": "equal",
+    "floor_divide": "floor_divide", "greater": "greater", "greater_equal": "greater_equal",
+    "hypot": "hypot", "less": "less", "less_equal": "less_equal", "logaddexp": "logaddexp",
+    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
+    "maximum": "maximum", "minimum": "minimum", "multiply": "multiply",
+    "nextafter": "nextafter", "not_equal": "not_equal", "pow": "power",
+    "remainder": "remainder", "subtract": "subtract",
+}
+
+__all__ = [*UNARY, *ROUNDING, *BINARY, "clip", "where", "ELEMENTWISE"]
+
+
+def _array(name: str, x: Any) -> GlobalTensor:
+    if not isinstance(x, GlobalTensor):
+        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
+    return x
+
+
+def _unary(name: str, ufunc: str) -> Callable[[GlobalTensor], GlobalTensor]:
+    def f(x: GlobalTensor, /) -> GlobalTensor:
+        _array(name, x)
+        return elementwise(name, lambda xp, a: getattr(xp, ufunc)(a), x)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Elementwise ``{name}`` of a global array (NumPy's ``{ufunc}`` on each shard)."
+    return f
+
+
+def _rounding(name: str, fn: str) -> Callable[[GlobalTensor], GlobalTensor]:
+    def kernel(xp: ModuleType, a: Any) -> Any:
+        return a.copy() if a.dtype.kind in "biu" else getattr(xp, fn)(a)
+
+    def f(x: GlobalTensor, /) -> GlobalTensor:
+        _array(name, x)
+        return elementwise(name, kernel, x, dtype=x.dtype)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = (f"Elementwise ``{name}`` of a global array (integers are returned "
+                 f"unchanged, in their dtype).")
+    return f
+
+
+def _binary(name: str, ufunc: str) -> Callable[[Any, Any], GlobalTensor]:
+    def f(x1: Any, x2: Any, /) -> GlobalTensor:
+        return elementwise(name, lambda xp, a, b: getattr(xp, ufunc)(a, b), x1, x2)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = (f"Elementwise ``{name}`` of global arrays or Python scalars, with "
+                 f"broadcasting (NumPy's ``{ufunc}`` on each shard).")
+    return f
+
+
+#: Every elementwise function of the namespace by name.
+ELEMENTWISE: dict[str, Callable[..., GlobalTensor]] = {
+    **{n: _unary(n, u) for n, u in UNARY.items()},
+    **{n: _rounding(n, u) for n, u in ROUNDING.items()},
+    **{n: _binary(n, u) for n, u in BINARY.items()},
+}
+globals().update(ELEMENTWISE)
+
+
+def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor:  # noqa: A002
+    """``x`` limited to ``[min, max]`` (either may be None, a Python scalar or a global
+    array); the result has the dtype of ``x``."""
+    _array("clip", x)
+    bounds = [b for b in (min, max) if b is not None]
+    lo, hi = min is not None, max is not None
+
+    def kernel(xp: ModuleType, a: Any, *b: Any) -> Any:
+        out = a
+        if lo:
+            out = xp.where(xp.isnan(b[0]) if b[0].dtype.kind in "fc" else False, b[0],
+                           xp.maximum(out, b[0]))
+        if hi:
+            m = b[-1]
+            out = xp.where(xp.isnan(m) if m.dtype.kind in "fc" else False, m,
+                           xp.minimum(out, m))
+        return xp.array(out, copy=True)
+
+    def scalar_ok(b: Any) -> Any:
+        return b if isinstance(b, GlobalTensor) else np.asarray(b).astype(x.dtype)[()]
+
+    return elementwise("clip", kernel, x, *map(scalar_ok, bounds), dtype=x.dtype,
+                       scalar_dtype=x.dtype)
+
+
+def where(condition: GlobalTensor, x1: Any, x2: Any, /) -> GlobalTensor:
+    """Elements of ``x1`` where ``condition`` is true, else of ``x2`` (global arrays or
+    Python scalars), with broadcasting."""
+    _array("where", condition)
+    if condition.dtype != bool_:
+        raise TypeError(f"where: condition must be a bool array, got dtype {condition.dtype}")
+    dt = result_type(x1, x2)
+    return elementwise("where", lambda xp, c, a, b: xp.where(c, a, b), condition, x1, x2,
+                       dtype=dt, scalar_dtype=dt)
