@@ -58,10 +58,11 @@ def _inplace(name: str) -> Any:
             raise RuntimeError(f"x {name}= y: in-place operators are not recorded by autograd; "
                                f"write x = x {name} y for a tensor that requires grad")
         dt = xp.result_type(self, other)
-        if dt != self._dtype:
-            raise TypeError(f"x {name}= y: the result dtype {dt} differs from x's dtype "
-                            f"{self._dtype} (in-place operators keep the dtype of x)")
-        out = _BINARY[name](self, other)
+        out = _BINARY[name](self, other) if dt == self._dtype else None
+        if out is None or out.dtype != self._dtype:
+            raise TypeError(f"x {name}= y: the result dtype {dt if out is None else out.dtype} "
+                            f"differs from x's dtype {self._dtype} (in-place operators keep "
+                            f"the dtype of x)")
         if out.shape != self.shape:
             raise ValueError(f"x {name}= y: y broadcasts x of shape {self.shape} to "
                              f"{out.shape} (in-place operators keep the shape of x)")

@@ -7,6 +7,7 @@ whole on each rank (a split there is boxed first) and reduce with NumPy.
 
 from __future__ import annotations
 
+import builtins
 import math
 from types import ModuleType
 from typing import Any
@@ -122,6 +123,9 @@ def std(x: GlobalTensor, /, *, axis: Any = None, correction: Any = 0.0,
 def _extreme(name: str, x: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
     _x(name, x)
     axes = norm_axes(name, axis, x.ndim)
+    if builtins.any(x.shape[d] == 0 for d in axes):
+        raise ValueError(f"{name}: cannot reduce over axis {axis!r} of size 0 in an array of "
+                         f"shape {x.shape} ({name} has no identity)")
     if x.dtype.kind == "b":
         fn = np.all if name == "min" else np.any
         return _numpy_reduction(name, x, axes, keepdims, x.dtype,
