@@ -72,9 +72,13 @@ def _inplace(name: str) -> Any:
     return method
 
 
+def _namespace_call(fn: str) -> Any:
+    return lambda a, b: getattr(_xp(), fn)(a, b)
+
+
 #: Operator -> the namespace function computing it (``sbpmpi.array_api``).
 _BINARY: dict[str, Any] = {
-    op: (lambda fn: lambda a, b: getattr(_xp(), fn)(a, b))(fn) for op, fn in (
+    op: _namespace_call(fn) for op, fn in (
         ("+", "add"), ("-", "subtract"), ("*", "multiply"), ("/", "divide"),
         ("//", "floor_divide"), ("%", "remainder"), ("**", "pow"), ("@", "matmul"),
         ("&", "bitwise_and"), ("|", "bitwise_or"), ("^", "bitwise_xor"),

@@ -558,8 +558,8 @@ def test_max_min_all_any_count_nonzero_match_numpy(data, keepdims):
     ax = data.draw(axes(a.ndim))
     x = make(case)
     for name, f in (("max", np.max), ("min", np.min)):
-        want = outcome(lambda: numpy(f, a, axis=ax, keepdims=keepdims))
-        got = outcome(lambda: getattr(xp, name)(x, axis=ax, keepdims=keepdims))
+        want = outcome(lambda f=f: numpy(f, a, axis=ax, keepdims=keepdims))
+        got = outcome(lambda name=name: getattr(xp, name)(x, axis=ax, keepdims=keepdims))
         assert got[0] == want[0]
         if got[0] == "value":
             same(got[1], want[1])

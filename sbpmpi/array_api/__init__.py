@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _creation, _dtypes, _elementwise, _linalg, _manipulation, _searching, _statistical
 from ._creation import (
     arange,
     asarray,
@@ -57,7 +56,76 @@ from ._dtypes import (
     uint32,
     uint64,
 )
-from ._elementwise import ELEMENTWISE, clip, where
+from ._elementwise import (
+    abs,
+    acos,
+    acosh,
+    add,
+    asin,
+    asinh,
+    atan,
+    atan2,
+    atanh,
+    bitwise_and,
+    bitwise_invert,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
+    ceil,
+    clip,
+    conj,
+    copysign,
+    cos,
+    cosh,
+    divide,
+    equal,
+    exp,
+    expm1,
+    floor,
+    floor_divide,
+    greater,
+    greater_equal,
+    hypot,
+    imag,
+    isfinite,
+    isinf,
+    isnan,
+    less,
+    less_equal,
+    log,
+    log1p,
+    log2,
+    log10,
+    logaddexp,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    maximum,
+    minimum,
+    multiply,
+    negative,
+    nextafter,
+    not_equal,
+    positive,
+    pow,
+    real,
+    reciprocal,
+    remainder,
+    round,
+    sign,
+    signbit,
+    sin,
+    sinh,
+    sqrt,
+    square,
+    subtract,
+    tan,
+    tanh,
+    trunc,
+    where,
+)
 from ._info import __array_namespace_info__
 from ._linalg import matmul, matrix_transpose, tensordot, vecdot
 from ._manipulation import (
@@ -114,13 +182,26 @@ nan = float("nan")
 newaxis = None
 pi = 3.141592653589793
 
-globals().update(ELEMENTWISE)
-
 __all__ = [
     "__array_api_version__", "__array_namespace_info__", "e", "inf", "nan", "newaxis", "pi",
-    *_dtypes.__all__[:13], "astype", "can_cast", "finfo", "iinfo", "isdtype", "result_type",
-    *_creation.__all__, *_elementwise.__all__[:-1], *_statistical.__all__,
-    *_manipulation.__all__, *_linalg.__all__, *_searching.__all__,
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float32", "float64", "complex64", "complex128", "astype", "can_cast", "finfo", "iinfo",
+    "isdtype", "result_type", "asarray", "zeros", "ones", "empty", "full", "zeros_like",
+    "ones_like", "empty_like", "full_like", "arange", "linspace", "eye", "tril", "triu",
+    "meshgrid", "from_dlpack", "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh",
+    "bitwise_invert", "conj", "cos", "cosh", "exp", "expm1", "imag", "isfinite", "isinf",
+    "isnan", "log", "log1p", "log2", "log10", "logical_not", "negative", "positive", "real",
+    "reciprocal", "sign", "signbit", "sin", "sinh", "square", "sqrt", "tan", "tanh", "ceil",
+    "floor", "trunc", "round", "add", "atan2", "bitwise_and", "bitwise_left_shift",
+    "bitwise_or", "bitwise_right_shift", "bitwise_xor", "copysign", "divide", "equal",
+    "floor_divide", "greater", "greater_equal", "hypot", "less", "less_equal", "logaddexp",
+    "logical_and", "logical_or", "logical_xor", "maximum", "minimum", "multiply", "nextafter",
+    "not_equal", "pow", "remainder", "subtract", "clip", "where", "sum", "prod", "mean", "var",
+    "std", "max", "min", "cumulative_sum", "cumulative_prod", "all", "any", "count_nonzero",
+    "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip", "roll",
+    "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack", "matmul",
+    "matrix_transpose", "tensordot", "vecdot", "argmax", "argmin", "nonzero", "searchsorted",
+    "sort", "argsort", "unique_all", "unique_counts", "unique_inverse", "unique_values",
     "to_device", "default_device", "namespace_for",
 ]
 

@@ -7,6 +7,7 @@ integer) follow NumPy.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,7 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype:
 def _with_scalar(dt: np.dtype, s: Any) -> np.dtype:
     """The standard's rule: a Python scalar takes the array's dtype, of a kind that holds it
     (a complex scalar makes a float array complex)."""
-    if isinstance(s, builtins_bool):
+    if isinstance(s, builtins.bool):
         if dt.kind != "b" and dt.kind not in "iufc":
             raise TypeError(f"result_type: a Python bool does not combine with {dt}")
         return dt
@@ -109,8 +110,6 @@ def _with_scalar(dt: np.dtype, s: Any) -> np.dtype:
         raise TypeError(f"result_type: a Python complex does not combine with {dt}")
     return dt
 
-
-builtins_bool = type(True)
 
 
 def can_cast(from_: Any, to: Any, /) -> Any:

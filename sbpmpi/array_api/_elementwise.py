@@ -90,13 +90,77 @@ def _binary(name: str, ufunc: str) -> Callable[[Any, Any], GlobalTensor]:
     return f
 
 
+# One module-level name per function (the namespace imports them by name).
+abs = _unary("abs", "absolute")  # noqa: A001
+acos = _unary("acos", "arccos")
+acosh = _unary("acosh", "arccosh")
+asin = _unary("asin", "arcsin")
+asinh = _unary("asinh", "arcsinh")
+atan = _unary("atan", "arctan")
+atanh = _unary("atanh", "arctanh")
+bitwise_invert = _unary("bitwise_invert", "invert")
+conj = _unary("conj", "conjugate")
+cos = _unary("cos", "cos")
+cosh = _unary("cosh", "cosh")
+exp = _unary("exp", "exp")
+expm1 = _unary("expm1", "expm1")
+imag = _unary("imag", "imag")
+isfinite = _unary("isfinite", "isfinite")
+isinf = _unary("isinf", "isinf")
+isnan = _unary("isnan", "isnan")
+log = _unary("log", "log")
+log1p = _unary("log1p", "log1p")
+log2 = _unary("log2", "log2")
+log10 = _unary("log10", "log10")
+logical_not = _unary("logical_not", "logical_not")
+negative = _unary("negative", "negative")
+positive = _unary("positive", "positive")
+real = _unary("real", "real")
+reciprocal = _unary("reciprocal", "reciprocal")
+sign = _unary("sign", "sign")
+signbit = _unary("signbit", "signbit")
+sin = _unary("sin", "sin")
+sinh = _unary("sinh", "sinh")
+square = _unary("square", "square")
+sqrt = _unary("sqrt", "sqrt")
+tan = _unary("tan", "tan")
+tanh = _unary("tanh", "tanh")
+ceil = _rounding("ceil", "ceil")
+floor = _rounding("floor", "floor")
+trunc = _rounding("trunc", "trunc")
+round = _rounding("round", "round")  # noqa: A001
+add = _binary("add", "add")
+atan2 = _binary("atan2", "arctan2")
+bitwise_and = _binary("bitwise_and", "bitwise_and")
+bitwise_left_shift = _binary("bitwise_left_shift", "left_shift")
+bitwise_or = _binary("bitwise_or", "bitwise_or")
+bitwise_right_shift = _binary("bitwise_right_shift", "right_shift")
+bitwise_xor = _binary("bitwise_xor", "bitwise_xor")
+copysign = _binary("copysign", "copysign")
+divide = _binary("divide", "true_divide")
+equal = _binary("equal", "equal")
+floor_divide = _binary("floor_divide", "floor_divide")
+greater = _binary("greater", "greater")
+greater_equal = _binary("greater_equal", "greater_equal")
+hypot = _binary("hypot", "hypot")
+less = _binary("less", "less")
+less_equal = _binary("less_equal", "less_equal")
+logaddexp = _binary("logaddexp", "logaddexp")
+logical_and = _binary("logical_and", "logical_and")
+logical_or = _binary("logical_or", "logical_or")
+logical_xor = _binary("logical_xor", "logical_xor")
+maximum = _binary("maximum", "maximum")
+minimum = _binary("minimum", "minimum")
+multiply = _binary("multiply", "multiply")
+nextafter = _binary("nextafter", "nextafter")
+not_equal = _binary("not_equal", "not_equal")
+pow = _binary("pow", "power")  # noqa: A001
+remainder = _binary("remainder", "remainder")
+subtract = _binary("subtract", "subtract")
+
 #: Every elementwise function of the namespace by name.
 ELEMENTWISE: dict[str, Callable[..., GlobalTensor]] = {
-    **{n: _unary(n, u) for n, u in UNARY.items()},
-    **{n: _rounding(n, u) for n, u in ROUNDING.items()},
-    **{n: _binary(n, u) for n, u in BINARY.items()},
-}
-globals().update(ELEMENTWISE)
+    name: globals()[name] for name in (*UNARY, *ROUNDING, *BINARY)}
 
 
 def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor:  # noqa: A002

@@ -99,7 +99,7 @@ def norm_axes(name: str, axis: Any, ndim: int) -> tuple[int, ...]:
     items = axis if isinstance(axis, tuple) else (axis,)
     out = []
     for a in items:
-        if isinstance(a, (type(True), np.bool_)) or not isinstance(a, (int, np.integer)):
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
             raise TypeError(f"{name}: axis must be an int, a tuple of ints or None, got {axis!r}")
         if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
             raise IndexError(f"{name}: axis {a} is out of range for an array of {ndim} dims")

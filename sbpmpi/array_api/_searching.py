@@ -81,7 +81,7 @@ def searchsorted(x1: GlobalTensor, x2: GlobalTensor, /, *, side: str = "left",
         x1 = take_sorted(x1, sorter)
     carried = tuple(DimMatch((None, d), d) for d in range(x2.ndim))
     return run_local("searchsorted", (x1, x2), lambda xp, a, v: xp.searchsorted(a, v, side=side),
-                     x2.shape, np.int64, carried)
+                     x2.shape, np.dtype(np.int64), carried)
 
 
 def take_sorted(x1: GlobalTensor, sorter: GlobalTensor) -> GlobalTensor:

@@ -97,7 +97,7 @@ def _moment(name: str, x: GlobalTensor, axis: Any, correction: Any, keepdims: bo
     _x(name, x)
     if x.dtype.kind not in "fc":
         raise TypeError(f"{name}: x must have a floating dtype, got {x.dtype}")
-    if isinstance(correction, type(True)) or not isinstance(correction, (int, float)):
+    if isinstance(correction, bool) or not isinstance(correction, (int, float)):
         raise TypeError(f"{name}: correction must be a number, got {correction!r}")
     real = np.empty(0, x.dtype).real.dtype
 
