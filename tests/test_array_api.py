@@ -734,3 +734,36 @@ def test_nonzero_searchsorted_unique_match_numpy(case, side):
     same(xp.unique_values(x), values)
     same(xp.unique_counts(x).counts, counts.astype(np.int64))
     same(xp.unique_inverse(x).inverse_indices, inverse.reshape(a.shape).astype(np.int64))
+
+
+@pytest.mark.mpi(min_size=1)
+@SOME
+@given(case=cases(dtypes=("float64", "int16"), min_dims=1), data=st.data(), n=st.integers(0, 3))
+def test_take_and_diff_match_numpy(case, data, n):
+    a = case[0]
+    x = make(case)
+    ax = data.draw(st.integers(-a.ndim, a.ndim - 1))
+    size = a.shape[ax]
+    idx = np.asarray(data.draw(st.lists(st.integers(-size, size - 1), max_size=6)) if size
+                     else [], dtype=np.int64)
+    same(xp.take(x, xp.asarray(idx), axis=ax), np.take(a, idx, axis=ax))
+    same(xp.diff(x, axis=ax, n=n), np.diff(a, n=n, axis=ax))
+    edge = np.take(a, [0] * min(size, 1), axis=ax)
+    same(xp.diff(x, axis=ax, prepend=xp.asarray(edge), append=xp.asarray(edge)),
+         np.diff(a, axis=ax, prepend=edge, append=edge))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_floor_divide_follows_the_special_cases_of_infinities():
+    a = np.array([np.inf, np.inf, -np.inf, -np.inf, 1.0, -1.0, 1.0, -1.0, 7.0, np.nan])
+    b = np.array([2.0, -2.0, 2.0, -2.0, -np.inf, np.inf, np.inf, -np.inf, 2.0, 1.0])
+    want = np.array([np.inf, -np.inf, -np.inf, np.inf, -0.0, -0.0, 0.0, 0.0, 3.0, np.nan])
+    same(xp.floor_divide(xp.asarray(a), xp.asarray(b)), want)
+    same(xp.asarray(a) // xp.asarray(b), want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sum_with_a_dtype_returns_that_dtype():
+    value = np.arange(200, dtype=np.uint8)
+    same(xp.sum(xp.asarray(value), dtype=xp.uint8), np.sum(value, dtype=np.uint8))
+    same(xp.vecdot(xp.asarray(value[:0]), xp.asarray(value[:0])), np.uint8(0))

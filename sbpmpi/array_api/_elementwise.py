@@ -80,9 +80,26 @@ def _rounding(name: str, fn: str) -> Callable[[GlobalTensor], GlobalTensor]:
     return f
 
 
+def _floor_divide(xp: ModuleType, a: Any, b: Any) -> Any:
+    """NumPy's floor_divide with the standard's special cases for infinite operands:
+    ``+-inf // finite`` is an infinity and ``finite // +-inf`` a zero of the quotient's
+    sign (NumPy gives NaN, or -1 for a negative quotient)."""
+    q = xp.floor_divide(a, b)
+    if q.dtype.kind != "f":
+        return q
+    exact = (xp.isinf(a) & xp.isfinite(b) & (b != 0)) | (xp.isfinite(a) & xp.isinf(b))
+    return xp.where(exact, a / b, q)
+
+
+#: Binary functions whose kernel is not NumPy's ufunc alone.
+KERNELS: dict[str, Callable[..., Any]] = {"floor_divide": _floor_divide}
+
+
 def _binary(name: str, ufunc: str) -> Callable[[Any, Any], GlobalTensor]:
+    kernel = KERNELS.get(name) or (lambda xp, a, b: getattr(xp, ufunc)(a, b))
+
     def f(x1: Any, x2: Any, /) -> GlobalTensor:
-        return elementwise(name, lambda xp, a, b: getattr(xp, ufunc)(a, b), x1, x2)
+        return elementwise(name, kernel, x1, x2)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = (f"Elementwise ``{name}`` of global arrays or Python scalars, with "

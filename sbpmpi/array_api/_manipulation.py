@@ -17,7 +17,7 @@ from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._local import axis_op, norm_axes, run_local
 
-__all__ = ["reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
+__all__ = ["take", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
            "roll", "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack"]
 
 
@@ -211,3 +211,41 @@ def unstack(x: GlobalTensor, /, *, axis: int = 0) -> tuple[GlobalTensor, ...]:
     (d,) = norm_axes("unstack", axis, x.ndim)
     return tuple(ops.getitem(x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
 
+
+
+def take(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int | None = None) -> GlobalTensor:
+    """The elements of ``x`` at ``indices`` (1-D integers, gathered on every rank) along
+    ``axis`` (optional for 1-D ``x``); ``axis`` is held whole on each rank."""
+    _x("take", x)
+    if not isinstance(indices, GlobalTensor) or indices.ndim != 1 or \
+            indices.dtype.kind not in "iu":
+        raise TypeError("take: indices must be a 1-D global array of integers")
+    if axis is None:
+        if x.ndim != 1:
+            raise ValueError(f"take: axis is required for an array of {x.ndim} dims")
+        axis = 0
+    (d,) = norm_axes("take", axis, x.ndim)
+    idx = indices.numpy()
+    n = x.shape[d]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"take: indices out of range for axis {d} of size {n}")
+    shape = tuple(idx.size if k == d else s for k, s in enumerate(x.shape))
+    return axis_op("take", x, (d,), lambda xp, a: xp.take(a, xp.asarray(idx), axis=d), shape,
+                   x.dtype, {k: k for k in range(x.ndim)})
+
+
+def diff(x: GlobalTensor, /, *, axis: int = -1, n: int = 1, prepend: GlobalTensor | None = None,
+         append: GlobalTensor | None = None) -> GlobalTensor:
+    """The ``n``-th differences along ``axis`` (after joining ``prepend`` and ``append``)."""
+    _x("diff", x)
+    if x.ndim == 0:
+        raise ValueError("diff: x must have at least one dim")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"diff: n must be a non-negative int, got {n!r}")
+    (d,) = norm_axes("diff", axis, x.ndim)
+    parts = [p for p in (prepend, x, append) if p is not None]
+    src = concat(parts, axis=d) if len(parts) > 1 else x
+    length = max(src.shape[d] - n, 0)
+    shape = tuple(length if k == d else s for k, s in enumerate(src.shape))
+    return axis_op("diff", src, (d,), lambda xp, a: xp.diff(a, n=n, axis=d), shape, src.dtype,
+                   {k: k for k in range(src.ndim)})

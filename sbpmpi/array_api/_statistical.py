@@ -68,7 +68,8 @@ def sum(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,  # noqa: A00
     axes = norm_axes("sum", axis, x.ndim)
     acc = _accumulator("sum", x, dtype)
     src = x if x.dtype == acc else ops.astype(x, acc)
-    return ops.sum(src, axes, keepdim=bool(keepdims))
+    out = ops.sum(src, axes, keepdim=bool(keepdims))
+    return out if out.dtype == acc else ops.astype(out, acc)  # NumPy widens small integers
 
 
 def prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
