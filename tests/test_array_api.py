@@ -747,6 +747,11 @@ def test_take_and_diff_match_numpy(case, data, n):
     idx = np.asarray(data.draw(st.lists(st.integers(-size, size - 1), max_size=6)) if size
                      else [], dtype=np.int64)
     same(xp.take(x, xp.asarray(idx), axis=ax), np.take(a, idx, axis=ax))
+    along = list(a.shape)
+    along[ax] = data.draw(st.integers(0, 3)) if size else 0
+    pick = np.random.default_rng(n).integers(-size, max(size, 1), size=along) % max(size, 1)
+    same(xp.take_along_axis(x, xp.asarray(pick), axis=ax),
+         np.take_along_axis(a, pick, axis=ax))
     same(xp.diff(x, axis=ax, n=n), np.diff(a, n=n, axis=ax))
     edge = np.take(a, [0] * min(size, 1), axis=ax)
     same(xp.diff(x, axis=ax, prepend=xp.asarray(edge), append=xp.asarray(edge)),

@@ -143,6 +143,7 @@ from ._manipulation import (
     squeeze,
     stack,
     take,
+    take_along_axis,
     tile,
     unstack,
 )
@@ -200,7 +201,7 @@ __all__ = [
     "logical_and", "logical_or", "logical_xor", "maximum", "minimum", "multiply", "nextafter",
     "not_equal", "pow", "remainder", "subtract", "clip", "where", "sum", "prod", "mean", "var",
     "std", "max", "min", "cumulative_sum", "cumulative_prod", "all", "any", "count_nonzero",
-    "take", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack",
+    "take", "take_along_axis", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack",
     "flip", "roll",
     "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack", "matmul",
     "matrix_transpose", "tensordot", "vecdot", "argmax", "argmin", "nonzero", "searchsorted",

@@ -17,7 +17,7 @@ from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._local import axis_op, norm_axes, run_local
 
-__all__ = ["take", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
+__all__ = ["take", "take_along_axis", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
            "roll", "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack"]
 
 
@@ -232,6 +232,36 @@ def take(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int | None = None) 
     shape = tuple(idx.size if k == d else s for k, s in enumerate(x.shape))
     return axis_op("take", x, (d,), lambda xp, a: xp.take(a, xp.asarray(idx), axis=d), shape,
                    x.dtype, {k: k for k in range(x.ndim)})
+
+
+def take_along_axis(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int = -1
+                    ) -> GlobalTensor:
+    """The elements of ``x`` at ``indices`` along ``axis`` (NumPy's ``take_along_axis``;
+    the other axes broadcast); ``axis`` is held whole on each rank, the others keep their
+    split."""
+    _x("take_along_axis", x)
+    if not isinstance(indices, GlobalTensor) or indices.dtype.kind not in "iu" \
+            or indices.ndim != x.ndim:
+        raise TypeError("take_along_axis: indices must be a global array of integers with "
+                        "as many dims as x")
+    if x.ndim == 0:
+        raise ValueError("take_along_axis: x must have at least one dim")
+    (d,) = norm_axes("take_along_axis", axis, x.ndim)
+    others = [k for k in range(x.ndim) if k != d]
+    try:
+        common = np.broadcast_shapes(tuple(x.shape[k] for k in others),
+                                     tuple(indices.shape[k] for k in others))
+    except ValueError:
+        raise ValueError(f"take_along_axis: x of shape {x.shape} and indices of shape "
+                         f"{indices.shape} do not broadcast outside axis {d}") from None
+    shape = list(indices.shape)
+    for k, n in zip(others, common):
+        shape[k] = int(n)
+    carried = tuple(DimMatch(tuple(k if a.shape[k] == shape[k] else None for a in (x, indices)),
+                             k) for k in others)
+    return run_local("take_along_axis", (x, indices),
+                     lambda xp, a, i: xp.take_along_axis(a, i, axis=d), tuple(shape), x.dtype,
+                     carried)
 
 
 def diff(x: GlobalTensor, /, *, axis: int = -1, n: int = 1, prepend: GlobalTensor | None = None,
