@@ -772,3 +772,19 @@ def test_sum_with_a_dtype_returns_that_dtype():
     value = np.arange(200, dtype=np.uint8)
     same(xp.sum(xp.asarray(value), dtype=xp.uint8), np.sum(value, dtype=np.uint8))
     same(xp.vecdot(xp.asarray(value[:0]), xp.asarray(value[:0])), np.uint8(0))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_complex_expm1_and_tanh_follow_the_special_cases():
+    inf, nan = np.inf, np.nan
+    z = np.array([complex(inf, 0.0), complex(-inf, inf), complex(inf, inf), complex(-inf, nan),
+                  complex(inf, nan), complex(nan, 0.0), 1 + 1j])
+    want = np.array([complex(inf, 0.0), complex(-1, 0.0), complex(inf, nan), complex(-1, 0.0),
+                     complex(inf, nan), complex(nan, 0.0), np.expm1(1 + 1j)])
+    same(xp.expm1(xp.asarray(z)), want)
+    z = np.array([complex(inf, 2.0), complex(inf, -2.0), complex(-inf, 1.0),
+                  complex(-inf, -1.0), 0.5 - 0.25j])
+    got = xp.tanh(xp.asarray(z)).numpy()
+    agree(lambda: np.testing.assert_array_equal(got, [1, 1, -1, -1, np.tanh(0.5 - 0.25j)]))
+    agree(lambda: np.testing.assert_array_equal(np.signbit(got.imag[:4]),
+                                                [False, True, False, True]))

@@ -56,10 +56,60 @@ def _array(name: str, x: Any) -> GlobalTensor:
     return x
 
 
+def _complex_cases(xp: ModuleType, a: Any, out: Any,
+                   cases: tuple[tuple[Callable[[Any, Any], Any], complex], ...]) -> Any:
+    """``out`` with the standard's values where ``case(real, imag)`` holds (first match)."""
+    re, im = a.real, a.imag
+    for case, value in reversed(cases):
+        out = xp.where(case(re, im), xp.asarray(value, dtype=out.dtype), out)
+    return out
+
+
+def _pos_zero(v: Any) -> Any:
+    return (v == 0) & ~np.signbit(v)
+
+
+def _expm1(xp: ModuleType, a: Any) -> Any:
+    """NumPy's expm1, with the standard's complex special cases (NumPy's complex kernel
+    gives other values for infinite and NaN parts)."""
+    out = xp.expm1(a)
+    if a.dtype.kind != "c":
+        return out
+    inf, nan = np.inf, np.nan
+    return _complex_cases(xp, a, out, (
+        (lambda r, i: (r == inf) & _pos_zero(i), complex(inf, 0.0)),
+        (lambda r, i: (r == -inf) & (i == inf), complex(-1.0, 0.0)),
+        (lambda r, i: (r == inf) & (i == inf), complex(inf, nan)),
+        (lambda r, i: (r == -inf) & xp.isnan(i), complex(-1.0, 0.0)),
+        (lambda r, i: (r == inf) & xp.isnan(i), complex(inf, nan)),
+        (lambda r, i: xp.isnan(r) & _pos_zero(i), complex(nan, 0.0)),
+    ))
+
+
+def _tanh(xp: ModuleType, a: Any) -> Any:
+    """NumPy's tanh; for complex ``+-inf + bj`` with finite ``b``: ``+-1`` with a zero
+    imaginary part of the sign of ``b`` (the standard's case; NumPy's complex kernel may
+    give NaN, depending on its code path)."""
+    out = xp.tanh(a)
+    if a.dtype.kind != "c":
+        return out
+    fix = xp.isinf(a.real) & xp.isfinite(a.imag)
+    value = xp.empty_like(out)
+    value.real = xp.sign(a.real)
+    value.imag = xp.where(xp.signbit(a.imag), -0.0, 0.0)
+    return xp.where(fix, value, out)
+
+
+#: Unary functions whose kernel is not NumPy's ufunc alone.
+UNARY_KERNELS: dict[str, Callable[..., Any]] = {"expm1": _expm1, "tanh": _tanh}
+
+
 def _unary(name: str, ufunc: str) -> Callable[[GlobalTensor], GlobalTensor]:
+    kernel = UNARY_KERNELS.get(name) or (lambda xp, a: getattr(xp, ufunc)(a))
+
     def f(x: GlobalTensor, /) -> GlobalTensor:
         _array(name, x)
-        return elementwise(name, lambda xp, a: getattr(xp, ufunc)(a), x)
+        return elementwise(name, kernel, x)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise ``{name}`` of a global array (NumPy's ``{ufunc}`` on each shard)."
