@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +75,20 @@ def _inplace(name: str) -> Any:
 
 def _namespace_call(fn: str) -> Any:
     return lambda a, b: getattr(_xp(), fn)(a, b)
+
+
+def _integer_scalars(key: Any) -> Any:
+    """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
+    API allows) read as a Python int (collective, like the getitem that follows)."""
+    def one(k: Any) -> Any:
+        if isinstance(k, GlobalTensor) and k.ndim == 0 and k.dtype.kind in "iu":
+            return operator.index(k)
+        if isinstance(k, slice) and any(isinstance(b, GlobalTensor)
+                                        for b in (k.start, k.stop, k.step)):
+            return slice(one(k.start), one(k.stop), one(k.step))
+        return k
+
+    return tuple(map(one, key)) if isinstance(key, tuple) else one(key)
 
 
 #: Operator -> the namespace function computing it (``sbpmpi.array_api``).
@@ -278,7 +293,8 @@ class GlobalTensor:
     def __ne__(self, o: Any) -> Any: return self._op("ne", self, o)  # type: ignore[override]
     __hash__ = None  # type: ignore[assignment]
 
-    def __getitem__(self, key: Any) -> Any: return self._op("getitem", self, key)
+    def __getitem__(self, key: Any) -> Any:
+        return self._op("getitem", self, _integer_scalars(key))
 
     @property
     def T(self) -> Any:

@@ -8,7 +8,9 @@ under ``mpiexec -n N``.
 (``git clone --recurse-submodules``); the suite needs ``hypothesis`` and ``ndindex``.
 Every rank runs the whole suite as the same SPMD program, with Hypothesis settings that
 make every rank draw the same examples: derandomized, no example database, no deadline,
-and no health check that depends on time (``too_slow``); failures are not shrunk. Each rank writes its own JUnit
+and no health check that depends on time (``too_slow``); failures are not shrunk, and
+the global random generators are seeded from the test ID before each test (some tests
+draw values with ``strategy.example()``, outside ``@given``). Each rank writes its own JUnit
 file (``DIR/n{N}/rank{R}.xml``) and log; the script then checks that every rank recorded
 the same outcome for every test ID and prints a table of passed / failed / xfailed /
 skipped per world size and per test file.
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zlib
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,20 @@ def pytest_configure(config: object) -> None:
                               phases=[Phase.explicit, Phase.generate],
                               suppress_health_check=[HealthCheck.too_slow])
     settings.load_profile("sbpmpi-spmd")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Seed Python's and NumPy's global random generators from the test ID, the same on
+    every rank: some tests draw values outside ``@given`` (``strategy.example()``), which
+    would otherwise differ between ranks."""
+    import random
+
+    import numpy as np
+
+    seed = zlib.crc32(item.nodeid.encode())
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def _worker(args: argparse.Namespace, extra: list[str]) -> int:

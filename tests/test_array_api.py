@@ -194,7 +194,8 @@ def test_result_type_follows_the_promotion_table():
 
 def test_can_cast_isdtype_finfo_iinfo():
     assert xp.can_cast(xp.int8, xp.int16) and not xp.can_cast(xp.int16, xp.int8)
-    assert not xp.can_cast(xp.int8, xp.float64) and not xp.can_cast(xp.bool, xp.int8)
+    assert xp.can_cast(xp.uint8, xp.float64) and not xp.can_cast(xp.bool, xp.int8)
+    assert not xp.can_cast(xp.float32, xp.int64)
     assert xp.can_cast(xp.float32, xp.complex64) and not xp.can_cast(xp.float64, xp.float32)
     assert xp.isdtype(xp.int8, "integral") and not xp.isdtype(xp.float32, "integral")
     assert xp.isdtype(xp.complex64, ("bool", "complex floating"))
@@ -788,3 +789,13 @@ def test_complex_expm1_and_tanh_follow_the_special_cases():
     agree(lambda: np.testing.assert_array_equal(got, [1, 1, -1, -1, np.tanh(0.5 - 0.25j)]))
     agree(lambda: np.testing.assert_array_equal(np.signbit(got.imag[:4]),
                                                 [False, True, False, True]))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_zero_dim_integer_arrays_index_and_bound_slices():
+    value = np.arange(10.0)
+    x = xp.asarray(value)
+    i, j = xp.asarray(3), xp.asarray(7)
+    same(x[i], value[3])
+    same(x[i:j], value[3:7])
+    same(xp.reshape(x, (2, 5))[xp.asarray(1), i], value.reshape(2, 5)[1, 3])

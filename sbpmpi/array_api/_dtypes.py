@@ -113,17 +113,13 @@ def _with_scalar(dt: np.dtype, s: Any) -> np.dtype:
 
 
 def can_cast(from_: Any, to: Any, /) -> Any:
-    """Whether the standard's promotion rules allow ``from_`` (a dtype or an array) to
-    become ``to`` without loss."""
+    """Whether ``from_`` (a dtype or an array) may become ``to`` without loss: as the
+    promotion of :func:`result_type` (bool only to bool)."""
     src = from_.dtype if isinstance(from_, GlobalTensor) else dtype_arg(from_, "from_")
     dst = dtype_arg(to, "to")
     if src.kind == "b" or dst.kind == "b":
         return src == dst  # bool promotes with nothing
-    if src.kind in "iu" and dst.kind in "fc":
-        return False  # across kinds only what the promotion table gives
-    if src.kind in "fc" and dst.kind in "iu":
-        return False
-    return np.can_cast(src, dst, casting="safe")
+    return np.can_cast(src, dst, casting="safe")  # integers to floats: where NumPy promotes
 
 
 def astype(x: GlobalTensor, dtype: Any, /, *, copy: Any = True, device: Any = None
