@@ -1,6 +1,6 @@
 """scikit-learn on global tensors through the Array API: kernels and a metric, across ranks.
 
-    mpiexec -n 2 python examples/array_api_sklearn.py
+    mpiexec -n 3 python examples/array_api_sklearn.py
 
 With ``sklearn.set_config(array_api_dispatch=True)``, scikit-learn's array-API code
 paths find ``sbpmpi.array_api`` through ``X.__array_namespace__()`` and compute with
@@ -27,6 +27,7 @@ xp = sm.array_api
 
 
 def main() -> None:
+    sm.launch.expect_world(3, what="the scikit-learn example")  # a note when run without mpiexec
     rng = np.random.default_rng(0)
     X, Y = rng.normal(size=(11, 4)), rng.normal(size=(6, 4))  # 11 rows: uneven shards
     y_true, y_pred = rng.normal(size=11), rng.normal(size=11)
