@@ -128,7 +128,9 @@ def outcomes_of(junit: Path) -> dict[str, str]:
 
 
 def file_of(test_id: str) -> str:
-    return test_id.split("::")[0].rsplit(".", 1)[-1]
+    """The test file of a JUnit test ID (``array_api_tests.test_x.TestClass::name``)."""
+    parts = test_id.split("::")[0].split(".")
+    return next((p for p in parts if p.startswith("test_")), parts[-1])
 
 
 def run(n: int, args: argparse.Namespace, extra: list[str], out: Path) -> dict[str, str] | None:
