@@ -32,6 +32,7 @@ from .visualize import visualize  # a submodule import would otherwise shadow th
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion)  # GlobalTensor's methods
+_tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 _world.init()  # the node split is collective: every rank takes part now, not in a later call
@@ -58,6 +59,7 @@ _SUBMODULES: dict[str, str] = {
     "boxing": "sbpmpi.boxing", "testing": "sbpmpi.testing", "backend": "sbpmpi.backend",
     "checkpoint": "sbpmpi.checkpoint", "optim": "sbpmpi.optim", "nn": "sbpmpi.nn",
     "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
+    "array_api": "sbpmpi.array_api",  # the Array API namespace (x.__array_namespace__())
     "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 

@@ -48,6 +48,7 @@ __all__ = [
     "markdown",
     # the settings, one per SBPMPI_* variable
     "abort_on_error",
+    "array_api_sbp",
     "check",
     "comm_check",
     "cost_cache",
@@ -318,6 +319,15 @@ abort_on_error: Setting[bool | None] = _declare(Setting(
     "`0` turns the hooks off, `1` turns them on even for one process. They cannot see "
     "`sys.exit(n)`: `python -m sbpmpi.abort prog.py ARGS` runs a program so that a "
     "`sys.exit(n)` with `n != 0` on one rank also aborts the job."))
+array_api_sbp: Setting[str | None] = _declare(Setting(
+    "array_api_sbp", CHOICE, "split",
+    "The SBP of arrays that sbpmpi.array_api creates without a device= placement (on all "
+    "ranks of the world): split on the first axis, or broadcast.",
+    choices=("split", "broadcast"),
+    details="`split`: an array with a first axis is split along it (`S(0)`, shards may be "
+    "uneven), a 0-d array is broadcast; `broadcast`: every rank holds the whole array. "
+    "`None` (set in the program) means the default, `split`. Change it for a block with "
+    "`sm.config.override(array_api_sbp=\"broadcast\")`."))
 check: Setting[bool] = _declare(Setting(
     "check", SWITCH, True,
     "Before each step that communicates, ranks compare a fingerprint of the step (op, "

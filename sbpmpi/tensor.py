@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from .core.sbp import SBP, NdSbp
 from .env import get_rank
 from .runtime.consistency import check_collective
 
-__all__ = ["GlobalTensor", "bind_layers_above"]
+__all__ = ["GlobalTensor", "bind_layers_above", "bind_array_api"]
 
 # The modules GlobalTensor's methods delegate to: the layers above (the ops for
 # operators and methods, autograd for requires_grad and backward, the NumPy protocols)
@@ -30,6 +31,73 @@ def bind_layers_above(ops: Any, autograd: Any, protocols: Any, conversion: Any) 
     """Bind the modules GlobalTensor's methods delegate to (called once by ``sbpmpi``)."""
     global _ops, _autograd, _protocols, _conversion
     _ops, _autograd, _protocols, _conversion = ops, autograd, protocols, conversion
+
+
+# The Array API namespace (sbpmpi.array_api, above this layer): a loader bound by
+# ``sbpmpi/__init__`` (:func:`bind_array_api`), called on first use so that importing
+# sbpmpi does not import the namespace.
+_array_api_loader: Any = None
+
+
+def bind_array_api(loader: Any) -> None:
+    """Bind the loader of ``sbpmpi.array_api`` (called once by ``sbpmpi``)."""
+    global _array_api_loader
+    _array_api_loader = loader
+
+
+def _xp() -> Any:
+    return _array_api_loader()
+
+
+def _inplace(name: str) -> Any:
+    """``x <op>= y`` of the Array API: ``x`` takes the value of ``x <op> y``, which must keep
+    its shape and dtype (the standard's rule); ``x`` is returned (the same object)."""
+
+    def method(self: GlobalTensor, other: Any) -> GlobalTensor:
+        xp = _xp()
+        if self._requires_grad or getattr(other, "_requires_grad", False):
+            raise RuntimeError(f"x {name}= y: in-place operators are not recorded by autograd; "
+                               f"write x = x {name} y for a tensor that requires grad")
+        dt = xp.result_type(self, other)
+        out = _BINARY[name](self, other) if dt == self._dtype else None
+        if out is None or out.dtype != self._dtype:
+            raise TypeError(f"x {name}= y: the result dtype {dt if out is None else out.dtype} "
+                            f"differs from x's dtype {self._dtype} (in-place operators keep "
+                            f"the dtype of x)")
+        if out.shape != self.shape:
+            raise ValueError(f"x {name}= y: y broadcasts x of shape {self.shape} to "
+                             f"{out.shape} (in-place operators keep the shape of x)")
+        self._local, self._layout, self._node = out._local, out._layout, None
+        return self
+
+    return method
+
+
+def _namespace_call(fn: str) -> Any:
+    return lambda a, b: getattr(_xp(), fn)(a, b)
+
+
+def _integer_scalars(key: Any) -> Any:
+    """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
+    API allows) read as a Python int (collective, like the getitem that follows)."""
+    def one(k: Any) -> Any:
+        if isinstance(k, GlobalTensor) and k.ndim == 0 and k.dtype.kind in "iu":
+            return operator.index(k)
+        if isinstance(k, slice) and any(isinstance(b, GlobalTensor)
+                                        for b in (k.start, k.stop, k.step)):
+            return slice(one(k.start), one(k.stop), one(k.step))
+        return k
+
+    return tuple(map(one, key)) if isinstance(key, tuple) else one(key)
+
+
+#: Operator -> the namespace function computing it (``sbpmpi.array_api``).
+_BINARY: dict[str, Any] = {
+    op: _namespace_call(fn) for op, fn in (
+        ("+", "add"), ("-", "subtract"), ("*", "multiply"), ("/", "divide"),
+        ("//", "floor_divide"), ("%", "remainder"), ("**", "pow"), ("@", "matmul"),
+        ("&", "bitwise_and"), ("|", "bitwise_or"), ("^", "bitwise_xor"),
+        ("<<", "bitwise_left_shift"), (">>", "bitwise_right_shift"))}
 
 
 class GlobalTensor:
@@ -225,7 +293,8 @@ class GlobalTensor:
     def __ne__(self, o: Any) -> Any: return self._op("ne", self, o)  # type: ignore[override]
     __hash__ = None  # type: ignore[assignment]
 
-    def __getitem__(self, key: Any) -> Any: return self._op("getitem", self, key)
+    def __getitem__(self, key: Any) -> Any:
+        return self._op("getitem", self, _integer_scalars(key))
 
     @property
     def T(self) -> Any:
@@ -252,3 +321,45 @@ class GlobalTensor:
     def softmax(self, dim: int = -1) -> Any: return self._op("softmax", self, dim)
     def log_softmax(self, dim: int = -1) -> Any: return self._op("log_softmax", self, dim)
 
+    # -- the Array API (sbpmpi.array_api) --------------------------------------------
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """The namespace ``sbpmpi.array_api`` (ValueError for a revision it does not
+        implement)."""
+        return _xp().namespace_for(api_version)
+
+    @property
+    def device(self) -> Placement:
+        """The Array API's device: the placement."""
+        return self._layout.placement
+
+    def to_device(self, device: Placement, /, *, stream: Any = None) -> GlobalTensor:
+        """This array on another placement (collective when it moves)."""
+        return _xp().to_device(self, device, stream)  # type: ignore[no-any-return]
+
+    @property
+    def mT(self) -> Any:
+        """The last two axes swapped."""
+        return _xp().matrix_transpose(self)
+
+    def __pos__(self) -> Any: return _xp().positive(self)
+    def __invert__(self) -> Any: return _xp().bitwise_invert(self)
+    def __floordiv__(self, o: Any) -> Any: return _xp().floor_divide(self, o)
+    def __rfloordiv__(self, o: Any) -> Any: return _xp().floor_divide(o, self)
+    def __mod__(self, o: Any) -> Any: return _xp().remainder(self, o)
+    def __rmod__(self, o: Any) -> Any: return _xp().remainder(o, self)
+    def __and__(self, o: Any) -> Any: return _xp().bitwise_and(self, o)
+    def __rand__(self, o: Any) -> Any: return _xp().bitwise_and(o, self)
+    def __or__(self, o: Any) -> Any: return _xp().bitwise_or(self, o)
+    def __ror__(self, o: Any) -> Any: return _xp().bitwise_or(o, self)
+    def __xor__(self, o: Any) -> Any: return _xp().bitwise_xor(self, o)
+    def __rxor__(self, o: Any) -> Any: return _xp().bitwise_xor(o, self)
+    def __lshift__(self, o: Any) -> Any: return _xp().bitwise_left_shift(self, o)
+    def __rlshift__(self, o: Any) -> Any: return _xp().bitwise_left_shift(o, self)
+    def __rshift__(self, o: Any) -> Any: return _xp().bitwise_right_shift(self, o)
+    def __rrshift__(self, o: Any) -> Any: return _xp().bitwise_right_shift(o, self)
+
+    __iadd__, __isub__, __imul__ = _inplace("+"), _inplace("-"), _inplace("*")
+    __itruediv__, __ifloordiv__, __imod__ = _inplace("/"), _inplace("//"), _inplace("%")
+    __ipow__, __imatmul__, __iand__ = _inplace("**"), _inplace("@"), _inplace("&")
+    __ior__, __ixor__, __ilshift__ = _inplace("|"), _inplace("^"), _inplace("<<")
+    __irshift__ = _inplace(">>")

@@ -42,7 +42,7 @@ def test_every_setting_is_declared_once_with_its_variable_and_help():
 
 def test_the_settings_the_package_reads():
     assert {s.env: s.default for s in config.SETTINGS.values()} == {
-        "SBPMPI_ABORT_ON_ERROR": None, "SBPMPI_CHECK": True, "SBPMPI_COMM_CHECK": False,
+        "SBPMPI_ABORT_ON_ERROR": None, "SBPMPI_ARRAY_API_SBP": "split", "SBPMPI_CHECK": True, "SBPMPI_COMM_CHECK": False,
         "SBPMPI_COST_CACHE": None, "SBPMPI_CUDA_AWARE": None, "SBPMPI_DEBUG": False,
         "SBPMPI_EXIT_WATCH": True, "SBPMPI_GPU_TRANSPORT": None, "SBPMPI_HOST_POOL_BYTES": None,
         "SBPMPI_IPC_NODE_SIZE": None, "SBPMPI_MPIEXEC": None, "SBPMPI_MPIEXEC_ARGS": "",
@@ -55,7 +55,8 @@ def test_the_settings_the_package_reads():
     ("host_pool_bytes", "512M", 512 << 20), ("host_pool_bytes", "2GiB", 2 << 30),
     ("host_pool_bytes", "0", 0), ("gpu_transport", " IPC", "ipc"), ("ipc_node_size", "2", 2),
     ("cost_cache", "OFF", "off"), ("cost_cache", "/tmp/c.json", "/tmp/c.json"),
-    ("mpiexec_args", "-bind-to none", "-bind-to none")])
+    ("mpiexec_args", "-bind-to none", "-bind-to none"),
+    ("array_api_sbp", " Broadcast", "broadcast")])
 def test_environment_text_is_parsed(name, text, value):
     assert config.SETTINGS[name].parse(text) == value
 
@@ -63,7 +64,7 @@ def test_environment_text_is_parsed(name, text, value):
 @pytest.mark.parametrize("name, text", [
     ("check", "maybe"), ("exit_watch", "2"), ("comm_check", "enabled"), ("timeout", "-1"),
     ("timeout", "soon"), ("host_pool_bytes", "1.5G"), ("gpu_transport", "nccl"),
-    ("ipc_node_size", "0"), ("ipc_node_size", "two")])
+    ("ipc_node_size", "0"), ("ipc_node_size", "two"), ("array_api_sbp", "diagonal")])
 def test_text_it_does_not_understand_names_the_variable(name, text):
     s = config.SETTINGS[name]
     with pytest.raises(ValueError, match=f"^{s.env}={text!r} is not understood; expected "):

@@ -1,0 +1,176 @@
+"""Searching, sorting and set functions.
+
+``argmax``, ``argmin``, ``sort``, ``argsort`` hold the searched axis whole on each rank
+(a split there is boxed first); ``searchsorted`` holds ``x1`` whole and keeps the layout
+of ``x2``. Data-dependent shapes (``nonzero``, ``unique_*``) are computed from the value
+gathered on every rank and come out split on their first axis (balanced) under the
+namespace default, like every array the namespace creates.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..ops.signature import DimMatch
+from ..tensor import GlobalTensor
+from ._device import from_value
+from ._local import axis_op, norm_axes, run_local
+
+__all__ = ["argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
+           "unique_counts", "unique_inverse", "unique_values"]
+
+
+def _x(name: str, x: Any) -> GlobalTensor:
+    if not isinstance(x, GlobalTensor):
+        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
+    return x
+
+
+def _arg(name: str, x: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
+    _x(name, x)
+    if x.size == 0:
+        raise ValueError(f"{name}: x is empty")
+    if axis is None:
+        shape = (1,) * x.ndim if keepdims else ()
+        return axis_op(name, x, tuple(range(x.ndim)),
+                       lambda xp, a: (xp.argmax if name == "argmax" else xp.argmin)(
+                           a, keepdims=keepdims), shape, np.int64, {})
+    (d,) = norm_axes(name, axis, x.ndim)
+    kept = {k: k if keepdims else (k if k < d else k - 1) for k in range(x.ndim) if k != d}
+    shape = tuple(1 if k == d else n for k, n in enumerate(x.shape)) if keepdims else \
+        tuple(n for k, n in enumerate(x.shape) if k != d)
+    return axis_op(name, x, (d,), lambda xp, a: (xp.argmax if name == "argmax" else xp.argmin)(
+        a, axis=d, keepdims=keepdims), shape, np.int64, kept)
+
+
+def argmax(x: GlobalTensor, /, *, axis: int | None = None, keepdims: bool = False
+           ) -> GlobalTensor:
+    """Index of the first largest element along ``axis`` (of the flattened array when None)."""
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x: GlobalTensor, /, *, axis: int | None = None, keepdims: bool = False
+           ) -> GlobalTensor:
+    """Index of the first smallest element along ``axis`` (of the flattened array when None)."""
+    return _arg("argmin", x, axis, keepdims)
+
+
+def nonzero(x: GlobalTensor, /) -> tuple[GlobalTensor, ...]:
+    """The indices of the nonzero elements, one int64 array per axis (the value of ``x``
+    is gathered on every rank; the results have the namespace's default layout)."""
+    _x("nonzero", x)
+    if x.ndim == 0:
+        raise ValueError("nonzero: x must have at least one dim")
+    return tuple(from_value(i.astype(np.int64), x.placement) for i in np.nonzero(x.numpy()))
+
+
+def searchsorted(x1: GlobalTensor, x2: GlobalTensor, /, *, side: str = "left",
+                 sorter: GlobalTensor | None = None) -> GlobalTensor:
+    """Indices where the elements of ``x2`` go in the sorted 1-D ``x1`` (held whole on
+    each rank); the result has the layout of ``x2``."""
+    _x("searchsorted", x1)
+    _x("searchsorted", x2)
+    if x1.ndim != 1:
+        raise ValueError(f"searchsorted: x1 must be 1-D, got shape {x1.shape}")
+    if side not in ("left", "right"):
+        raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+    if sorter is not None:
+        x1 = take_sorted(x1, sorter)
+    carried = tuple(DimMatch((None, d), d) for d in range(x2.ndim))
+    return run_local("searchsorted", (x1, x2), lambda xp, a, v: xp.searchsorted(a, v, side=side),
+                     x2.shape, np.dtype(np.int64), carried)
+
+
+def take_sorted(x1: GlobalTensor, sorter: GlobalTensor) -> GlobalTensor:
+    """``x1[sorter]`` for 1-D arrays (both held whole)."""
+    return run_local("take", (x1, sorter), lambda xp, a, s: a[s], x1.shape, x1.dtype, ())
+
+
+def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
+          ) -> GlobalTensor:
+    _x(name, x)
+    if x.ndim == 0:
+        raise ValueError(f"{name}: x must have at least one dim")
+    (d,) = norm_axes(name, axis, x.ndim)
+    n = x.shape[d]
+
+    def kernel(xp: ModuleType, a: Any) -> Any:
+        if name == "sort":
+            out = xp.sort(a, axis=d, kind="stable")
+            return xp.flip(out, axis=d) if descending else out
+        if not descending:
+            return xp.argsort(a, axis=d, kind="stable")
+        # the last of equal elements first in the flipped array: first in x
+        return n - 1 - xp.flip(xp.argsort(xp.flip(a, axis=d), axis=d, kind="stable"), axis=d)
+
+    return axis_op(name, x, (d,), kernel, x.shape, x.dtype if name == "sort" else np.int64,
+                   {k: k for k in range(x.ndim)})
+
+
+def sort(x: GlobalTensor, /, *, axis: int = -1, descending: bool = False,
+         stable: bool = True) -> GlobalTensor:
+    """``x`` sorted along ``axis`` (held whole on each rank)."""
+    return _sort("sort", x, axis, descending, stable)
+
+
+def argsort(x: GlobalTensor, /, *, axis: int = -1, descending: bool = False,
+            stable: bool = True) -> GlobalTensor:
+    """The indices that sort ``x`` along ``axis`` (stable, also when descending)."""
+    return _sort("argsort", x, axis, descending, stable)
+
+
+class UniqueAll(NamedTuple):
+    values: GlobalTensor
+    indices: GlobalTensor
+    inverse_indices: GlobalTensor
+    counts: GlobalTensor
+
+
+class UniqueCounts(NamedTuple):
+    values: GlobalTensor
+    counts: GlobalTensor
+
+
+class UniqueInverse(NamedTuple):
+    values: GlobalTensor
+    inverse_indices: GlobalTensor
+
+
+def _unique(x: GlobalTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """NumPy's unique of the gathered value; every NaN is its own value (the standard)."""
+    a = x.numpy()
+    flat = a.reshape(-1)
+    values, index, inverse, counts = np.unique(flat, return_index=True, return_inverse=True,
+                                               return_counts=True, equal_nan=False)
+    return values, index.astype(np.int64), inverse.reshape(a.shape).astype(np.int64), \
+        counts.astype(np.int64)
+
+
+def unique_values(x: GlobalTensor, /) -> GlobalTensor:
+    """The distinct values of ``x``, sorted, 1-D (gathered on every rank)."""
+    _x("unique_values", x)
+    return from_value(_unique(x)[0], x.placement)
+
+
+def unique_counts(x: GlobalTensor, /) -> UniqueCounts:
+    """The distinct values of ``x`` and how often each occurs."""
+    _x("unique_counts", x)
+    v, _, _, c = _unique(x)
+    return UniqueCounts(from_value(v, x.placement), from_value(c, x.placement))
+
+
+def unique_inverse(x: GlobalTensor, /) -> UniqueInverse:
+    """The distinct values of ``x`` and, for each element, the index of its value."""
+    _x("unique_inverse", x)
+    v, _, inv, _ = _unique(x)
+    return UniqueInverse(from_value(v, x.placement), from_value(inv, x.placement))
+
+
+def unique_all(x: GlobalTensor, /) -> UniqueAll:
+    """The distinct values of ``x``, the first index of each, the inverse and the counts."""
+    _x("unique_all", x)
+    v, i, inv, c = _unique(x)
+    return UniqueAll(*(from_value(a, x.placement) for a in (v, i, inv, c)))
