@@ -334,9 +334,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main() -> None:
-    args = parse()
-    sm.launch.expect_world(2, minimum=1, what="train_gpt")
+@dataclass(frozen=True)
+class Run:
+    """What :func:`train` measured: each step's loss, the largest relative difference
+    from the reference (or the ``dp`` copy; 0 without either) and the greedy sample."""
+
+    losses: list[float]
+    worst: float
+    sample: str
+
+
+def train(args: argparse.Namespace, verbose: bool = False) -> Run:
+    """Train as the command line says; compare with the reference and/or a ``dp`` copy."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpt_reference.py
     from gpt_reference import NumpyGPT
 
@@ -347,44 +356,47 @@ def main() -> None:
     data = load_corpus()
     trainer = build(args, args.layout)
     model, lay = trainer.model, trainer.model.lay
-    rtol = 1e-10 if args.dtype == "float64" else 1e-3
-    ref = other = None
-    if args.check:
-        ref = NumpyGPT({k: p.numpy() for k, p in model.named_parameters()}, args.heads,
-                       1e-5, lambda t: args.lr * lr_factor(args.steps, args.warmup)(t),
-                       (0.9, 0.999), 1e-8, args.weight_decay, args.clip)
-    if args.compare_dp:
-        other = build(args, "dp")
-    if rank == 0:
+    ref = NumpyGPT({k: p.numpy() for k, p in model.named_parameters()}, args.heads, 1e-5,
+                   lambda t: args.lr * lr_factor(args.steps, args.warmup)(t), (0.9, 0.999),
+                   1e-8, args.weight_decay, args.clip) if args.check else None
+    other = build(args, "dp") if args.compare_dp else None
+    if verbose and rank == 0:
         print(f"train_gpt: {len(data)} characters of {', '.join(CORPUS_MODULES)}, vocabulary "
               f"{len(VOCAB)}; layout {args.layout} on {lay.placement.ranks.tolist()}, "
               f"{args.dtype}, dropout {args.dropout}")
         for name, p in list(model.named_parameters())[:14]:
             print(f"  {name:24s} {str(p.shape):14s} sbp {tuple(str(s) for s in p.sbp)}")
-    worst = 0.0
+    worst, losses = 0.0, []
     for step in range(args.steps):
         ids, targets = batch_at(data, step, args.batch, args.seq, args.seed)
-        sm.manual_seed(args.seed * 1_000_003 + step + 1)  # the dropout masks of this step
+        masks = args.seed * 1_000_003 + step + 1  # the seed of this step's dropout masks
+        sm.manual_seed(masks)
         got = trainer.step(ids, targets)
-        for want in ([ref.step(ids, targets)] if ref else []) + (
-                [_other_step(other, args.seed, step, ids, targets)] if other else []):
+        wants = [ref.step(ids, targets)] if ref else []
+        if other:
+            sm.manual_seed(masks)  # the same masks as the layout under test
+            wants.append(other.step(ids, targets))
+        for want in wants:
             worst = max(worst, abs(got - want) / abs(want))
-        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            note = f" (max relative difference so far {worst:.2e})" if ref or other else ""
+        losses.append(got)
+        if verbose and rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            note = f" (max relative difference so far {worst:.2e})" if wants else ""
             print(f"step {step:4d}: loss {got:.6f}{note}")
-    assert worst <= rtol, f"loss differs from the reference by {worst:.3e} > {rtol}"
     sample = generate(model, data[:args.seq], args.sample)
-    samples = sm.comm.all_gather_object(sample)
-    assert all(s == sample for s in samples), f"the samples differ between ranks: {samples}"
-    if rank == 0:
-        print(f"sample: {sample!r}")
+    return Run(losses, worst, sample)
+
+
+def main() -> None:
+    args = parse()
+    sm.launch.expect_world(2, minimum=1, what="train_gpt")
+    run = train(args, verbose=True)
+    rtol = 1e-10 if args.dtype == "float64" else 1e-3
+    assert run.worst <= rtol, f"loss differs from the reference by {run.worst:.3e} > {rtol}"
+    samples = sm.comm.all_gather_object(run.sample)
+    assert all(s == run.sample for s in samples), f"the samples differ between ranks: {samples}"
+    if sm.env.get_rank() == 0:
+        print(f"sample: {run.sample!r}")
         print("TRAIN_GPT OK")
-
-
-def _other_step(other: Trainer, seed: int, step: int, ids: np.ndarray,
-                targets: np.ndarray) -> float:
-    sm.manual_seed(seed * 1_000_003 + step + 1)  # the same dropout masks as the layout under test
-    return other.step(ids, targets)
 
 
 if __name__ == "__main__":
