@@ -43,8 +43,13 @@ def _layer_norm_back(dy: np.ndarray, w: np.ndarray, cache: tuple[np.ndarray, np.
     return dx, (dy * xhat).sum(lead), dy.sum(lead)
 
 
-def _gelu(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GELU (exact, through erf) and its derivative."""
+def _gelu(u: np.ndarray, approximate: str) -> tuple[np.ndarray, np.ndarray]:
+    """GELU (``"none"``: exact, through erf; ``"tanh"``: its tanh form) and its derivative."""
+    if approximate == "tanh":
+        c, k = math.sqrt(2.0 / math.pi), 0.044715
+        th = np.tanh(c * (u + k * u * u * u))
+        return 0.5 * u * (1.0 + th), 0.5 * (1.0 + th) + 0.5 * u * (1.0 - th * th) * c * (
+            1.0 + 3.0 * k * u * u)
     phi = 0.5 * (1.0 + _ERF(u * math.sqrt(0.5)).astype(u.dtype))
     return u * phi, phi + u * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
 
@@ -61,14 +66,17 @@ class NumpyGPT:
         The learning rate of step ``t`` (0-based).
     betas, adam_eps, weight_decay, clip : float
         AdamW's options and the gradient-norm bound (0: no clipping).
+    gelu : str
+        ``"none"`` (exact) or ``"tanh"``, as ``sm.nn.gelu``'s ``approximate``.
     """
 
     def __init__(self, params: Mapping[str, np.ndarray], heads: int, eps: float,
                  lr_at: Callable[[int], float], betas: tuple[float, float], adam_eps: float,
-                 weight_decay: float, clip: float) -> None:
+                 weight_decay: float, clip: float, gelu: str = "none") -> None:
         self.p = {k: np.array(v, copy=True) for k, v in params.items()}
         self.heads, self.eps, self.lr_at = heads, eps, lr_at
         self.betas, self.adam_eps, self.wd, self.clip = betas, adam_eps, weight_decay, clip
+        self.gelu = gelu
         self.layers = sum(1 for k in self.p if k.endswith(".ln1.weight"))
         self.m = {k: np.zeros_like(v) for k, v in self.p.items()}
         self.v = {k: np.zeros_like(v) for k, v in self.p.items()}
@@ -105,7 +113,7 @@ class NumpyGPT:
             c.update(q=q, k=k, v=v, a=a, y=y, x1=x)
             h2, c["ln2"] = _layer_norm(x, p[q_ + "ln2.weight"], p[q_ + "ln2.bias"], eps)
             u = h2 @ p[q_ + "mlp.fc1.weight"] + p[q_ + "mlp.fc1.bias"]
-            g, dg = _gelu(u)
+            g, dg = _gelu(u, self.gelu)
             x = x + g @ p[q_ + "mlp.fc2.weight"] + p[q_ + "mlp.fc2.bias"]
             c.update(h2=h2, g=g, dg=dg)
             caches.append(c)

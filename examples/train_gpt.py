@@ -186,28 +186,29 @@ class Attention(sm.nn.Module):
 
 
 class MLP(sm.nn.Module):
-    def __init__(self, dim: int, dropout: float, lay: GPTLayout, dtype: Any):
-        self.lay = lay
+    def __init__(self, dim: int, dropout: float, gelu: str, lay: GPTLayout, dtype: Any):
+        self.lay, self.gelu = lay, gelu
         self.fc1 = sm.nn.Linear(dim, 4 * dim, placement=lay.placement, sbp=lay.fc1, dtype=dtype)
         self.fc2 = sm.nn.Linear(4 * dim, dim, placement=lay.placement, sbp=lay.fc2,
                                 bias_sbp=lay.vector, dtype=dtype)
         self.drop = sm.nn.Dropout(dropout)
 
     def forward(self, h: sm.GlobalTensor) -> sm.GlobalTensor:
-        out = self.fc2(sm.nn.gelu(self.fc1(h)))  # tp: split(2), then partial_sum
+        out = self.fc2(sm.nn.gelu(self.fc1(h), self.gelu))  # tp: split(2), then partial_sum
         return self.drop(out.to_global(sbp=self.lay.stream))
 
 
 class Block(sm.nn.Module):
     """``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
 
-    def __init__(self, dim: int, heads: int, dropout: float, lay: GPTLayout, dtype: Any):
+    def __init__(self, dim: int, heads: int, dropout: float, gelu: str, lay: GPTLayout,
+                 dtype: Any):
         self.lay = lay
         norm = dict(placement=lay.placement, sbp=lay.vector, dtype=dtype)
         self.ln1 = sm.nn.LayerNorm(dim, **norm)
         self.attn = Attention(dim, heads, dropout, lay, dtype)
         self.ln2 = sm.nn.LayerNorm(dim, **norm)
-        self.mlp = MLP(dim, dropout, lay, dtype)
+        self.mlp = MLP(dim, dropout, gelu, lay, dtype)
 
     def forward(self, x: sm.GlobalTensor, mask: sm.GlobalTensor) -> sm.GlobalTensor:
         x = x + self.attn(self.ln1(x).to_global(sbp=self.lay.mixer_in), mask)  # sp: gather
@@ -216,14 +217,14 @@ class Block(sm.nn.Module):
 
 class GPT(sm.nn.Module):
     def __init__(self, vocab: int, seq: int, dim: int, heads: int, layers: int,
-                 dropout: float, lay: GPTLayout, dtype: Any):
+                 dropout: float, gelu: str, lay: GPTLayout, dtype: Any):
         if dim % heads:
             raise SystemExit(f"train_gpt: --dim {dim} must divide by --heads {heads}")
         self.lay, self.seq = lay, seq
         self.wte = param((vocab, dim), lay.wte, lay, dtype, std=0.02)
         self.wpe = param((seq, dim), lay.wpe, lay, dtype, std=0.02)
         self.drop = sm.nn.Dropout(dropout)
-        self.blocks = sm.nn.ModuleList([Block(dim, heads, dropout, lay, dtype)
+        self.blocks = sm.nn.ModuleList([Block(dim, heads, dropout, gelu, lay, dtype)
                                         for _ in range(layers)])
         self.lnf = sm.nn.LayerNorm(dim, placement=lay.placement, sbp=lay.vector, dtype=dtype)
         causal = np.triu(np.full((seq, seq), -np.inf, dtype=dtype), 1)
@@ -281,8 +282,8 @@ def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Tra
 
     sm.manual_seed(args.seed)  # the same initial weights whatever the layout
     lay = gpt_layout(layout, args.device)
-    model = GPT(vocab, args.seq, args.dim, args.heads, args.layers, args.dropout, lay,
-                np.dtype(args.dtype))
+    model = GPT(vocab, args.seq, args.dim, args.heads, args.layers, args.dropout, args.gelu,
+                lay, np.dtype(args.dtype))
     named = list(model.named_parameters())
     groups = [{"params": [p for k, p in named if decays(k, p.shape)]},
               {"params": [p for k, p in named if not decays(k, p.shape)], "weight_decay": 0.0}]
@@ -319,6 +320,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="global batch size")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--gelu", default="none", choices=["none", "tanh"],
+                    help="exact GELU (through erf) or its tanh form (GPT-2's)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -358,7 +361,7 @@ def train(args: argparse.Namespace, verbose: bool = False) -> Run:
     model, lay = trainer.model, trainer.model.lay
     ref = NumpyGPT({k: p.numpy() for k, p in model.named_parameters()}, args.heads, 1e-5,
                    lambda t: args.lr * lr_factor(args.steps, args.warmup)(t), (0.9, 0.999),
-                   1e-8, args.weight_decay, args.clip) if args.check else None
+                   1e-8, args.weight_decay, args.clip, args.gelu) if args.check else None
     other = build(args, "dp") if args.compare_dp else None
     if verbose and rank == 0:
         print(f"train_gpt: {len(data)} characters of {', '.join(CORPUS_MODULES)}, vocabulary "
