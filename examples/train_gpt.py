@@ -182,7 +182,7 @@ class Attention(sm.nn.Module):
         scores = sm.matmul(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(hd)) + mask
         y = sm.matmul(sm.softmax(scores, -1), v)  # (b, heads, t, hd)
         out = sm.matmul(y, self.proj_w).sum(1) + self.proj_b  # tp: partial_sum over heads
-        return self.drop(out.to_global(sbp=self.lay.stream))  # tp: all-reduce, sp: r-scatter
+        return self.drop(out.to_global(sbp=self.lay.stream))  # tp: all-reduce; sp: reduce-scatter
 
 
 class MLP(sm.nn.Module):

@@ -181,7 +181,6 @@ def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> C
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
-            PrepareModuleInput,
             RowwiseParallel,
             SequenceParallel,
             loss_parallel,
@@ -214,7 +213,6 @@ def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> C
         parallelize_module(model, mesh, top)
         model.head.weight = model.wte.weight  # tied again, both Shard(0)
         ctx = loss_parallel
-        _ = PrepareModuleInput
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             foreach=False)
 
