@@ -30,7 +30,7 @@ Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
 ``--check`` compares every step's loss with the NumPy reference (``--dropout 0``;
 float64 within 1e-10 relative); ``--compare-dp`` trains a ``dp`` copy in the same
 program and compares the losses (dropout on: the masks depend on the seed and the
-global indices only, not on the layout). A greedy sample of the trained model closes.
+global indices only, not on the layout). A sample drawn from the trained model closes.
 
     mpiexec -n 2 python examples/train_gpt.py --layout tp --check --steps 50
     mpiexec -n 4 python examples/train_gpt.py --layout 2d --dropout 0.1 --compare-dp
@@ -292,18 +292,23 @@ def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Tra
     return Trainer(model, opt, sched, args.clip)
 
 
-def generate(model: GPT, prompt: np.ndarray, length: int) -> str:
-    """Greedy continuation of ``prompt`` (``seq`` token ids); the same on every rank."""
+def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
+    """A continuation of ``prompt`` (``seq`` token ids), each character drawn from the
+    model's distribution by a generator seeded with ``seed``: the same on every rank,
+    which all read the same global logits."""
     lay = model.lay
     model.eval()
     window = list(prompt[-model.seq:])
+    rng = np.random.default_rng(seed)
     out = []
     with sm.no_grad():
         for _ in range(length):
             ids = sm.tensor(np.array([window], dtype=np.int64), placement=lay.placement,
                             sbp=lay.ids)
             logits = model(ids).numpy()  # the global array, on every rank
-            nxt = int(np.argmax(logits[0, -1]))
+            last = logits[0, -1].astype(np.float64)
+            p = np.exp(last - last.max())
+            nxt = int(rng.choice(len(p), p=p / p.sum()))
             out.append(VOCAB[nxt] if nxt != OTHER else "?")
             window = window[1:] + [nxt]
     model.train()
@@ -340,7 +345,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 @dataclass(frozen=True)
 class Run:
     """What :func:`train` measured: each step's loss, the largest relative difference
-    from the reference (or the ``dp`` copy; 0 without either) and the greedy sample."""
+    from the reference (or the ``dp`` copy; 0 without either) and the sample."""
 
     losses: list[float]
     worst: float
@@ -385,7 +390,7 @@ def train(args: argparse.Namespace, verbose: bool = False) -> Run:
         if verbose and rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             note = f" (max relative difference so far {worst:.2e})" if wants else ""
             print(f"step {step:4d}: loss {got:.6f}{note}")
-    sample = generate(model, data[:args.seq], args.sample)
+    sample = generate(model, data[:args.seq], args.sample, args.seed)
     return Run(losses, worst, sample)
 
 
