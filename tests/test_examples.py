@@ -41,6 +41,15 @@ CASES = [
     ("array_api_sklearn.py", 3, "ARRAY_API_SKLEARN OK",  # skipped where scikit-learn is missing
      ["sbpmpi.array_api:asarray", "sklearn:set_config", "scipy:__version__"]),
 ]
+# train_gpt.py runs with arguments (below; every layout and world size: test_gpt.py);
+# gpt_reference.py is its companion module, not a program
+RUN_WITH_ARGUMENTS = {"train_gpt.py"}
+COMPANIONS = {"gpt_reference.py"}
+# (layout, ranks): small sizes and few steps; the docs' command runs the full 50 steps
+GPT_RUNS = [("sp", 3, ["--check"]), ("2d", 2, ["--check"]),
+            ("tp", 2, ["--dropout", "0.1", "--compare-dp"])]
+GPT_SMALL = ["--layers", "2", "--heads", "4", "--dim", "16", "--seq", "8", "--batch", "4",
+             "--steps", "4", "--sample", "8"]
 
 
 def missing(needs):
@@ -62,7 +71,7 @@ def run(cmd, n=4, timeout=TIMEOUT):
 
 def test_every_example_file_is_run_here():
     files = {p.name for p in EXAMPLES.glob("*.py")}
-    assert files == {c[0] for c in CASES}
+    assert files == {c[0] for c in CASES} | RUN_WITH_ARGUMENTS | COMPANIONS
 
 
 @pytest.mark.parametrize("name,n,ok,needs", CASES, ids=[f"{c[0]}-n{c[1]}" for c in CASES])
@@ -73,6 +82,17 @@ def test_example(name, n, ok, needs):
     r = run([*mpiexec(n), sys.executable, str(EXAMPLES / name)], n)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert ok in r.stdout.splitlines(), r.stdout[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("layout,n,extra", GPT_RUNS, ids=[f"{c[0]}-n{c[1]}" for c in GPT_RUNS])
+def test_train_gpt_checks_itself(layout, n, extra):
+    """``mpiexec -n N python examples/train_gpt.py --layout L --check``, as users run it."""
+    r = run([*mpiexec(n), sys.executable, str(EXAMPLES / "train_gpt.py"), "--layout", layout,
+             *extra, *GPT_SMALL], n)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "TRAIN_GPT OK" in r.stdout.splitlines(), r.stdout[-3000:]
+    assert "max relative difference so far" in r.stdout  # it did compare
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
@@ -108,6 +128,8 @@ def test_example_without_mpiexec_says_run_under_mpiexec(name, needed, ok):
 def test_examples_use_the_shared_hint():
     """Each example asks sm.launch.expect_world, not a copy of the hint of its own."""
     for path in EXAMPLES.glob("*.py"):
+        if path.name in COMPANIONS:
+            continue
         text = path.read_text()
         assert text.count("sm.launch.expect_world(") == 1, path.name
         assert "run under mpiexec" not in text, path.name

@@ -1,0 +1,411 @@
+"""Train a character-level GPT on global tensors in four layouts, and check every step's
+loss against a one-process NumPy reference (``gpt_reference.py``).
+
+The model: token and position embeddings, ``--layers`` blocks of pre-norm causal
+self-attention and a GELU MLP (each added to the residual stream), a final layer norm
+and an output projection tied to the token embedding. The text is read at run time
+from a few modules of the Python standard library; the vocabulary is fixed: newline,
+the 95 printable ASCII characters and one "other" symbol (97 tokens, which divides by
+neither 2, 3 nor 4, so the vocabulary-parallel splits are uneven).
+
+Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
+
+* ``dp``: data parallel. The batch is split (``split(0)``), every weight broadcast;
+  backward all-reduces each weight's gradient.
+* ``tp``: tensor parallel, Megatron style. Attention weights are kept per head
+  (``qkv_w`` of shape ``(heads, dim, 3 * head_dim)``, ``proj_w`` ``(heads, head_dim,
+  dim)``): both are split on their heads dim, so q, k, v and the attention are split by
+  heads (column parallel) and the output projection's per-head products are summed into
+  a ``partial_sum`` (row parallel). The MLP's first linear is split by columns
+  (``split(1)``), its second by rows (``split(0)``: a ``partial_sum`` output). The token
+  embedding is split on the vocabulary (its lookup is a ``partial_sum``; the tied
+  logits come out split on the vocabulary and the loss is vocab-parallel). Each
+  ``partial_sum`` is made broadcast where it joins the residual stream: one all-reduce.
+* ``sp``: ``tp`` with the residual stream split on the sequence dim between blocks
+  (layer norm and dropout are local): activations are all-gathered before attention and
+  the MLP, and the ``partial_sum`` outputs are reduce-scattered back to the sequence
+  split.
+* ``2d``: a ``(world / 2) x 2`` mesh: data parallel on axis 0, ``tp`` on axis 1.
+
+``--check`` compares every step's loss with the NumPy reference (``--dropout 0``;
+float64 within 1e-10 relative); ``--compare-dp`` trains a ``dp`` copy in the same
+program and compares the losses (dropout on: the masks depend on the seed and the
+global indices only, not on the layout). A sample drawn from the trained model closes.
+
+    mpiexec -n 2 python examples/train_gpt.py --layout tp --check --steps 50
+    mpiexec -n 4 python examples/train_gpt.py --layout 2d --dropout 0.1 --compare-dp
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import sbpmpi as sm
+
+S, B = sm.sbp.split, sm.sbp.broadcast
+SBPs = tuple[Any, ...]
+
+# ---- data ---------------------------------------------------------------------------------
+
+#: standard-library modules whose source is the corpus (present in every CPython 3)
+CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex")
+#: newline, printable ASCII, and one symbol for every other character: 97 tokens
+VOCAB = "\n" + "".join(chr(c) for c in range(32, 127)) + "\x00"
+OTHER = len(VOCAB) - 1
+
+
+def load_corpus() -> np.ndarray:
+    """The corpus as token ids (int64), the same on every rank."""
+    text = []
+    for name in CORPUS_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise SystemExit(f"train_gpt: cannot find the source of the module {name!r}")
+        text.append(Path(spec.origin).read_text(encoding="utf-8"))
+    index = {ch: i for i, ch in enumerate(VOCAB[:-1])}
+    return np.array([index.get(ch, OTHER) for ch in "\n".join(text)], dtype=np.int64)
+
+
+def batch_at(data: np.ndarray, step: int, batch: int, seq: int, seed: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and next-character targets, ``(batch, seq)`` each, drawn from the seed."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(data) - seq - 1, size=batch)
+    x = np.stack([data[s:s + seq] for s in starts])
+    y = np.stack([data[s + 1:s + seq + 1] for s in starts])
+    return x, y
+
+
+# ---- layouts ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPTLayout:
+    """Where every tensor of the model lives: one SBP per mesh axis.
+
+    Attributes
+    ----------
+    placement : Placement
+    ids : token ids and targets ``(batch, seq)``
+    stream : the residual stream ``(batch, seq, dim)`` between sub-blocks
+    mixer_in : what attention and the MLP read (the layer norm's output, gathered)
+    wte : token embedding ``(vocab, dim)``, tied to the output projection
+    wpe : position embedding ``(seq, dim)``
+    qkv : ``qkv_w`` ``(heads, dim, 3 * head_dim)`` and ``qkv_b`` ``(heads, 1, 3 * head_dim)``
+    proj : ``proj_w`` ``(heads, head_dim, dim)``
+    fc1, fc2 : the MLP's ``Linear`` weights ``(dim, 4 dim)`` and ``(4 dim, dim)``
+    vector : layer norms' weights and biases, ``proj_b`` and ``fc2``'s bias ``(dim,)``
+    """
+
+    placement: sm.Placement
+    ids: SBPs
+    stream: SBPs
+    mixer_in: SBPs
+    wte: SBPs
+    wpe: SBPs
+    qkv: SBPs
+    proj: SBPs
+    fc1: SBPs
+    fc2: SBPs
+    vector: SBPs
+
+
+def gpt_layout(kind: str, device: str = "cpu") -> GPTLayout:
+    """The SBPs of a layout (``dp``, ``tp``, ``sp`` or ``2d``) on this world."""
+    n = sm.env.get_world_size()
+    line = sm.placement(device, list(range(n)))
+    if kind == "dp":
+        return GPTLayout(line, ids=(S(0),), stream=(S(0),), mixer_in=(S(0),), wte=(B,),
+                         wpe=(B,), qkv=(B,), proj=(B,), fc1=(B,), fc2=(B,), vector=(B,))
+    if kind == "tp":
+        return GPTLayout(line, ids=(B,), stream=(B,), mixer_in=(B,),
+                         wte=(S(0),),  # vocabulary parallel
+                         wpe=(B,),
+                         qkv=(S(0),),  # heads: column parallel
+                         proj=(S(0),),  # heads: row parallel, partial_sum output
+                         fc1=(S(1),),  # column parallel
+                         fc2=(S(0),),  # row parallel, partial_sum output
+                         vector=(B,))
+    if kind == "sp":
+        return GPTLayout(line, ids=(B,),
+                         stream=(S(1),),  # the sequence dim, between sub-blocks
+                         mixer_in=(B,),  # all-gathered before attention and the MLP
+                         wte=(S(0),), wpe=(S(0),),  # positions follow the sequence split
+                         qkv=(S(0),), proj=(S(0),), fc1=(S(1),), fc2=(S(0),), vector=(B,))
+    if kind == "2d":
+        if n % 2:
+            raise SystemExit(f"train_gpt: --layout 2d needs an even number of ranks, got {n}")
+        mesh = sm.placement(device, np.arange(n).reshape(n // 2, 2).tolist())
+        # axis 0: data parallel; axis 1: tensor parallel (as tp)
+        return GPTLayout(mesh, ids=(S(0), B), stream=(S(0), B), mixer_in=(S(0), B),
+                         wte=(B, S(0)), wpe=(B, B), qkv=(B, S(0)), proj=(B, S(0)),
+                         fc1=(B, S(1)), fc2=(B, S(0)), vector=(B, B))
+    raise SystemExit(f"train_gpt: unknown layout {kind!r}")
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+def param(shape: tuple[int, ...], sbp: SBPs, lay: GPTLayout, dtype: Any,
+          std: float = 0.0, value: float = 0.0) -> sm.GlobalTensor:
+    """A parameter drawn from N(0, std^2) (or filled with ``value`` when std is 0)."""
+    with sm.no_grad():
+        if std:
+            t = sm.randn(*shape, placement=lay.placement, sbp=sbp, dtype=dtype) * std
+        else:
+            t = sm.full(shape, value, placement=lay.placement, sbp=sbp, dtype=dtype)
+    return t.detach().requires_grad_()
+
+
+class Attention(sm.nn.Module):
+    """Causal self-attention with per-head weights (the heads dim can be split)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, lay: GPTLayout, dtype: Any):
+        hd = dim // heads
+        self.lay, self.head_dim = lay, hd
+        self.qkv_w = param((heads, dim, 3 * hd), lay.qkv, lay, dtype, std=0.02)
+        self.qkv_b = param((heads, 1, 3 * hd), lay.qkv, lay, dtype)
+        self.proj_w = param((heads, hd, dim), lay.proj, lay, dtype, std=0.02)
+        self.proj_b = param((dim,), lay.vector, lay, dtype)
+        self.drop = sm.nn.Dropout(dropout)
+
+    def forward(self, h: sm.GlobalTensor, mask: sm.GlobalTensor) -> sm.GlobalTensor:
+        b, t, d = h.shape
+        hd = self.head_dim
+        qkv = sm.matmul(h.reshape(b, 1, t, d), self.qkv_w) + self.qkv_b  # (b, heads, t, 3hd)
+        q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+        scores = sm.matmul(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(hd)) + mask
+        y = sm.matmul(sm.softmax(scores, -1), v)  # (b, heads, t, hd)
+        out = sm.matmul(y, self.proj_w).sum(1) + self.proj_b  # tp: partial_sum over heads
+        return self.drop(out.to_global(sbp=self.lay.stream))  # tp: all-reduce; sp: reduce-scatter
+
+
+class MLP(sm.nn.Module):
+    def __init__(self, dim: int, dropout: float, gelu: str, lay: GPTLayout, dtype: Any):
+        self.lay, self.gelu = lay, gelu
+        self.fc1 = sm.nn.Linear(dim, 4 * dim, placement=lay.placement, sbp=lay.fc1, dtype=dtype)
+        self.fc2 = sm.nn.Linear(4 * dim, dim, placement=lay.placement, sbp=lay.fc2,
+                                bias_sbp=lay.vector, dtype=dtype)
+        self.drop = sm.nn.Dropout(dropout)
+
+    def forward(self, h: sm.GlobalTensor) -> sm.GlobalTensor:
+        out = self.fc2(sm.nn.gelu(self.fc1(h), self.gelu))  # tp: split(2), then partial_sum
+        return self.drop(out.to_global(sbp=self.lay.stream))
+
+
+class Block(sm.nn.Module):
+    """``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, gelu: str, lay: GPTLayout,
+                 dtype: Any):
+        self.lay = lay
+        norm = dict(placement=lay.placement, sbp=lay.vector, dtype=dtype)
+        self.ln1 = sm.nn.LayerNorm(dim, **norm)
+        self.attn = Attention(dim, heads, dropout, lay, dtype)
+        self.ln2 = sm.nn.LayerNorm(dim, **norm)
+        self.mlp = MLP(dim, dropout, gelu, lay, dtype)
+
+    def forward(self, x: sm.GlobalTensor, mask: sm.GlobalTensor) -> sm.GlobalTensor:
+        x = x + self.attn(self.ln1(x).to_global(sbp=self.lay.mixer_in), mask)  # sp: gather
+        return x + self.mlp(self.ln2(x).to_global(sbp=self.lay.mixer_in))
+
+
+class GPT(sm.nn.Module):
+    def __init__(self, vocab: int, seq: int, dim: int, heads: int, layers: int,
+                 dropout: float, gelu: str, lay: GPTLayout, dtype: Any):
+        if dim % heads:
+            raise SystemExit(f"train_gpt: --dim {dim} must divide by --heads {heads}")
+        self.lay, self.seq = lay, seq
+        self.wte = param((vocab, dim), lay.wte, lay, dtype, std=0.02)
+        self.wpe = param((seq, dim), lay.wpe, lay, dtype, std=0.02)
+        self.drop = sm.nn.Dropout(dropout)
+        self.blocks = sm.nn.ModuleList([Block(dim, heads, dropout, gelu, lay, dtype)
+                                        for _ in range(layers)])
+        self.lnf = sm.nn.LayerNorm(dim, placement=lay.placement, sbp=lay.vector, dtype=dtype)
+        causal = np.triu(np.full((seq, seq), -np.inf, dtype=dtype), 1)
+        self.mask = sm.tensor(causal, placement=lay.placement, sbp=(B,) * lay.placement.ndim)
+
+    def forward(self, ids: sm.GlobalTensor) -> sm.GlobalTensor:
+        """Logits ``(batch, seq, vocab)``; tp/sp: split on the vocabulary."""
+        tok = sm.nn.embedding(ids, self.wte)  # tp: partial_sum (each rank its vocab rows)
+        x = self.drop(tok.to_global(sbp=self.lay.stream) + self.wpe)
+        for block in self.blocks:
+            x = block(x, self.mask)
+        h = self.lnf(x).to_global(sbp=self.lay.mixer_in)
+        return sm.matmul(h, self.wte.transpose(1, 0))  # tied: (dim, vocab), tp: split(1)
+
+
+def loss_of(model: GPT, ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
+    """Mean cross-entropy of the next character (vocab-parallel where the logits are split)."""
+    lay = model.lay
+    x = sm.tensor(ids, placement=lay.placement, sbp=lay.ids)
+    logits = model(x)
+    b, t, v = logits.shape
+    return sm.nn.cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
+
+
+def lr_factor(steps: int, warmup: int) -> Any:
+    """Linear warmup over ``warmup`` steps, then a cosine decay to 0 at ``steps``."""
+    def factor(t: int) -> float:
+        if t < warmup:
+            return (t + 1) / warmup
+        return 0.5 * (1.0 + math.cos(math.pi * (t - warmup) / max(1, steps - warmup)))
+    return factor
+
+
+@dataclass(frozen=True)
+class Trainer:
+    model: GPT
+    optimizer: Any
+    scheduler: Any
+    clip: float
+
+    def step(self, ids: np.ndarray, targets: np.ndarray) -> float:
+        self.optimizer.zero_grad()
+        loss = loss_of(self.model, ids, targets)
+        loss.backward()
+        if self.clip:
+            sm.nn.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.item())
+
+
+def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Trainer:
+    """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule."""
+    from gpt_reference import decays
+
+    sm.manual_seed(args.seed)  # the same initial weights whatever the layout
+    lay = gpt_layout(layout, args.device)
+    model = GPT(vocab, args.seq, args.dim, args.heads, args.layers, args.dropout, args.gelu,
+                lay, np.dtype(args.dtype))
+    named = list(model.named_parameters())
+    groups = [{"params": [p for k, p in named if decays(k, p.shape)]},
+              {"params": [p for k, p in named if not decays(k, p.shape)], "weight_decay": 0.0}]
+    opt = sm.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
+    sched = sm.optim.lr_scheduler.LambdaLR(opt, lr_factor(args.steps, args.warmup))
+    return Trainer(model, opt, sched, args.clip)
+
+
+def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
+    """A continuation of ``prompt`` (``seq`` token ids), each character drawn from the
+    model's distribution by a generator seeded with ``seed``: the same on every rank,
+    which all read the same global logits."""
+    lay = model.lay
+    model.eval()
+    window = list(prompt[-model.seq:])
+    rng = np.random.default_rng(seed)
+    out = []
+    with sm.no_grad():
+        for _ in range(length):
+            ids = sm.tensor(np.array([window], dtype=np.int64), placement=lay.placement,
+                            sbp=lay.ids)
+            logits = model(ids).numpy()  # the global array, on every rank
+            last = logits[0, -1].astype(np.float64)
+            p = np.exp(last - last.max())
+            nxt = int(rng.choice(len(p), p=p / p.sum()))
+            out.append(VOCAB[nxt] if nxt != OTHER else "?")
+            window = window[1:] + [nxt]
+    model.train()
+    return "".join(out)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--layout", default="dp", choices=["dp", "tp", "sp", "2d"])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=8, help="global batch size")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--gelu", default="none", choices=["none", "tanh"],
+                    help="exact GELU (through erf) or its tanh form (GPT-2's)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm bound (0: none)")
+    ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sample", type=int, default=60, help="characters to generate")
+    ap.add_argument("--check", action="store_true",
+                    help="compare every loss with the NumPy reference (needs --dropout 0)")
+    ap.add_argument("--compare-dp", action="store_true",
+                    help="train a dp copy too and compare every loss")
+    return ap.parse_args(argv)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What :func:`train` measured: each step's loss, the largest relative difference
+    from the reference (or the ``dp`` copy; 0 without either) and the sample."""
+
+    losses: list[float]
+    worst: float
+    sample: str
+
+
+def train(args: argparse.Namespace, verbose: bool = False) -> Run:
+    """Train as the command line says; compare with the reference and/or a ``dp`` copy."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpt_reference.py
+    from gpt_reference import NumpyGPT
+
+    if args.check and args.dropout:
+        raise SystemExit("train_gpt: --check compares with a reference without dropout: "
+                         "use --dropout 0 (or --compare-dp)")
+    rank = sm.env.get_rank()
+    data = load_corpus()
+    trainer = build(args, args.layout)
+    model, lay = trainer.model, trainer.model.lay
+    ref = NumpyGPT({k: p.numpy() for k, p in model.named_parameters()}, args.heads, 1e-5,
+                   lambda t: args.lr * lr_factor(args.steps, args.warmup)(t), (0.9, 0.999),
+                   1e-8, args.weight_decay, args.clip, args.gelu) if args.check else None
+    other = build(args, "dp") if args.compare_dp else None
+    if verbose and rank == 0:
+        print(f"train_gpt: {len(data)} characters of {', '.join(CORPUS_MODULES)}, vocabulary "
+              f"{len(VOCAB)}; layout {args.layout} on {lay.placement.ranks.tolist()}, "
+              f"{args.dtype}, dropout {args.dropout}")
+        for name, p in list(model.named_parameters())[:14]:
+            print(f"  {name:24s} {str(p.shape):14s} sbp {tuple(str(s) for s in p.sbp)}")
+    worst, losses = 0.0, []
+    for step in range(args.steps):
+        ids, targets = batch_at(data, step, args.batch, args.seq, args.seed)
+        masks = args.seed * 1_000_003 + step + 1  # the seed of this step's dropout masks
+        sm.manual_seed(masks)
+        got = trainer.step(ids, targets)
+        wants = [ref.step(ids, targets)] if ref else []
+        if other:
+            sm.manual_seed(masks)  # the same masks as the layout under test
+            wants.append(other.step(ids, targets))
+        for want in wants:
+            worst = max(worst, abs(got - want) / abs(want))
+        losses.append(got)
+        if verbose and rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            note = f" (max relative difference so far {worst:.2e})" if wants else ""
+            print(f"step {step:4d}: loss {got:.6f}{note}")
+    sample = generate(model, data[:args.seq], args.sample, args.seed)
+    return Run(losses, worst, sample)
+
+
+def main() -> None:
+    args = parse()
+    sm.launch.expect_world(2, minimum=1, what="train_gpt")
+    run = train(args, verbose=True)
+    rtol = 1e-10 if args.dtype == "float64" else 1e-3
+    assert run.worst <= rtol, f"loss differs from the reference by {run.worst:.3e} > {rtol}"
+    samples = sm.comm.all_gather_object(run.sample)
+    assert all(s == run.sample for s in samples), f"the samples differ between ranks: {samples}"
+    if sm.env.get_rank() == 0:
+        print(f"sample: {run.sample!r}")
+        print("TRAIN_GPT OK")
+
+
+if __name__ == "__main__":
+    main()

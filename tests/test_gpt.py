@@ -1,0 +1,190 @@
+"""examples/train_gpt.py: every layout that fits the world trains the GPT with the
+losses of the one-process NumPy reference (gpt_reference.py), dropout masks that do
+not depend on the layout, and the communication of a Megatron step.
+
+"Fits": dp, tp and sp run on every world size (splits may be uneven: 97 tokens, heads
+split 2/1/1 on 3 ranks); 2d needs an even world (a (world / 2) x 2 mesh). The example's
+own command (``mpiexec -n N python examples/train_gpt.py --layout L --check``, 50 steps
+at its default size) runs in tests/test_examples.py at small sizes and in the docs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi.comm.trace import Trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import gpt_reference  # noqa: E402
+import train_gpt  # noqa: E402
+
+comm = MPI.COMM_WORLD
+size = comm.Get_size()
+LAYERS = 2
+SMALL = ["--layers", str(LAYERS), "--heads", "4", "--dim", "16", "--seq", "8",
+         "--batch", "5", "--sample", "6"]
+
+
+def fitting_layouts() -> list[str]:
+    return ["dp", "tp", "sp"] + (["2d"] if size % 2 == 0 else [])
+
+
+def same_on_every_rank(value: object) -> bool:
+    return all(v == value for v in comm.allgather(value))
+
+
+# ---- serial: the corpus and the batches ---------------------------------------------------
+
+def test_vocabulary_divides_by_neither_3_nor_4():
+    v = len(train_gpt.VOCAB)
+    assert v % 3 and v % 4 and v % 2
+    data = train_gpt.load_corpus()
+    assert data.min() >= 0 and data.max() < v and len(data) > 10_000
+
+
+def test_batches_depend_on_the_seed_and_step_only():
+    data = train_gpt.load_corpus()
+    x, y = train_gpt.batch_at(data, 3, 4, 8, seed=1)
+    x2, _ = train_gpt.batch_at(data, 3, 4, 8, seed=1)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # targets: the next characters
+    assert not np.array_equal(x, train_gpt.batch_at(data, 4, 4, 8, seed=1)[0])
+
+
+def test_reference_gradients_match_finite_differences():
+    """The hand-written backward of the reference: the loss's slope along a random
+    direction of every parameter equals a central difference."""
+    rng = np.random.default_rng(0)
+    v, d, h, t = len(train_gpt.VOCAB), 8, 2, 5
+    shapes = {"wte": (v, d), "wpe": (t, d), "lnf.weight": (d,), "lnf.bias": (d,)}
+    for name, shape in (("ln1.weight", (d,)), ("ln1.bias", (d,)), ("ln2.weight", (d,)),
+                        ("ln2.bias", (d,)), ("attn.qkv_w", (h, d, 3 * d // h)),
+                        ("attn.qkv_b", (h, 1, 3 * d // h)), ("attn.proj_w", (h, d // h, d)),
+                        ("attn.proj_b", (d,)), ("mlp.fc1.weight", (d, 4 * d)),
+                        ("mlp.fc1.bias", (4 * d,)), ("mlp.fc2.weight", (4 * d, d)),
+                        ("mlp.fc2.bias", (d,))):
+        shapes[f"blocks.0.{name}"] = shape
+    params = {k: rng.standard_normal(s) * 0.3 for k, s in shapes.items()}
+    ids, targets = rng.integers(0, v, (2, t)), rng.integers(0, v, (2, t))
+
+    def loss_and_grads(p):
+        ref = gpt_reference.NumpyGPT(p, h, 1e-5, lambda s: 0.0, (0.9, 0.999), 1e-8, 0.0, 0.0)
+        grads = {}
+        ref._update = grads.update  # keep the gradients instead of stepping
+        return ref.step(ids, targets), grads
+
+    _, grads = loss_and_grads(params)
+    for k in params:
+        u = rng.standard_normal(params[k].shape)
+        eps = 1e-6
+        up = dict(params, **{k: params[k] + eps * u})
+        down = dict(params, **{k: params[k] - eps * u})
+        slope = (loss_and_grads(up)[0] - loss_and_grads(down)[0]) / (2 * eps)
+        assert abs(slope - (grads[k] * u).sum()) <= 1e-6 * max(1.0, abs(slope)), k
+
+
+# ---- MPI: the layouts against the reference -------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["dp", "tp", "sp", "2d"])
+def test_layout_losses_equal_the_numpy_reference(layout):
+    if layout not in fitting_layouts():
+        pytest.skip(f"{layout} needs an even world, this one has {size} ranks")
+    args = train_gpt.parse(["--layout", layout, "--check", "--steps", "6", *SMALL])
+    run = train_gpt.train(args)
+    assert run.worst <= 1e-10, run.worst
+    assert run.losses[-1] < run.losses[0]  # it learns
+    assert same_on_every_rank(run.sample) and len(run.sample) == 6
+
+
+@pytest.mark.mpi(min_size=1)
+def test_reference_check_notices_a_different_training():
+    """The comparison is not vacuous: a reference with another learning rate differs."""
+    args = train_gpt.parse(["--layout", "tp", "--steps", "3", *SMALL])
+    mine = train_gpt.train(args)
+    args.lr *= 1.01
+    other = train_gpt.train(args)
+    assert max(abs(a - b) / b for a, b in zip(mine.losses, other.losses)) > 1e-6
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("layout", ["tp", "sp", "2d"])
+def test_dropout_losses_equal_the_dp_run(layout):
+    if layout not in fitting_layouts():
+        pytest.skip(f"{layout} needs an even world, this one has {size} ranks")
+    args = train_gpt.parse(["--layout", layout, "--dropout", "0.2", "--compare-dp",
+                            "--steps", "3", *SMALL])
+    run = train_gpt.train(args)
+    assert run.worst <= 1e-10, run.worst
+    args.dropout, args.compare_dp = 0.0, False
+    plain = train_gpt.train(args)
+    assert abs(run.losses[0] - plain.losses[0]) > 1e-3  # the masks did drop something
+
+
+# ---- MPI: communication of one step -----------------------------------------------------------
+
+def traced_step(layout: str) -> tuple[Trace, Trace]:
+    """Forward and backward traces of one step (after a first step: caches warm)."""
+    args = train_gpt.parse(["--layout", layout, "--clip", "0", *SMALL])
+    trainer = train_gpt.build(args, layout)
+    ids, targets = train_gpt.batch_at(train_gpt.load_corpus(), 0, args.batch, args.seq, 0)
+    trainer.step(ids, targets)
+    with sm.trace() as forward:
+        loss = train_gpt.loss_of(trainer.model, ids, targets)
+    with sm.trace() as backward:
+        loss.backward()
+    return forward, backward
+
+
+def calls(t: Trace, itemsize: int = 8) -> list[tuple[str, int]]:
+    """(op, elements) of each call, in order; an uneven split's ``all_gather_v`` counts as
+    an ``all_gather`` (and ``reduce_scatter_v`` as a ``reduce_scatter``)."""
+    return [(r.op.removesuffix("_v"), r.nbytes // itemsize) for r in t.records]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_tp_step_is_megatrons_communication():
+    """Forward: one all-reduce per row-parallel output (attention's projection and the
+    MLP's second linear: two per block), one for the vocab-parallel embedding lookup and
+    the loss's two (a max and a fused (N, 2) sum). Backward: two activation all-reduces
+    per block and one at the embedding (where Megatron's f operators sit, here at the
+    first op that needs the partial gradient whole); the layer norms' weight and bias
+    gradients, computed from that partial gradient, take one all-reduce of ``dim``
+    elements each; the position embedding's, one of ``seq * dim``."""
+    args = train_gpt.parse(SMALL)
+    b, t, d = args.batch, args.seq, args.dim
+    act = b * t * d
+    forward, backward = traced_step("tp")
+    assert calls(forward) == [("all_reduce", act)] * (2 * LAYERS + 1) + [
+        ("all_reduce", b * t), ("all_reduce", 2 * b * t)]
+    norms = [("all_reduce", d)] * 2
+    per_block = [("all_reduce", act)] + norms
+    assert calls(backward) == norms + per_block * (2 * LAYERS) + [
+        ("all_reduce", t * d), ("all_reduce", act)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sp_replaces_each_activation_all_reduce_by_a_reduce_scatter_and_an_all_gather():
+    args = train_gpt.parse(SMALL)
+    b, t, d = args.batch, args.seq, args.dim
+    act = b * t * d
+    ranks = sm.env.get_world_size()
+    forward, backward = traced_step("sp")
+    f, g = calls(forward), calls(backward)
+    pairs = 2 * LAYERS + 1  # tp's activation all-reduces
+    assert [op for op, _ in f if op != "all_reduce"] == ["reduce_scatter", "all_gather"] * pairs
+    assert [c for c in f if c[0] == "all_reduce"] == [("all_reduce", b * t),
+                                                      ("all_reduce", 2 * b * t)]
+    assert [c[0] for c in g if c[0] != "all_reduce"] == ["reduce_scatter", "all_gather"] * pairs
+    # the layer norms' parameters see a sequence split: their gradients are all-reduced
+    assert [c for c in g if c[0] == "all_reduce"] == [("all_reduce", d)] * (4 * LAYERS + 2)
+    # a reduce-scatter takes the whole activation; an all-gather this rank's share of it
+    assert all(n == act for op, n in f + g if op == "reduce_scatter")
+    shares = {b * (t // ranks) * d, b * -(-t // ranks) * d}
+    assert all(n in shares for op, n in f + g if op == "all_gather")
