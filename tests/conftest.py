@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +144,19 @@ def chk():
     from comm_helpers import checker
 
     yield from checker()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_program(n: int, *args, timeout: float = 240) -> str:
+    """``python ARGS`` under ``mpiexec -n n`` (a job of its own, from the repository root);
+    its standard output, asserting that it exited 0."""
+    from sbpmpi.launch import find_mpiexec
+
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(int(timeout) - 20), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run([find_mpiexec().path, "-n", str(n), sys.executable, *map(str, args)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout

@@ -5,17 +5,14 @@ on another world size and layout, and examples/train_mlp.py in its three layouts
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import errors_of
+from conftest import errors_of, run_program
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.launch import find_mpiexec
 
 S, B, P = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
 comm = MPI.COMM_WORLD
@@ -311,12 +308,7 @@ def test_training_state_resumes_in_another_layout(shared_dir):
 # ---- programs under mpiexec (serial tests) ------------------------------------------------------
 
 def _run(n, *args):
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    r = subprocess.run([find_mpiexec().path, "-n", str(n), sys.executable, *map(str, args)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
+    return run_program(n, *args, timeout=TIMEOUT)
 
 
 EXAMPLE = ROOT / "examples" / "train_mlp.py"

@@ -4,18 +4,14 @@ across stages, argument errors on every rank."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import errors_of
+from conftest import errors_of, run_program
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.launch import find_mpiexec
 
 S, B = sm.sbp.split, sm.sbp.broadcast
 comm = MPI.COMM_WORLD
@@ -119,12 +115,7 @@ TIMEOUT = 240
 
 
 def _run(n, *args):
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    r = subprocess.run([find_mpiexec().path, "-n", str(n), sys.executable, *map(str, args)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
+    return run_program(n, *args, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("save,resume", [((2, "3"), (3, "1")), ((4, "1"), (1, "0")),
