@@ -190,13 +190,7 @@ class Linear(Module):
         for name, n in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
                 raise ValueError(f"Linear: {name} must be a positive int, got {n!r}")
-        if not isinstance(placement, Placement):
-            raise TypeError(f"Linear: placement= must be an sm.placement, got "
-                            f"{type(placement).__name__}")
-        wsbp = (broadcast,) * placement.ndim if sbp is None else \
-            ((sbp,) if isinstance(sbp, (Split, Broadcast, Partial)) else tuple(sbp))
-        if any(isinstance(s, Partial) for s in wsbp):
-            raise ValueError(f"Linear: weight sbp {wsbp} is partial; use broadcast or split")
+        wsbp = _param_sbp("Linear", placement, sbp, what="weight sbp")
         self.in_features, self.out_features = int(in_features), int(out_features)
         k = 1.0 / math.sqrt(self.in_features)
         with no_grad():
@@ -459,16 +453,17 @@ class Sequential(ModuleList):
 
 # ---- layers -----------------------------------------------------------------------------------
 
-def _param_sbp(owner: str, placement: Any, sbp: SBP | Sequence[SBP] | None
-               ) -> tuple[SBP, ...]:
-    """A parameter's SBP: broadcast by default, never partial."""
+def _param_sbp(owner: str, placement: Any, sbp: SBP | Sequence[SBP] | None,
+               what: str = "sbp") -> tuple[SBP, ...]:
+    """A parameter's SBP: broadcast by default, never partial (``what`` names it in the
+    error)."""
     if not isinstance(placement, Placement):
         raise TypeError(f"{owner}: placement= must be an sm.placement, got "
                         f"{type(placement).__name__}")
     out = (broadcast,) * placement.ndim if sbp is None else \
         ((sbp,) if isinstance(sbp, (Split, Broadcast, Partial)) else tuple(sbp))
     if any(isinstance(s, Partial) for s in out):
-        raise ValueError(f"{owner}: sbp {out} is partial; use broadcast or split")
+        raise ValueError(f"{owner}: {what} {out} is partial; use broadcast or split")
     return out
 
 

@@ -60,14 +60,18 @@ def assert_same_on_all_ranks(value: object) -> None:
     assert all(v == vals[0] for v in vals), vals
 
 
-def errors_of(fn) -> tuple[str, str]:
-    """(type name, message) of what ``fn`` raised ("no error" if nothing), equal on every rank."""
+def raised_by(fn) -> tuple[str, str]:
+    """(type name, message) of what ``fn`` raised on this rank ("no error" if nothing)."""
     try:
         fn()
     except Exception as e:
-        got = (type(e).__name__, str(e))
-    else:
-        got = ("no error", "")
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def errors_of(fn) -> tuple[str, str]:
+    """(type name, message) of what ``fn`` raised ("no error" if nothing), equal on every rank."""
+    got = raised_by(fn)
     assert_same_on_all_ranks(got)
     return got
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from comm_helpers import UFUNC, data, reduction_ok
+from conftest import raised_by
 from fake_cuda import FakeCudaArray
 from fake_ipc import FakeIpcDevice
 from mpi4py import MPI
@@ -337,13 +338,7 @@ def _boom(*args, **kwargs):
 def _raised_everywhere(fn) -> list[tuple[str, str]]:
     """(type name, message) of what ``fn`` raised on each rank ("no error" if nothing).
     Messages may differ (each names its own path), the cause must reach them all."""
-    try:
-        fn()
-    except Exception as e:
-        got = (type(e).__name__, str(e))
-    else:
-        got = ("no error", "")
-    return world.allgather(got)
+    return world.allgather(raised_by(fn))
 
 
 @pytest.mark.timeout(60)
