@@ -162,6 +162,15 @@ def param(shape: tuple[int, ...], sbp: SBPs, lay: GPTLayout, dtype: Any,
     return t.detach().requires_grad_()
 
 
+def mixer_input(h: sm.GlobalTensor, lay: GPTLayout) -> sm.GlobalTensor:
+    """A layer norm's output ``h`` (in the stream's layout) as the input of attention, the
+    MLP or the output head: gathered in ``sp``; its gradient goes back in the stream's
+    layout. In ``tp`` that is Megatron's "f": the column-parallel layers' partial input
+    gradients are all-reduced here, so the layer norms, the residual stream and the
+    embeddings see broadcast gradients (in ``sp``, reduce-scattered to the sequence split)."""
+    return h.to_global(sbp=lay.mixer_in, grad_sbp=lay.stream)
+
+
 class Attention(sm.nn.Module):
     """Causal self-attention with per-head weights (the heads dim can be split)."""
 
@@ -211,8 +220,8 @@ class Block(sm.nn.Module):
         self.mlp = MLP(dim, dropout, gelu, lay, dtype)
 
     def forward(self, x: sm.GlobalTensor, mask: sm.GlobalTensor) -> sm.GlobalTensor:
-        x = x + self.attn(self.ln1(x).to_global(sbp=self.lay.mixer_in), mask)  # sp: gather
-        return x + self.mlp(self.ln2(x).to_global(sbp=self.lay.mixer_in))
+        x = x + self.attn(mixer_input(self.ln1(x), self.lay), mask)
+        return x + self.mlp(mixer_input(self.ln2(x), self.lay))
 
 
 class GPT(sm.nn.Module):
@@ -236,7 +245,7 @@ class GPT(sm.nn.Module):
         x = self.drop(tok.to_global(sbp=self.lay.stream) + self.wpe)
         for block in self.blocks:
             x = block(x, self.mask)
-        h = self.lnf(x).to_global(sbp=self.lay.mixer_in)
+        h = mixer_input(self.lnf(x), self.lay)
         return sm.matmul(h, self.wte.transpose(1, 0))  # tied: (dim, vocab), tp: split(1)
 
 
