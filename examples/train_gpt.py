@@ -249,11 +249,13 @@ class GPT(sm.nn.Module):
         return sm.matmul(h, self.wte.transpose(1, 0))  # tied: (dim, vocab), tp: split(1)
 
 
-def loss_of(model: GPT, ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
-    """Mean cross-entropy of the next character (vocab-parallel where the logits are split)."""
+def loss_of(model: GPT, ids: np.ndarray, targets: np.ndarray,
+            net: sm.nn.Module | None = None) -> sm.GlobalTensor:
+    """Mean cross-entropy of the next character (vocab-parallel where the logits are
+    split); forward through ``net`` (the model or its DataParallel) when given."""
     lay = model.lay
     x = sm.tensor(ids, placement=lay.placement, sbp=lay.ids)
-    logits = model(x)
+    logits = (net or model)(x)
     b, t, v = logits.shape
     return sm.nn.cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
 
@@ -269,14 +271,21 @@ def lr_factor(steps: int, warmup: int) -> Any:
 
 @dataclass(frozen=True)
 class Trainer:
+    """The model, its optimizer and schedule; ``net`` is what forward calls: the model,
+    or its ``sm.nn.DataParallel`` (gradient buckets) under ``--buckets on``."""
+
     model: GPT
     optimizer: Any
     scheduler: Any
     clip: float
+    net: sm.nn.Module
+
+    def loss(self, ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
+        return loss_of(self.model, ids, targets, self.net)
 
     def step(self, ids: np.ndarray, targets: np.ndarray) -> float:
         self.optimizer.zero_grad()
-        loss = loss_of(self.model, ids, targets)
+        loss = self.loss(ids, targets)
         loss.backward()
         if self.clip:
             sm.nn.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -286,7 +295,8 @@ class Trainer:
 
 
 def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Trainer:
-    """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule."""
+    """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule;
+    in ``dp`` and ``2d``, its ``sm.nn.DataParallel`` on the data axis (``--buckets on``)."""
     from gpt_reference import decays
 
     sm.manual_seed(args.seed)  # the same initial weights whatever the layout
@@ -298,7 +308,9 @@ def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Tra
               {"params": [p for k, p in named if not decays(k, p.shape)], "weight_decay": 0.0}]
     opt = sm.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
     sched = sm.optim.lr_scheduler.LambdaLR(opt, lr_factor(args.steps, args.warmup))
-    return Trainer(model, opt, sched, args.clip)
+    data_parallel = layout in ("dp", "2d") and args.buckets == "on"
+    net = sm.nn.DataParallel(model, axis=0) if data_parallel else model
+    return Trainer(model, opt, sched, args.clip, net)
 
 
 def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
@@ -340,6 +352,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm bound (0: none)")
+    ap.add_argument("--buckets", default="on", choices=["on", "off"],
+                    help="dp and 2d: reduce the gradients in buckets that overlap backward "
+                         "(sm.nn.DataParallel), or one all-reduce per parameter")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)

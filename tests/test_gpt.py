@@ -136,7 +136,7 @@ def traced_step(layout: str) -> tuple[Trace, Trace]:
     ids, targets = train_gpt.batch_at(train_gpt.load_corpus(), 0, args.batch, args.seq, 0)
     trainer.step(ids, targets)
     with sm.trace() as forward:
-        loss = train_gpt.loss_of(trainer.model, ids, targets)
+        loss = trainer.loss(ids, targets)
     with sm.trace() as backward:
         loss.backward()
     return forward, backward
@@ -194,3 +194,30 @@ def test_sp_replaces_each_activation_all_reduce_by_a_reduce_scatter_and_an_all_g
     assert all(n == act for op, n in f + g if op == "reduce_scatter")
     shares = {b * (t // size) * d, b * -(-t // size) * d}
     assert all(n in shares for op, n in f + g if op == "all_gather")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_2d_step_is_tp_on_the_tensor_axis_and_bucketed_gradients_on_the_data_axis():
+    """On the (n/2) x 2 mesh: tp's 2L + 1 backward activation all-reduces among the two
+    ranks of this rank's mesh row (its part of the batch), and on the data axis (the
+    column) only the gradient buckets' all-reduces, which carry each parameter's local
+    gradient once."""
+    if size % 2:
+        pytest.skip(f"2d needs an even world, this one has {size} ranks")
+    args = train_gpt.parse(SMALL)
+    mesh = np.arange(size).reshape(size // 2, 2)
+    rank = comm.Get_rank()
+    row, column = tuple(mesh[rank // 2]), tuple(mesh[:, rank % 2])
+    rows = len(np.array_split(np.arange(args.batch), size // 2)[rank // 2])
+    _, backward = traced_step("2d")
+    on_row = [(r.op, r.nbytes // 8) for r in backward.records if r.group_ranks == row]
+    on_column = [(r.op, r.nbytes // 8) for r in backward.records if r.group_ranks == column]
+    assert len(on_row) + len(on_column) == len(backward.records)
+    assert on_row == [("all_reduce", rows * args.seq * args.dim)] * (2 * LAYERS + 1)
+    params = train_gpt.build(args, "2d").model.parameters()
+    if size == 2:  # a 1 x 2 mesh: no data axis to reduce over
+        assert on_column == []
+    else:
+        assert {op for op, _ in on_column} == {"all_reduce"}
+        assert len(on_column) < len(params)  # buckets, not one call per parameter
+        assert sum(n for _, n in on_column) == sum(p.to_local().size for p in params)
