@@ -188,7 +188,9 @@ class Attention(sm.nn.Module):
         hd = self.head_dim
         qkv = sm.matmul(h.reshape(b, 1, t, d), self.qkv_w) + self.qkv_b  # (b, heads, t, 3hd)
         q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
-        scores = sm.matmul(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(hd)) + mask
+        # the scale on q (t x head_dim) rather than on the scores (t x t): a smaller pass
+        # forward and backward
+        scores = sm.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(0, 1, 3, 2)) + mask
         y = sm.matmul(sm.softmax(scores, -1), v)  # (b, heads, t, hd)
         out = sm.matmul(y, self.proj_w).sum(1) + self.proj_b  # tp: partial_sum over heads
         return self.drop(out.to_global(sbp=self.lay.stream))  # tp: all-reduce; sp: reduce-scatter

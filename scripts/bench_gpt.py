@@ -128,7 +128,7 @@ def torch_gpt(vocab: int, args: argparse.Namespace) -> Any:
             # -1: the local heads when q, k, v are column parallel
             q, k, v = (self.attn[n](a).view(b, a.shape[1], -1, d // h).transpose(1, 2)
                        for n in "qkv")
-            s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // h)) + mask
+            s = (q * (1.0 / math.sqrt(d // h))) @ k.transpose(-1, -2) + mask  # as the example
             y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, a.shape[1], -1)
             x = x + self.attn["proj"](y)
             return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)), approximate=args.gelu))
