@@ -11,7 +11,8 @@ neither 2, 3 nor 4, so the vocabulary-parallel splits are uneven).
 Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
 
 * ``dp``: data parallel. The batch is split (``split(0)``), every weight broadcast;
-  backward all-reduces each weight's gradient.
+  backward all-reduces the gradients in buckets that overlap its compute
+  (``sm.nn.DataParallel``; ``--buckets off``: one all-reduce per weight at its leaf).
 * ``tp``: tensor parallel, Megatron style. Attention weights are kept per head
   (``qkv_w`` of shape ``(heads, dim, 3 * head_dim)``, ``proj_w`` ``(heads, head_dim,
   dim)``): both are split on their heads dim, so q, k, v and the attention are split by
@@ -21,11 +22,15 @@ Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
   embedding is split on the vocabulary (its lookup is a ``partial_sum``; the tied
   logits come out split on the vocabulary and the loss is vocab-parallel). Each
   ``partial_sum`` is made broadcast where it joins the residual stream: one all-reduce.
+  Backward, the layer norms' outputs pass their gradient back in the stream's layout
+  (``grad_sbp``, :func:`mixer_input`): the column-parallel inputs' partial gradients are
+  all-reduced there (Megatron's "f"), and nothing else is reduced.
 * ``sp``: ``tp`` with the residual stream split on the sequence dim between blocks
   (layer norm and dropout are local): activations are all-gathered before attention and
   the MLP, and the ``partial_sum`` outputs are reduce-scattered back to the sequence
   split.
-* ``2d``: a ``(world / 2) x 2`` mesh: data parallel on axis 0, ``tp`` on axis 1.
+* ``2d``: a ``(world / 2) x 2`` mesh: data parallel on axis 0 (gradient buckets, as
+  ``dp``), ``tp`` on axis 1.
 
 ``--check`` compares every step's loss with the NumPy reference (``--dropout 0``;
 float64 within 1e-10 relative); ``--compare-dp`` trains a ``dp`` copy in the same

@@ -8,7 +8,9 @@ The driver (not an MPI program) starts ``--runs`` times each of: the one-process
 (``mpiexec -n 1``) and the ``--ranks`` run, and reports the median of the runs' median
 step times as tokens per second. A run times, per layout (``dp``, ``tp``, ``sp``; ``2d``
 on 4 or more even ranks), one training step of the example (forward, vocab-parallel
-cross-entropy, backward, AdamW; no gradient clipping), the slowest rank's time, and the
+cross-entropy, backward, AdamW; no gradient clipping; ``dp`` and ``2d`` with the
+example's default ``--buckets on``, ``sm.nn.DataParallel``: pass ``--buckets off`` for one
+all-reduce per parameter), the slowest rank's time, and the
 same model in PyTorch: plain in one process, ``DistributedDataParallel`` for ``dp``,
 DTensor ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` (and
 ``SequenceParallel`` for ``sp``) and ``loss_parallel`` for ``tp``/``sp`` (gloo, CPU).
