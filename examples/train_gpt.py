@@ -11,7 +11,8 @@ neither 2, 3 nor 4, so the vocabulary-parallel splits are uneven).
 Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
 
 * ``dp``: data parallel. The batch is split (``split(0)``), every weight broadcast;
-  backward all-reduces each weight's gradient.
+  backward all-reduces the gradients in buckets that overlap its compute
+  (``sm.nn.DataParallel``; ``--buckets off``: one all-reduce per weight at its leaf).
 * ``tp``: tensor parallel, Megatron style. Attention weights are kept per head
   (``qkv_w`` of shape ``(heads, dim, 3 * head_dim)``, ``proj_w`` ``(heads, head_dim,
   dim)``): both are split on their heads dim, so q, k, v and the attention are split by
@@ -21,11 +22,15 @@ Layouts (``--layout``), as the SBPs of the table in :func:`gpt_layout`:
   embedding is split on the vocabulary (its lookup is a ``partial_sum``; the tied
   logits come out split on the vocabulary and the loss is vocab-parallel). Each
   ``partial_sum`` is made broadcast where it joins the residual stream: one all-reduce.
+  Backward, the layer norms' outputs pass their gradient back in the stream's layout
+  (``grad_sbp``, :func:`mixer_input`): the column-parallel inputs' partial gradients are
+  all-reduced there (Megatron's "f"), and nothing else is reduced.
 * ``sp``: ``tp`` with the residual stream split on the sequence dim between blocks
   (layer norm and dropout are local): activations are all-gathered before attention and
   the MLP, and the ``partial_sum`` outputs are reduce-scattered back to the sequence
   split.
-* ``2d``: a ``(world / 2) x 2`` mesh: data parallel on axis 0, ``tp`` on axis 1.
+* ``2d``: a ``(world / 2) x 2`` mesh: data parallel on axis 0 (gradient buckets, as
+  ``dp``), ``tp`` on axis 1.
 
 ``--check`` compares every step's loss with the NumPy reference (``--dropout 0``;
 float64 within 1e-10 relative); ``--compare-dp`` trains a ``dp`` copy in the same
@@ -162,6 +167,15 @@ def param(shape: tuple[int, ...], sbp: SBPs, lay: GPTLayout, dtype: Any,
     return t.detach().requires_grad_()
 
 
+def mixer_input(h: sm.GlobalTensor, lay: GPTLayout) -> sm.GlobalTensor:
+    """A layer norm's output ``h`` (in the stream's layout) as the input of attention, the
+    MLP or the output head: gathered in ``sp``; its gradient goes back in the stream's
+    layout. In ``tp`` that is Megatron's "f": the column-parallel layers' partial input
+    gradients are all-reduced here, so the layer norms, the residual stream and the
+    embeddings see broadcast gradients (in ``sp``, reduce-scattered to the sequence split)."""
+    return h.to_global(sbp=lay.mixer_in, grad_sbp=lay.stream)
+
+
 class Attention(sm.nn.Module):
     """Causal self-attention with per-head weights (the heads dim can be split)."""
 
@@ -179,7 +193,9 @@ class Attention(sm.nn.Module):
         hd = self.head_dim
         qkv = sm.matmul(h.reshape(b, 1, t, d), self.qkv_w) + self.qkv_b  # (b, heads, t, 3hd)
         q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
-        scores = sm.matmul(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(hd)) + mask
+        # the scale on q (t x head_dim) rather than on the scores (t x t): a smaller pass
+        # forward and backward
+        scores = sm.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(0, 1, 3, 2)) + mask
         y = sm.matmul(sm.softmax(scores, -1), v)  # (b, heads, t, hd)
         out = sm.matmul(y, self.proj_w).sum(1) + self.proj_b  # tp: partial_sum over heads
         return self.drop(out.to_global(sbp=self.lay.stream))  # tp: all-reduce; sp: reduce-scatter
@@ -211,8 +227,8 @@ class Block(sm.nn.Module):
         self.mlp = MLP(dim, dropout, gelu, lay, dtype)
 
     def forward(self, x: sm.GlobalTensor, mask: sm.GlobalTensor) -> sm.GlobalTensor:
-        x = x + self.attn(self.ln1(x).to_global(sbp=self.lay.mixer_in), mask)  # sp: gather
-        return x + self.mlp(self.ln2(x).to_global(sbp=self.lay.mixer_in))
+        x = x + self.attn(mixer_input(self.ln1(x), self.lay), mask)
+        return x + self.mlp(mixer_input(self.ln2(x), self.lay))
 
 
 class GPT(sm.nn.Module):
@@ -236,15 +252,17 @@ class GPT(sm.nn.Module):
         x = self.drop(tok.to_global(sbp=self.lay.stream) + self.wpe)
         for block in self.blocks:
             x = block(x, self.mask)
-        h = self.lnf(x).to_global(sbp=self.lay.mixer_in)
+        h = mixer_input(self.lnf(x), self.lay)
         return sm.matmul(h, self.wte.transpose(1, 0))  # tied: (dim, vocab), tp: split(1)
 
 
-def loss_of(model: GPT, ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
-    """Mean cross-entropy of the next character (vocab-parallel where the logits are split)."""
+def loss_of(model: GPT, ids: np.ndarray, targets: np.ndarray,
+            net: sm.nn.Module | None = None) -> sm.GlobalTensor:
+    """Mean cross-entropy of the next character (vocab-parallel where the logits are
+    split); forward through ``net`` (the model or its DataParallel) when given."""
     lay = model.lay
     x = sm.tensor(ids, placement=lay.placement, sbp=lay.ids)
-    logits = model(x)
+    logits = (net or model)(x)
     b, t, v = logits.shape
     return sm.nn.cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
 
@@ -260,14 +278,21 @@ def lr_factor(steps: int, warmup: int) -> Any:
 
 @dataclass(frozen=True)
 class Trainer:
+    """The model, its optimizer and schedule; ``net`` is what forward calls: the model,
+    or its ``sm.nn.DataParallel`` (gradient buckets) under ``--buckets on``."""
+
     model: GPT
     optimizer: Any
     scheduler: Any
     clip: float
+    net: sm.nn.Module
+
+    def loss(self, ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
+        return loss_of(self.model, ids, targets, self.net)
 
     def step(self, ids: np.ndarray, targets: np.ndarray) -> float:
         self.optimizer.zero_grad()
-        loss = loss_of(self.model, ids, targets)
+        loss = self.loss(ids, targets)
         loss.backward()
         if self.clip:
             sm.nn.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -277,7 +302,8 @@ class Trainer:
 
 
 def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Trainer:
-    """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule."""
+    """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule;
+    in ``dp`` and ``2d``, its ``sm.nn.DataParallel`` on the data axis (``--buckets on``)."""
     from gpt_reference import decays
 
     sm.manual_seed(args.seed)  # the same initial weights whatever the layout
@@ -289,7 +315,9 @@ def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Tra
               {"params": [p for k, p in named if not decays(k, p.shape)], "weight_decay": 0.0}]
     opt = sm.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
     sched = sm.optim.lr_scheduler.LambdaLR(opt, lr_factor(args.steps, args.warmup))
-    return Trainer(model, opt, sched, args.clip)
+    data_parallel = layout in ("dp", "2d") and args.buckets == "on"
+    net = sm.nn.DataParallel(model, axis=0) if data_parallel else model
+    return Trainer(model, opt, sched, args.clip, net)
 
 
 def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
@@ -331,6 +359,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm bound (0: none)")
+    ap.add_argument("--buckets", default="on", choices=["on", "off"],
+                    help="dp and 2d: reduce the gradients in buckets that overlap backward "
+                         "(sm.nn.DataParallel), or one all-reduce per parameter")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)

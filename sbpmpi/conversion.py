@@ -28,7 +28,7 @@ from .boxing.explanation import Explanation
 from .boxing.plan import Plan
 from .core.layout import Layout
 from .core.placement import Placement
-from .core.sbp import SBP, Broadcast
+from .core.sbp import SBP, Broadcast, Partial
 from .env import get_world_size
 from .runtime import explain_layouts, plan_for_layouts, redistribute
 from .runtime.consistency import (
@@ -36,10 +36,13 @@ from .runtime.consistency import (
     check_broadcast_shards,
     check_step,
     conversion_check,
+    conversion_meta,
+    step_check,
 )
 from .tensor import GlobalTensor
 
-__all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination"]
+__all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination",
+           "grad_destination"]
 
 
 def destination(x: GlobalTensor, placement: Placement | None,
@@ -60,6 +63,7 @@ def destination(x: GlobalTensor, placement: Placement | None,
 _CACHE_SIZE = 4096
 _UNCHANGED: Any = object()
 _destinations: dict[tuple[Any, ...], Layout] = {}  # (layout, placement, sbp) -> destination
+_grad_layouts: dict[tuple[Any, ...], Layout] = {}  # (x's layout, grad_sbp) -> its layout
 
 
 def _destination(x: GlobalTensor, placement: Placement | None,
@@ -85,15 +89,61 @@ def _destination(x: GlobalTensor, placement: Placement | None,
     return src if dst is _UNCHANGED else dst
 
 
+def grad_destination(x: GlobalTensor, grad_sbp: SBP | Sequence[SBP]) -> Layout:
+    """The layout of the gradient that ``x.to_global(..., grad_sbp=grad_sbp)`` passes back
+    to ``x`` in backward: ``x``'s shape and placement with ``grad_sbp`` (one SBP per mesh
+    axis of ``x``'s placement), checked on every rank (no communication)."""
+    if not isinstance(x, GlobalTensor):
+        raise TypeError(f"x must be a GlobalTensor, got {type(x).__name__}")
+    key = (x.layout, tuple(grad_sbp) if type(grad_sbp) is list else grad_sbp)
+    try:
+        hit = _grad_layouts.get(key)
+    except TypeError:  # unhashable arguments: validated every time
+        return _grad_layout(x.layout, grad_sbp)
+    if hit is None:
+        hit = _grad_layout(x.layout, grad_sbp)
+        if len(_grad_layouts) >= _CACHE_SIZE:
+            _grad_layouts.clear()
+        _grad_layouts[key] = hit
+    return hit
+
+
+def _grad_layout(src: Layout, grad_sbp: Any) -> Layout:
+    try:
+        layout = Layout.make(src.shape, src.placement, grad_sbp)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"x.to_global: grad_sbp={grad_sbp!r} is not an SBP of the gradient of x "
+                      f"(shape {src.shape}, one SBP per axis of x's "
+                      f"{src.placement.ndim}-d mesh): {e}") from None
+    # gradients meet by addition (two uses of x, a leaf's .grad): a partial_max or
+    # partial_min one could be neither added to another nor boxed to a partial_sum
+    if any(isinstance(s, Partial) and s.op != "sum" for s in layout.sbp):
+        raise ValueError(f"x.to_global: grad_sbp={grad_sbp!r}: a gradient is laid out as "
+                         f"split, broadcast or partial_sum (gradients are summed), not "
+                         f"partial_max or partial_min")
+    return layout
+
+
 def convert(x: GlobalTensor, placement: Placement | None = None,
-            sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
-    """``x.to_global(placement, sbp)``: the consistency check (``SBPMPI_CHECK``), then
-    :func:`box` (collective over the world)."""
+            sbp: SBP | Sequence[SBP] | None = None,
+            grad_sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """``x.to_global(placement, sbp, grad_sbp=grad_sbp)``: the consistency check
+    (``SBPMPI_CHECK``; it covers ``grad_sbp`` when given), then :func:`box` (collective
+    over the world). ``grad_sbp`` is validated here, before any communication of the
+    conversion; :func:`grad_destination` gives its layout to the tape."""
     # checked before the arguments are validated, so that ranks passing different ones get
     # the mismatch rather than each its own error
-    agreed = check_step(TO_GLOBAL, conversion_check(x, placement, sbp))
+    if grad_sbp is None:
+        step = conversion_check(x, placement, sbp)
+    else:
+        grad_meta = conversion_meta(x, None, grad_sbp)[2]  # normalised against x's mesh
+        step = step_check(TO_GLOBAL, (*conversion_meta(x, placement, sbp), grad_meta))
+    agreed = check_step(TO_GLOBAL, step)
     check_broadcast_shards(x, "x.to_global input")
-    return _converted(x, _destination(x, placement, sbp), agreed)
+    dst = _destination(x, placement, sbp)
+    if grad_sbp is not None:
+        grad_destination(x, grad_sbp)
+    return _converted(x, dst, agreed)
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,

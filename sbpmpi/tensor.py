@@ -179,12 +179,31 @@ class GlobalTensor:
             self, agreed=check_collective("x.numpy", (self,)))
 
     def to_global(
-        self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None
+        self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None, *,
+        grad_sbp: SBP | Sequence[SBP] | None = None
     ) -> GlobalTensor:
-        """Convert to another placement and/or SBP (collective); unchanged parts keep theirs."""
-        out = _conversion.convert(self, placement, sbp)
+        """Convert to another placement and/or SBP (collective); unchanged parts keep theirs.
+
+        Parameters
+        ----------
+        placement : Placement, optional
+            The result's placement (default: this tensor's).
+        sbp : SBP or sequence of SBP, optional
+            The result's SBP, one per mesh axis of ``placement`` (default: this tensor's).
+        grad_sbp : SBP or sequence of SBP, optional
+            The SBP, one per mesh axis of *this* tensor's placement, of the gradient this
+            conversion passes back to this tensor in backward (OneFlow's ``grad_sbp``):
+            split, broadcast or partial_sum (gradients are summed).
+            None: the conjugate of this tensor's SBP (``broadcast`` -> ``partial_sum``,
+            partial -> ``broadcast``, split stays split). Megatron's "f" operator is
+            ``h.to_global(sbp=broadcast, grad_sbp=broadcast)`` before a column-parallel
+            linear: the gradient is all-reduced there, and everything before ``h`` sees
+            a broadcast gradient. Only the layout changes, never the value.
+        """
+        out = _conversion.convert(self, placement, sbp, grad_sbp)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
-            out = _autograd.tape.record_conversion(self, out)
+            grad = None if grad_sbp is None else _conversion.grad_destination(self, grad_sbp)
+            out = _autograd.tape.record_conversion(self, out, grad)
         return out
 
     def item(self) -> Any:

@@ -8,7 +8,9 @@ The driver (not an MPI program) starts ``--runs`` times each of: the one-process
 (``mpiexec -n 1``) and the ``--ranks`` run, and reports the median of the runs' median
 step times as tokens per second. A run times, per layout (``dp``, ``tp``, ``sp``; ``2d``
 on 4 or more even ranks), one training step of the example (forward, vocab-parallel
-cross-entropy, backward, AdamW; no gradient clipping), the slowest rank's time, and the
+cross-entropy, backward, AdamW; no gradient clipping; ``dp`` and ``2d`` with the
+example's default ``--buckets on``, ``sm.nn.DataParallel``: pass ``--buckets off`` for one
+all-reduce per parameter), the slowest rank's time, and the
 same model in PyTorch: plain in one process, ``DistributedDataParallel`` for ``dp``,
 DTensor ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` (and
 ``SequenceParallel`` for ``sp``) and ``loss_parallel`` for ``tp``/``sp`` (gloo, CPU).
@@ -128,7 +130,7 @@ def torch_gpt(vocab: int, args: argparse.Namespace) -> Any:
             # -1: the local heads when q, k, v are column parallel
             q, k, v = (self.attn[n](a).view(b, a.shape[1], -1, d // h).transpose(1, 2)
                        for n in "qkv")
-            s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // h)) + mask
+            s = (q * (1.0 / math.sqrt(d // h))) @ k.transpose(-1, -2) + mask  # as the example
             y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, a.shape[1], -1)
             x = x + self.attn["proj"](y)
             return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)), approximate=args.gelu))

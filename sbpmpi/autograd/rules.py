@@ -362,9 +362,12 @@ def _embedding(node: Node, g: GlobalTensor) -> Grads:
 
 
 def _to_global(node: Node, g: GlobalTensor) -> Grads:
-    """The gradient goes back to the source placement in the conjugate SBP (same cost table)."""
+    """The gradient goes back to the source placement in the SBP the call's ``grad_sbp``
+    asked for, else in the conjugate SBP (same cost table)."""
     src = node.inputs[0]
-    sbp = tuple(conjugate_sbp(s) for s in src.sbp)
+    sbp = node.kwargs.get("grad_sbp")
+    if sbp is None:
+        sbp = tuple(conjugate_sbp(s) for s in src.sbp)
     return [g.to_global(placement=src.placement, sbp=sbp)]
 
 #: Op name -> backward rule. Ops with bool results (comparisons) have none: they are

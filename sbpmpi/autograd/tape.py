@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.layout import Layout
 from ..tensor import GlobalTensor
 from .mode import is_grad_enabled
 
@@ -69,13 +70,19 @@ def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
     return out
 
 
-def record_conversion(src: GlobalTensor, out: GlobalTensor) -> GlobalTensor:
-    """Record ``out = src.to_global(...)`` (a new tensor: never ``src`` itself)."""
+def record_conversion(src: GlobalTensor, out: GlobalTensor,
+                      grad: Layout | None = None) -> GlobalTensor:
+    """Record ``out = src.to_global(...)`` (a new tensor: never ``src`` itself).
+
+    ``grad``: the layout of the gradient the conversion passes back to ``src`` (from
+    ``grad_sbp``, :func:`sbpmpi.conversion.grad_destination`); None for the conjugate of
+    ``src``'s SBP. The node keeps its SBP as the keyword ``grad_sbp``."""
     if not _enabled_for((src,), out):
         return out
     if out is src:
         out = detached(src)
-    out._node = Node("to_global", (src,), (), {}, detached(out), (True,))
+    kwargs = {} if grad is None else {"grad_sbp": grad.sbp}
+    out._node = Node("to_global", (src,), (), kwargs, detached(out), (True,))
     out._requires_grad = True
     return out
 
