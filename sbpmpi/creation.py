@@ -232,17 +232,23 @@ def _infer_global_shape(layout_pl: Placement, nd_sbp: tuple[SBP, ...],
 
 @_grad_option
 def to_global(local: Any, *, placement: Placement | None = None,
-              sbp: SBP | Sequence[SBP] | None = None, requires_grad: bool = False) -> GlobalTensor:
+              sbp: SBP | Sequence[SBP] | None = None, requires_grad: bool = False,
+              grad_sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
     """Make a global tensor from this rank's shard ``local`` (collective over the world).
 
     ``split(d)``: the global tensor is the shards concatenated along ``d`` (uneven
     shards are rebalanced). ``broadcast``: the first rank's shard along each broadcast
     mesh axis is sent to the others. ``partial_*``: the shards' reduction, no transfer.
     Shapes and dtypes are exchanged and checked, so a mismatch raises the same error on
-    every rank. A GlobalTensor is converted with ``x.to_global``. Any DLPack array works.
+    every rank. A GlobalTensor is converted with ``x.to_global`` (``grad_sbp`` as there);
+    a local array has no gradient to place, so it takes no ``grad_sbp``. Any DLPack array
+    works.
     """
     if isinstance(local, GlobalTensor):
-        return local.to_global(placement=placement, sbp=sbp)
+        return local.to_global(placement=placement, sbp=sbp, grad_sbp=grad_sbp)
+    if grad_sbp is not None:
+        raise TypeError("grad_sbp= applies to converting a GlobalTensor (its gradient's "
+                        f"layout); got it with a local {type(local).__name__}")
     if placement is None or not isinstance(placement, Placement):
         raise TypeError("placement= must be an sm.placement, e.g. sm.placement('cpu', [0, 1]); "
                         f"got {placement!r}")

@@ -150,6 +150,22 @@ def test_grad_sbp_accepts_the_forms_of_sbp():
 
 
 @pytest.mark.mpi(min_size=1)
+def test_function_form_passes_grad_sbp_and_refuses_it_for_a_local_array():
+    """``sm.to_global(x, ..., grad_sbp=)`` is ``x.to_global``'s: the same gradient layout;
+    a local array has no gradient, so ``grad_sbp`` with one is a TypeError."""
+    grads = []
+    for convert in (lambda x: x.to_global(sbp=broadcast, grad_sbp=split(1)),
+                    lambda x: sm.to_global(x, sbp=broadcast, grad_sbp=split(1))):
+        x = sm.tensor(np.ones((3, 5)), placement=world(), sbp=partial_sum).requires_grad_()
+        convert(x).sum().backward()
+        grads.append(x.grad.to_local())
+    np.testing.assert_array_equal(grads[0], grads[1])
+    err, msg = errors_of(lambda: sm.to_global(np.ones(3), placement=world(), sbp=split(0),
+                                              grad_sbp=broadcast))
+    assert err == "TypeError" and "grad_sbp" in msg and "ndarray" in msg, (err, msg)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("requires_grad", [True, False])
 @pytest.mark.parametrize("bad, kind", [
     (split(2), "ValueError"), ((broadcast, broadcast), "ValueError"),
