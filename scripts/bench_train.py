@@ -28,6 +28,11 @@ produces last, so there is little compute to hide its all-reduce behind), ``deep
 produced one after another, where a bucket's all-reduce can overlap the earlier layers'
 backward) and ``tiny`` (32x16x16x16: per-step overhead). ``--models`` picks some.
 
+``--malloc-keep`` makes glibc keep freed memory (``mallopt``: arrays up to 32 MiB from
+the heap, never trimmed), in every variant alike: by default each fresh temporary of a
+few MiB is a new ``mmap`` whose pages fault in on first touch, which costs the variants
+that make more temporaries per step (the framework's) more than the hand-written one.
+
 The driver (not an MPI program) starts the ``--ranks`` run ``--runs`` times and reports,
 per variant, the median of the runs' medians (the runs listed beside it). BLAS runs one
 thread per rank (OMP/OPENBLAS/MKL_NUM_THREADS=1 are set before NumPy loads). Rank 0 (or
@@ -66,7 +71,15 @@ class Model(NamedTuple):
 
     @property
     def shape(self) -> str:
-        return "x".join(map(str, (self.batch,) + self.widths))
+        """``batch x widths``, a run of three or more equal widths written ``w^k``."""
+        parts, ws = [str(self.batch)], list(self.widths)
+        while ws:
+            k = 1
+            while k < len(ws) and ws[k] == ws[0]:
+                k += 1
+            parts += [str(ws[0])] * k if k < 3 else [f"{ws[0]}^{k}"]
+            ws = ws[k:]
+        return "x".join(parts)
 
 
 MODELS = {
@@ -116,6 +129,17 @@ def sgd(p: list[np.ndarray], grads: list[np.ndarray], lr: float = 0.01) -> None:
         a -= lr * g
 
 
+def keep_freed_memory() -> None:
+    """glibc: serve arrays up to 32 MiB from the heap and never trim it, so that a step's
+    fresh temporaries reuse memory instead of faulting in new pages (``--malloc-keep``)."""
+    import ctypes
+
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
+        raise RuntimeError("bench_train: mallopt refused --malloc-keep's settings")
+
+
 def worker(argv: list[str]) -> None:
     from mpi4py import MPI
 
@@ -127,8 +151,12 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
+    ap.add_argument("--malloc-keep", action="store_true",
+                    help="keep freed memory in the process (glibc mallopt), every variant")
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args(argv)
+    if a.malloc_keep:
+        keep_freed_memory()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     S, B = sm.sbp.split, sm.sbp.broadcast
@@ -269,7 +297,8 @@ def worker(argv: list[str]) -> None:
                        f"medians of {a.reps} interleaved repetitions")
     if a.json:
         Path(a.json).write_text(json.dumps({
-            "ranks": size, "reps": a.reps, "bucket_cap_mb": a.bucket_cap_mb,
+            "ranks": size, "reps": a.reps, "malloc_keep": a.malloc_keep,
+            "bucket_cap_mb": a.bucket_cap_mb,
             "first_bucket_mb": a.first_bucket_mb, "results": table}, indent=1))
 
 
@@ -342,6 +371,7 @@ def driver(argv: list[str]) -> None:
     if a.json:
         Path(a.json).write_text(json.dumps({
             "ranks": a.ranks, "runs": a.runs, "reps": runs[0]["reps"],
+            "malloc_keep": runs[0]["malloc_keep"],
             "bucket_cap_mb": runs[0]["bucket_cap_mb"],
             "first_bucket_mb": runs[0]["first_bucket_mb"], "results": table}, indent=1))
 

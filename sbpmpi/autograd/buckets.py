@@ -20,7 +20,9 @@ does): the first bucket holds about ``first_bucket_bytes``, the others about
 size is counted from global shapes, so every rank builds the same buckets.
 
 MPI promises no progress in the background, so the engine calls :func:`progress`
-between backward rules (one ``MPI_Test`` per bucket in flight), and :func:`finish`, at
+between backward rules (one ``MPI_Testall`` over the buckets in flight; a progress thread
+is not used: with every core computing, as on a CPU machine with a rank per core, it
+slows the compute more than it hides), and :func:`finish`, at
 the end of ``backward``, starts the buckets not yet started (a parameter that got no
 gradient contributes zeros and keeps its ``.grad``), waits for all of them in order and
 sets each parameter's ``.grad``: a GlobalTensor in the parameter's layout whose local
@@ -36,13 +38,18 @@ global value is the gradient so far, reduced if it is read); the next synchronis
 backward adds its contributions and reduces the accumulated sum once, as DDP's
 ``no_sync`` does for gradient accumulation.
 
-Every rank of the world starts the buckets in the same order, each after the
-consistency check of :func:`sbpmpi.runtime.consistency.check_collective` (one small
-exchange per bucket, as the unbucketed path makes one per gradient), so ranks that
-disagree raise on every rank instead of posting mismatched reductions. If a rule raises
-while buckets are in flight, :func:`abandon` waits for the buckets already started (every
-rank started them: they passed the check) before the error propagates, so no request is
-left behind; the watchdog and the exit watch cover these waits as any blocking call.
+Every rank of the world starts the buckets in the same order. The layout of a bucket's
+reduction (its placement, dtype, index, the span of slots that hold local gradients) is
+fixed by the parameters' layouts, so it is agreed once: the first start of a bucket (and
+one whose span differs from the span last agreed) passes the consistency check of
+:func:`sbpmpi.runtime.consistency.check_step` (one small exchange), so ranks that disagree
+raise on every rank instead of posting mismatched reductions; later starts of the same
+layout exchange nothing: their description is folded into the running hash that the
+next check on the world compares, as local steps are (``SBPMPI_DEBUG=1`` checks every
+start). If a rule raises while buckets are in flight, :func:`abandon` waits for the
+buckets already started (every rank started them) before the error propagates, so no
+request is left behind; the watchdog and the exit watch cover these waits as any
+blocking call, and end the ranks that wait on a bucket a failed rank never starts.
 
 Reducing a bucket sums each element exactly as reducing each gradient separately would
 (MPI reductions are elementwise), so the gradients are bit-identical to all-reducing every
