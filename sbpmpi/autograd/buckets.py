@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import backend, comm, ops
-from ..comm.collective_work import CollectiveWork, test_all
+from ..comm.collective_work import CollectiveWork, all_done
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, partial_sum
@@ -137,8 +137,7 @@ class _Plan(NamedTuple):
     """How a bucket is reduced when the slots ``span`` (first, stop) hold its local
     gradients: made once per span (the layout is fixed), agreed once."""
 
-    meta: tuple[Any, ...]  # the consistency check's description of the reduction
-    step: StepCheck  # made from it once; folded into the running hash after agreeing
+    step: StepCheck  # the consistency check's description, folded in once agreed
     part: Any  # the span of the bucket's buffer that is reduced
 
 
@@ -161,7 +160,7 @@ def _plan(b: _Bucket, span: tuple[int, int], axis: int) -> _Plan:
     first, last = b.slots[span[0]], b.slots[span[1] - 1]
     meta = (b.placement, b.dtype, {"bucket": b.index, "axis": axis, "params": span,
                                    "bytes": b.nbytes})
-    return _Plan(meta, step_check(BUCKET_STEP, meta),
+    return _Plan(step_check(BUCKET_STEP, meta),
                  b.flat[first.offset:last.offset + last.view.size])
 
 
@@ -512,7 +511,7 @@ def arrived(leaf: GlobalTensor, counts: dict[int, list[Any]]) -> None:
 def progress() -> None:
     """Let MPI advance the buckets in flight (one ``MPI_Testall`` over all of them; the
     list empties once all are complete)."""
-    if test_all(INFLIGHT):
+    if all_done(INFLIGHT):
         INFLIGHT.clear()
 
 

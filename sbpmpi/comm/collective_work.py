@@ -6,7 +6,7 @@ MPI library move the data along) and :meth:`CollectiveWork.wait` when the result
 needed. The wait runs inside the watchdog context made when the call started (so the
 exit watch numbers the call where every rank starts it, as for a blocking call); a GPU
 array staged through host memory is filled, and the staging buffers released, at
-completion. :func:`test_all` polls many at once (one ``MPI_Testall``), for a caller that
+completion. :func:`all_done` polls many at once (one ``MPI_Testall``), for a caller that
 drives several between computations.
 """
 
@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .buffers import HostStager
 
-__all__ = ["CollectiveWork", "test_all"]
+__all__ = ["CollectiveWork", "all_done"]
 
 
 class CollectiveWork:
@@ -79,7 +79,7 @@ class CollectiveWork:
         return f"<CollectiveWork {self.name} {'done' if self._done else 'pending'}>"
 
 
-def test_all(works: Sequence[CollectiveWork]) -> bool:
+def all_done(works: Sequence[CollectiveWork]) -> bool:
     """True when every one of ``works`` is done (then each is completed).
 
     One ``MPI_Testall`` over the requests still pending, however many they are: it lets
