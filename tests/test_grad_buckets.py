@@ -251,26 +251,40 @@ def test_trace_shows_bucket_all_reduces_starting_between_backward_rules():
 
 # ---- a fixed bucket layout is agreed once ---------------------------------------------------
 
-@pytest.mark.mpi(min_size=2)
-def test_a_bucket_layout_is_agreed_once_not_at_every_step():
-    dp = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
-    assert len(dp.reducer.layout()) == 2
-    exchanges, bucket_starts = [], []
-    for step in range(3):
+def exchanges_per_backward(dp, steps: int) -> list[int]:
+    """Agreement exchanges of each of ``steps`` backwards (two bucket starts each),
+    checking the gradients against NumPy."""
+    exchanges = []
+    for step in range(steps):
         x, y = batch(step)
         dp.zero_grad()
         loss = sm.nn.cross_entropy(dp(sm.tensor(x, placement=world(), sbp=S(0))), y)
         with sm.trace() as t:
             loss.backward()
         exchanges.append(len(t.agreements))
-        bucket_starts.append(sum(r.nonblocking for r in t))
+        assert sum(r.nonblocking for r in t) == 2, t.timeline()
         params = [p.numpy() for p in dp.parameters()]
         for p, want in zip(dp.parameters(), numpy_grads(params, x, y)):
             np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-12, atol=1e-14)
+    return exchanges
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_bucket_layout_is_agreed_once_not_at_every_step():
+    dp = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
+    assert len(dp.reducer.layout()) == 2
+    exchanges = exchanges_per_backward(dp, 3)
     # the first backward agrees on each bucket; the later ones reduce the same buckets
     # with no exchange of their own
-    assert bucket_starts == [2, 2, 2]
     assert exchanges[0] == exchanges[1] + 2 == exchanges[2] + 2, exchanges
+
+
+@pytest.mark.mpi(min_size=2)
+def test_in_debug_mode_every_bucket_start_is_checked():
+    dp = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
+    with sm.config.override(debug=True):
+        exchanges = exchanges_per_backward(dp, 2)
+    assert exchanges[0] == exchanges[1], exchanges
 
 
 # ---- argument errors, identical on every rank ------------------------------------------------
