@@ -1,25 +1,42 @@
-"""Benchmark a training step of a two-layer MLP on global tensors.
+"""Benchmark a data-parallel training step of an MLP: sbpmpi against NumPy, mpi4py and torch.
 
-    mpiexec -n 2 python scripts/bench_train.py [--batch 1024 --features 512 --hidden 512]
-        [--reps 10] [--json out.json]
+    mpiexec -n 2 python scripts/bench_train.py [--reps 21] [--json out.json]   # one run
+    python scripts/bench_train.py --ranks 2 [--runs 3] [--json out.json]        # the driver
 
-Per layout (data parallel, data parallel with gradient buckets (``sm.nn.DataParallel``:
-the all-reduces start during backward), tensor parallel, 2-D on a (n/2) x 2 mesh when
-n >= 4 is even) the median time of one SGD step (forward, cross-entropy, backward,
-update) of ``relu(x @ W1 + b1) @ W2 + b2``, the slowest rank's, against
+One SGD step (forward, cross-entropy, backward, update) of an MLP
+``relu(... relu(x @ W1 + b1) ...) @ Wk + bk``, float64, timed as the slowest rank's
+seconds, for these variants:
 
-* the single-process NumPy step at the same global batch (rank 0 alone, the other
-  ranks idle without spinning): the scaling ratio; 0.5 is perfect at 2 ranks;
-* the same data-parallel step written by hand with NumPy and mpi4py (local gradients,
-  one ``Allreduce`` per parameter): the framework's overhead;
-* torch DDP (gloo, CPU) when torch is importable.
+* ``1-proc``: the same step in NumPy on rank 0 alone at the same global batch (the
+  other ranks idle without spinning a core): the scaling reference, 1/n is perfect;
+* ``DP plain``: sbpmpi data parallel, each gradient all-reduced (blocking) when backward
+  reaches its parameter;
+* ``DP buckets``: the same model wrapped in ``sm.nn.DataParallel`` (gradients reduced
+  in buckets whose all-reduces start during backward; ``--bucket-cap-mb`` and
+  ``--first-bucket-mb``, DDP's 25 and 1 by default);
+* ``mpi4py by hand``: NumPy gradients, then one ``Allreduce`` per gradient (no overlap);
+* ``torch DDP``: ``DistributedDataParallel`` on gloo (CPU), when torch is importable;
+* ``tensor parallel`` (and ``2-D`` on a (n/2) x 2 mesh when n >= 4 is even), for the
+  two-layer models.
 
-Two sizes: a compute-bound one (the flags) and a tiny one (batch 32, 16 features,
-16 hidden) where per-step overhead dominates. ``--bucket-cap-mb`` and
-``--first-bucket-mb`` set the buckets (DDP's 25 and 1 by default; with a smaller first
-bucket the last layer's gradients are reduced while the first layer's are computed). BLAS runs one thread per rank
-(OMP/OPENBLAS/MKL_NUM_THREADS=1 are set before NumPy loads). Rank 0 prints a table
-and, with ``--json``, writes the numbers.
+The variants are interleaved (each repetition runs every variant once, after a common
+warm-up), so a slow stretch of a shared machine hits all of them alike; each variant's
+time is the median over ``--reps`` repetitions. Three models: ``compute-bound``
+(1024x512x512x16: 97% of the gradient bytes are the first layer's weight, which backward
+produces last, so there is little compute to hide its all-reduce behind), ``deep``
+(512 rows through 8 layers of 256x256 and a 256x16 head: gradients of similar size,
+produced one after another, where a bucket's all-reduce can overlap the earlier layers'
+backward) and ``tiny`` (32x16x16x16: per-step overhead). ``--models`` picks some.
+
+``--malloc-keep`` makes glibc keep freed memory (``mallopt``: arrays up to 32 MiB from
+the heap, never trimmed), in every variant alike: by default each fresh temporary of a
+few MiB is a new ``mmap`` whose pages fault in on first touch, which costs the variants
+that make more temporaries per step (the framework's) more than the hand-written one.
+
+The driver (not an MPI program) starts the ``--ranks`` run ``--runs`` times and reports,
+per variant, the median of the runs' medians (the runs listed beside it). BLAS runs one
+thread per rank (OMP/OPENBLAS/MKL_NUM_THREADS=1 are set before NumPy loads). Rank 0 (or
+the driver) prints a table and, with ``--json``, writes the numbers.
 """
 
 from __future__ import annotations
@@ -32,64 +49,79 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
-import sbpmpi as sm  # noqa: E402
-
-world = MPI.COMM_WORLD
-rank, size = world.Get_rank(), world.Get_size()
-S, B = sm.sbp.split, sm.sbp.broadcast
 N_CLASSES = 16
+PLAIN, BUCKETS, ONE, RAW, DDP = "DP plain", "DP buckets", "1-proc", "mpi4py by hand", "torch DDP"
 
 
-def median_step(fn: Callable[[], None], reps: int, warmup: int = 2) -> float:
-    """Median over ``reps`` steps of the slowest rank's seconds per step."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        world.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return statistics.median(times)
+class Model(NamedTuple):
+    """An MLP: ``batch`` rows, layer widths ``widths`` (input first, classes last)."""
+
+    batch: int
+    widths: tuple[int, ...]
+
+    @property
+    def shape(self) -> str:
+        """``batch x widths``, a run of three or more equal widths written ``w^k``."""
+        parts, ws = [str(self.batch)], list(self.widths)
+        while ws:
+            k = 1
+            while k < len(ws) and ws[k] == ws[0]:
+                k += 1
+            parts += [str(ws[0])] * k if k < 3 else [f"{ws[0]}^{k}"]
+            ws = ws[k:]
+        return "x".join(parts)
 
 
-def idle_until_rank0_done(work: Callable[[], float]) -> float:
-    """Rank 0 runs ``work``; the others wait without spinning a core."""
-    result = work() if rank == 0 else 0.0
-    req = world.Ibarrier()
-    while not req.Test():
-        time.sleep(0.002)
-    return float(world.bcast(result, root=0))
+MODELS = {
+    "compute-bound": Model(1024, (512, 512, N_CLASSES)),
+    "deep": Model(512, (256,) * 9 + (N_CLASSES,)),
+    "tiny": Model(32, (16, 16, N_CLASSES)),
+}
+Step = Callable[[], None]
 
 
-def init(d_in: int, d_hid: int, seed: int = 0) -> list[np.ndarray]:
+# ---- the worker (an MPI program) ----------------------------------------------------------------
+
+def init(widths: tuple[int, ...], seed: int = 0) -> list[np.ndarray]:
+    """``[W1, b1, W2, b2, ...]`` as torch's Linear initialises them."""
     rng = np.random.default_rng(seed)
-    k1, k2 = 1 / np.sqrt(d_in), 1 / np.sqrt(d_hid)
-    return [rng.uniform(-k1, k1, (d_in, d_hid)), rng.uniform(-k1, k1, d_hid),
-            rng.uniform(-k2, k2, (d_hid, N_CLASSES)), rng.uniform(-k2, k2, N_CLASSES)]
+    out = []
+    for d_in, d_out in zip(widths[:-1], widths[1:]):
+        k = 1 / np.sqrt(d_in)
+        out += [rng.uniform(-k, k, (d_in, d_out)), rng.uniform(-k, k, d_out)]
+    return out
 
 
 def numpy_grads(p: list[np.ndarray], x: np.ndarray, y: np.ndarray, n_total: int
                 ) -> list[np.ndarray]:
     """Gradients of the mean cross-entropy over ``n_total`` samples, from the local ones."""
-    w1, b1, w2, b2 = p
-    a = x @ w1 + b1
-    h = np.maximum(a, 0)
-    z = h @ w2 + b2
-    z -= z.max(1, keepdims=True)
+    ws, bs = p[0::2], p[1::2]
+    acts, pre = [x], []
+    for i, (w, b) in enumerate(zip(ws, bs)):
+        a = acts[-1] @ w + b
+        pre.append(a)
+        acts.append(np.maximum(a, 0) if i < len(ws) - 1 else a)
+    z = acts[-1] - acts[-1].max(1, keepdims=True)
     e = np.exp(z)
-    dz = e / e.sum(1, keepdims=True)
-    dz[np.arange(len(y)), y] -= 1
-    dz /= n_total
-    dh = (dz @ w2.T) * (a > 0)
-    return [x.T @ dh, dh.sum(0), h.T @ dz, dz.sum(0)]
+    d = e / e.sum(1, keepdims=True)
+    d[np.arange(len(y)), y] -= 1
+    d /= n_total
+    grads: list[np.ndarray] = [np.empty(0)] * len(p)
+    for i in reversed(range(len(ws))):
+        grads[2 * i], grads[2 * i + 1] = acts[i].T @ d, d.sum(0)
+        if i:
+            d = (d @ ws[i].T) * (pre[i - 1] > 0)
+    return grads
 
 
 def sgd(p: list[np.ndarray], grads: list[np.ndarray], lr: float = 0.01) -> None:
@@ -97,175 +129,256 @@ def sgd(p: list[np.ndarray], grads: list[np.ndarray], lr: float = 0.01) -> None:
         a -= lr * g
 
 
-def layouts(bucket_cap_mb: float, first_bucket_mb: float) -> dict[str, dict[str, Any]]:
-    pl = sm.placement("cpu", list(range(size)))
-    dp = dict(pl=pl, x=(S(0),), w1=(B,), w2=(B,))
-    out = {"data parallel": dp,
-           "DP, buckets": dict(dp, buckets=(bucket_cap_mb, first_bucket_mb)),
-           "tensor parallel": dict(pl=pl, x=(B,), w1=(S(1),), w2=(S(0),))}
-    if size >= 4 and size % 2 == 0:
-        mesh = sm.placement("cpu", np.arange(size).reshape(size // 2, 2).tolist())
-        out["2-D"] = dict(pl=mesh, x=(S(0), B), w1=(B, S(1)), w2=(B, S(0)))
+def keep_freed_memory() -> None:
+    """glibc: serve arrays up to 32 MiB from the heap and never trim it, so that a step's
+    fresh temporaries reuse memory instead of faulting in new pages (``--malloc-keep``)."""
+    import ctypes
+
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
+        raise RuntimeError("bench_train: mallopt refused --malloc-keep's settings")
+
+
+def worker(argv: list[str]) -> None:
+    from mpi4py import MPI
+
+    import sbpmpi as sm
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--first-bucket-mb", type=float, default=1.0)
+    ap.add_argument("--malloc-keep", action="store_true",
+                    help="keep freed memory in the process (glibc mallopt), every variant")
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args(argv)
+    if a.malloc_keep:
+        keep_freed_memory()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    S, B = sm.sbp.split, sm.sbp.broadcast
+    keep: list[Any] = []  # the DataParallel wrappers (their buckets stay in use)
+
+    def sbpmpi_step(m: Model, p0: list[np.ndarray], x: np.ndarray, y: np.ndarray,
+                    layout: str) -> Step:
+        pl = sm.placement("cpu", np.arange(size).reshape(size // 2, 2).tolist()
+                          if layout == "2-D" else list(range(size)))
+        if layout in (PLAIN, BUCKETS):
+            xs, ws, bs = (S(0),), [(B,)] * (len(p0) // 2), [(B,)] * (len(p0) // 2)
+        elif layout == "tensor parallel":
+            xs, ws, bs = (B,), [(S(1),), (S(0),)], [(S(0),), (B,)]
+        else:  # 2-D: data parallel on mesh axis 0, tensor parallel on axis 1
+            xs, ws, bs = (S(0), B), [(B, S(1)), (B, S(0))], [(B, S(0)), (B, B)]
+        params = []
+        for i, v in enumerate(p0):
+            sbp = ws[i // 2] if i % 2 == 0 else bs[i // 2]
+            params.append(sm.tensor(v, placement=pl, sbp=sbp, requires_grad=True))
+        if layout == BUCKETS:
+            module = sm.nn.Module()
+            for i, v in enumerate(params):  # attribute order: the parameters' order
+                setattr(module, f"p{i}", v)
+            keep.append(sm.nn.DataParallel(module, bucket_cap_mb=a.bucket_cap_mb,
+                                           first_bucket_mb=a.first_bucket_mb))
+        opt = sm.optim.SGD(params, lr=0.01)
+        xt = sm.tensor(x, placement=pl, sbp=xs)
+        yt = sm.tensor(y, placement=pl, sbp=tuple(s if s == S(0) else B for s in xs))
+        n_layers = len(params) // 2
+
+        def step() -> None:
+            opt.zero_grad()
+            h = xt
+            for i in range(n_layers):
+                h = h @ params[2 * i] + params[2 * i + 1]
+                if i < n_layers - 1:
+                    h = sm.relu(h)
+            sm.nn.cross_entropy(h, yt).backward()
+            opt.step()
+
+        return step
+
+    def local_rows(n: int) -> slice:
+        return slice(rank * n // size, (rank + 1) * n // size)
+
+    def raw_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> Step:
+        p = [v.copy() for v in p0]
+        xl, yl = x[local_rows(len(y))], y[local_rows(len(y))]
+
+        def step() -> None:
+            grads = numpy_grads(p, xl, yl, len(y))
+            for g in grads:
+                world.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM)
+            sgd(p, grads)
+
+        return step
+
+    def one_process_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> Step:
+        p = [v.copy() for v in p0]
+        return lambda: sgd(p, numpy_grads(p, x, y, len(y)))
+
+    def torch_step(m: Model, x: np.ndarray, y: np.ndarray) -> Step | None:
+        try:
+            import torch
+            import torch.distributed as dist
+        except Exception:  # noqa: BLE001 - any import failure means: not available here
+            return None
+        torch.set_num_threads(1)
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(world.bcast(29500 + os.getpid() % 1000)))
+            dist.init_process_group("gloo", rank=rank, world_size=size)
+        layers: list[Any] = []
+        for d_in, d_out in zip(m.widths[:-1], m.widths[1:]):
+            layers += [torch.nn.Linear(d_in, d_out), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1]).double()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        rows = local_rows(len(y))
+        xl, yl = torch.from_numpy(x[rows]), torch.from_numpy(y[rows])
+
+        def step() -> None:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(xl), yl).backward()
+            opt.step()
+
+        return step
+
+    def timed(name: str, fn: Step) -> float:
+        """Seconds of one step: the slowest rank's; ``1-proc`` is rank 0's alone (the
+        others wait without spinning)."""
+        if name == ONE:
+            t = 0.0
+            if rank == 0:
+                t0 = time.perf_counter()
+                fn()
+                t = time.perf_counter() - t0
+            req = world.Ibarrier()
+            while not req.Test():
+                time.sleep(0.001)
+            return float(world.bcast(t, root=0))
+        world.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        return float(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+
+    rows = []
+    for mname in a.models.split(","):
+        m = MODELS[mname]
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((m.batch, m.widths[0]))
+        y = rng.integers(0, N_CLASSES, size=m.batch)
+        p0 = init(m.widths)
+        steps: dict[str, Step] = {ONE: one_process_step(p0, x, y), RAW: raw_step(p0, x, y)}
+        layouts = [PLAIN, BUCKETS]
+        if len(m.widths) == 3:
+            layouts.append("tensor parallel")
+            if size >= 4 and size % 2 == 0:
+                layouts.append("2-D")
+        for lay in layouts:
+            steps[lay] = sbpmpi_step(m, p0, x, y, lay)
+        t = torch_step(m, x, y)
+        if t is not None:
+            steps[DDP] = t
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for rep in range(a.warmup + a.reps):
+            for k, fn in steps.items():
+                s = timed(k, fn)
+                if rep >= a.warmup:
+                    times[k].append(s)
+        for k, ts in times.items():
+            rows.append(dict(model=mname, shape=m.shape, variant=k,
+                             step_ms=statistics.median(ts) * 1e3))
+    if rank != 0:
+        return
+    table = with_ratios(rows)
+    print_table(table, f"bench_train: {size} ranks, float64, SGD, one BLAS thread per rank; "
+                       f"medians of {a.reps} interleaved repetitions")
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "ranks": size, "reps": a.reps, "malloc_keep": a.malloc_keep,
+            "bucket_cap_mb": a.bucket_cap_mb,
+            "first_bucket_mb": a.first_bucket_mb, "results": table}, indent=1))
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each step time over the model's 1-proc, DP plain, mpi4py and DDP ones."""
+    ref = {(r["model"], r["variant"]): r["step_ms"] for r in rows}
+    out = []
+    for r in rows:
+        r = dict(r)
+        for key, variant in (("vs_one_process", ONE), ("vs_dp_plain", PLAIN),
+                             ("vs_mpi4py", RAW), ("vs_torch_ddp", DDP)):
+            base = ref.get((r["model"], variant))
+            r[key] = None if base is None else r["step_ms"] / base
+        out.append(r)
     return out
 
 
-class _Params(sm.nn.Module):
-    """The four parameters as a module, for ``sm.nn.DataParallel``."""
-
-    def __init__(self, params: list[sm.GlobalTensor]) -> None:
-        self.w1, self.b1, self.w2, self.b2 = params
-
-
-_keep: list[Any] = []  # the DataParallel wrappers of the runs (their buckets stay in use)
-
-
-def sbpmpi_step(lay: dict[str, Any], p0: list[np.ndarray], x: np.ndarray, y: np.ndarray
-                ) -> Callable[[], None]:
-    pl = lay["pl"]
-    b1 = tuple(S(0) if s == S(1) else B for s in lay["w1"])
-    params = [sm.tensor(p0[0], placement=pl, sbp=lay["w1"], requires_grad=True),
-              sm.tensor(p0[1], placement=pl, sbp=b1, requires_grad=True),
-              sm.tensor(p0[2], placement=pl, sbp=lay["w2"], requires_grad=True),
-              sm.tensor(p0[3], placement=pl, sbp=(B,) * pl.ndim, requires_grad=True)]
-    w1, bb1, w2, bb2 = params
-    if "buckets" in lay:
-        cap, first = lay["buckets"]
-        _keep.append(sm.nn.DataParallel(_Params(params), bucket_cap_mb=cap,
-                                        first_bucket_mb=first))
-    opt = sm.optim.SGD(params, lr=0.01)
-    xt = sm.tensor(x, placement=pl, sbp=lay["x"])
-    ysbp = tuple(s if s == S(0) else B for s in lay["x"])
-    yt = sm.tensor(y, placement=pl, sbp=ysbp)
-
-    def step() -> None:
-        opt.zero_grad()
-        logits = sm.relu(xt @ w1 + bb1) @ w2 + bb2
-        sm.nn.cross_entropy(logits, yt).backward()
-        opt.step()
-
-    return step
-
-
-def raw_dp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
-    p = [a.copy() for a in p0]
-    lo, hi = rank * len(y) // size, (rank + 1) * len(y) // size
-    xl, yl = x[lo:hi], y[lo:hi]
-
-    def step() -> None:
-        grads = numpy_grads(p, xl, yl, len(y))
-        for g in grads:
-            world.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM)
-        sgd(p, grads)
-
-    return step
-
-
-def torch_ddp_step(p0: list[np.ndarray], x: np.ndarray, y: np.ndarray, bucket_cap_mb: float
-                   ) -> Callable[[], None] | None:
-    try:
-        import torch
-        import torch.distributed as dist
-    except Exception:  # noqa: BLE001 - any import failure means: not available here
-        return None
-    torch.set_num_threads(1)
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(world.bcast(29500 + os.getpid() % 1000)))
-        dist.init_process_group("gloo", rank=rank, world_size=size)
-    model = torch.nn.Sequential(torch.nn.Linear(p0[0].shape[0], p0[0].shape[1]),
-                                torch.nn.ReLU(),
-                                torch.nn.Linear(p0[2].shape[0], N_CLASSES)).double()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    lo, hi = rank * len(y) // size, (rank + 1) * len(y) // size
-    xl, yl = torch.from_numpy(x[lo:hi]), torch.from_numpy(y[lo:hi])
-
-    def step() -> None:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xl), yl).backward()
-        opt.step()
-
-    return step
-
-
-def bench(name: str, n: int, d_in: int, d_hid: int, reps: int, buckets: tuple[float, float]
-          ) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(1)
-    x, y = rng.standard_normal((n, d_in)), rng.integers(0, N_CLASSES, size=n)
-    p0 = init(d_in, d_hid)
-
-    def one_process() -> float:
-        p = [a.copy() for a in p0]
-        ts = []
-        for i in range(reps + 2):
-            t0 = time.perf_counter()
-            sgd(p, numpy_grads(p, x, y, n))
-            if i >= 2:
-                ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
-    single = idle_until_rank0_done(one_process)
-    raw = median_step(raw_dp_step(p0, x, y), reps)
-    rows = []
-    for lname, lay in layouts(*buckets).items():
-        t = median_step(sbpmpi_step(lay, p0, x, y), reps)
-        rows.append(dict(size=name, shape=f"{n}x{d_in}x{d_hid}x{N_CLASSES}", layout=lname,
-                         step_ms=t * 1e3, one_process_ms=single * 1e3, vs_one_process=t / single,
-                         raw_dp_ms=raw * 1e3, vs_raw_dp=t / raw))
-    tstep = torch_ddp_step(p0, x, y, buckets[0])
-    tddp = median_step(tstep, reps) if tstep is not None else None
-    for r in rows:
-        r["torch_ddp_ms"] = None if tddp is None else tddp * 1e3
-        r["vs_torch_ddp"] = None if tddp is None else r["step_ms"] / (tddp * 1e3)
-    rows.append(dict(size=name, shape=rows[0]["shape"], layout="mpi4py DP by hand",
-                     step_ms=raw * 1e3, one_process_ms=single * 1e3,
-                     vs_one_process=raw / single, raw_dp_ms=raw * 1e3, vs_raw_dp=1.0,
-                     torch_ddp_ms=rows[0]["torch_ddp_ms"],
-                     vs_torch_ddp=None if tddp is None else raw / tddp))
-    if tddp is not None:
-        rows.append(dict(size=name, shape=rows[0]["shape"], layout="torch DDP",
-                         step_ms=tddp * 1e3, one_process_ms=single * 1e3,
-                         vs_one_process=tddp / single, raw_dp_ms=raw * 1e3,
-                         vs_raw_dp=tddp / raw, torch_ddp_ms=tddp * 1e3, vs_torch_ddp=1.0))
-    return rows
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--features", type=int, default=512)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    ap.add_argument("--first-bucket-mb", type=float, default=1.0)
-    ap.add_argument("--json", default="", help="also write the results here")
-    a = ap.parse_args()
-    buckets = (a.bucket_cap_mb, a.first_bucket_mb)
-    rows = bench("compute-bound", a.batch, a.features, a.hidden, a.reps, buckets)
-    rows += bench("tiny", 32, 16, 16, max(a.reps, 50), buckets)
-    if rank != 0:
-        return
-
+def print_table(table: list[dict[str, Any]], title: str) -> None:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    print(f"bench_train: {size} ranks, one BLAS thread per rank, float64, SGD; medians")
-    head = ["size", "shape", "layout", "step ms", "1-proc ms", "x 1-proc", "mpi4py DP ms",
-            "x mpi4py", "torch DDP ms", "x torch"]
-    table = [head] + [[r["size"], r["shape"], r["layout"], f(r["step_ms"], ".2f"),
-                       f(r["one_process_ms"], ".2f"), f(r["vs_one_process"], ".2f"),
-                       f(r["raw_dp_ms"], ".2f"), f(r["vs_raw_dp"], ".2f"),
-                       f(r["torch_ddp_ms"], ".2f"), f(r["vs_torch_ddp"], ".2f")] for r in rows]
-    widths = [max(len(row[j]) for row in table) for j in range(len(head))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    if rows[0]["torch_ddp_ms"] is None:
-        print("(torch is not importable here: no torch DDP column)")
+    print(title)
+    head = ["model", "shape", "variant", "step ms", "x 1-proc", "x DP plain", "x mpi4py",
+            "x torch DDP"]
+    lines = [head] + [[r["model"], r["shape"], r["variant"], f(r["step_ms"], ".2f"),
+                       f(r["vs_one_process"], ".2f"), f(r["vs_dp_plain"], ".2f"),
+                       f(r["vs_mpi4py"], ".2f"), f(r["vs_torch_ddp"], ".2f")]
+                      for r in table]
+    widths = [max(len(line[j]) for line in lines) for j in range(len(head))]
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    if not any(r["variant"] == DDP for r in table):
+        print("(torch is not importable here: no torch DDP rows)")
+
+
+# ---- the driver -------------------------------------------------------------------------------
+
+def driver(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", default="", help="also write the results here")
+    a, rest = ap.parse_known_args(argv)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.runs):
+            out = Path(tmp) / f"run{i}.json"
+            cmd = ["mpiexec", "-n", str(a.ranks), sys.executable, __file__, "--worker", *rest,
+                   "--json", str(out)]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                sys.exit(f"bench_train: run {i + 1} failed ({r.returncode}):\n{r.stdout}\n"
+                         f"{r.stderr}")
+            runs.append(json.loads(out.read_text()))
+    keys = [(r["model"], r["shape"], r["variant"]) for r in runs[0]["results"]]
+    per_run = [{(r["model"], r["shape"], r["variant"]): r["step_ms"] for r in run["results"]}
+               for run in runs]
+    rows = [dict(model=k[0], shape=k[1], variant=k[2],
+                 step_ms=statistics.median(p[k] for p in per_run),
+                 runs_ms=[p[k] for p in per_run]) for k in keys]
+    table = with_ratios(rows)
+    print_table(table, f"bench_train: {a.ranks} ranks, float64, SGD, one BLAS thread per "
+                       f"rank; medians of {a.runs} runs of medians of "
+                       f"{runs[0]['reps']} interleaved repetitions")
+    for r in table:
+        print(f"  {r['model']:14s} {r['variant']:16s} runs: "
+              + ", ".join(f"{v:.2f}" for v in r["runs_ms"]))
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"ranks": size, "bucket_cap_mb": a.bucket_cap_mb,
-                       "first_bucket_mb": a.first_bucket_mb, "results": rows}, fh, indent=1)
+        Path(a.json).write_text(json.dumps({
+            "ranks": a.ranks, "runs": a.runs, "reps": runs[0]["reps"],
+            "malloc_keep": runs[0]["malloc_keep"],
+            "bucket_cap_mb": runs[0]["bucket_cap_mb"],
+            "first_bucket_mb": runs[0]["first_bucket_mb"], "results": table}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    if "--worker" in sys.argv or "--ranks" not in sys.argv:
+        argv = [v for v in sys.argv[1:] if v != "--worker"]
+        worker(argv)
+    else:
+        driver(sys.argv[1:])

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from sbpmpi import comm as C
 from sbpmpi import trace
 from sbpmpi.comm import CollectiveWork, ReduceOp
+from sbpmpi.comm.collective_work import all_done
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -46,6 +47,22 @@ def test_several_started_reductions_complete_in_any_wait_order(chk, array_backen
     for i, x in enumerate(xs):
         want = np.stack([data(r, 5 + i, np.float32, seed=i) for r in range(size)]).sum(0)
         chk.same(be.host(x), want.astype(np.float32), f"{be} reduction {i}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_polling_several_started_reductions_at_once_completes_all(chk, array_backend):
+    be = array_backend
+    sizes = (0, 3, 70_000, 11)
+    xs = [be.mk(data(rank, n, np.float64, seed=i)) for i, n in enumerate(sizes)]
+    works = [C.all_reduce(x, async_op=True) for x in xs]
+    polls = 1
+    while not all_done(works):  # one MPI_Testall per poll drives all of them
+        polls += 1
+    chk.true(all(w.is_completed() for w in works), repr(works))
+    chk.true(all_done(works) and all_done([]), "done stays done; nothing to wait for is done")
+    for i, (n, x) in enumerate(zip(sizes, xs)):
+        want = np.stack([data(r, n, np.float64, seed=i) for r in range(size)]).sum(0)
+        chk.same(be.host(x), want, f"{be} reduction {i} (n={n}) after {polls} polls")
 
 
 @pytest.mark.mpi(min_size=2)

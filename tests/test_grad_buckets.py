@@ -249,6 +249,44 @@ def test_trace_shows_bucket_all_reduces_starting_between_backward_rules():
     assert not any(r.op == "all_reduce" and not r.nonblocking for r in t), t.timeline()
 
 
+# ---- a fixed bucket layout is agreed once ---------------------------------------------------
+
+def exchanges_per_backward(dp, steps: int) -> list[int]:
+    """Agreement exchanges of each of ``steps`` backwards (two bucket starts each),
+    checking the gradients against NumPy."""
+    exchanges = []
+    for step in range(steps):
+        x, y = batch(step)
+        dp.zero_grad()
+        loss = sm.nn.cross_entropy(dp(sm.tensor(x, placement=world(), sbp=S(0))), y)
+        with sm.trace() as t:
+            loss.backward()
+        exchanges.append(len(t.agreements))
+        assert sum(r.nonblocking for r in t) == 2, t.timeline()
+        params = [p.numpy() for p in dp.parameters()]
+        for p, want in zip(dp.parameters(), numpy_grads(params, x, y)):
+            np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-12, atol=1e-14)
+    return exchanges
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_bucket_layout_is_agreed_once_not_at_every_step():
+    dp = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
+    assert len(dp.reducer.layout()) == 2
+    exchanges = exchanges_per_backward(dp, 3)
+    # the first backward agrees on each bucket; the later ones reduce the same buckets
+    # with no exchange of their own
+    assert exchanges[0] == exchanges[1] + 2 == exchanges[2] + 2, exchanges
+
+
+@pytest.mark.mpi(min_size=2)
+def test_in_debug_mode_every_bucket_start_is_checked():
+    dp = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4, first_bucket_mb=1e-4)
+    with sm.config.override(debug=True):
+        exchanges = exchanges_per_backward(dp, 2)
+    assert exchanges[0] == exchanges[1], exchanges
+
+
 # ---- argument errors, identical on every rank ------------------------------------------------
 
 @pytest.mark.mpi(min_size=1)
@@ -294,6 +332,24 @@ def test_with_abort_off_every_rank_reports_the_failed_rank():
     assert "rank 1: reached the end of the program" in res.out, res
     for r in range(3):  # the bucket every rank started was completed before raising
         assert f"rank {r}: no request left in flight" in res.out, res
+    assert "should not happen" not in res.out, res
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("abort", ["1", "0"])
+def test_a_rank_raising_after_the_layout_was_agreed_ends_the_job(abort):
+    """The rule fails in the second backward: no bucket start exchanges anything then,
+    so the ranks waiting on the bucket rank 1 never starts are ended by the exit watch,
+    with the cause."""
+    res = run_mpi(3, "buckets_raise.py", "2", env={"SBPMPI_ABORT_ON_ERROR": abort},
+                  timeout=60)
+    assert res.rc != 0 and res.seconds < 30, res
+    assert "RuntimeError: relu rule failed on rank 1" in res.out, res
+    assert "rank 1: bucket started before the failure" in res.out, res
+    assert "rank 1: no request left in flight" in res.out, res
+    if abort == "0":
+        assert "ranks 0, 2: all_reduce (sm.comm, waiting on ranks [0, 1, 2])" in res.out, res
+        assert "rank 1: reached the end of the program" in res.out, res
     assert "should not happen" not in res.out, res
 
 

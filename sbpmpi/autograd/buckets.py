@@ -20,7 +20,9 @@ does): the first bucket holds about ``first_bucket_bytes``, the others about
 size is counted from global shapes, so every rank builds the same buckets.
 
 MPI promises no progress in the background, so the engine calls :func:`progress`
-between backward rules (one ``MPI_Test`` per bucket in flight), and :func:`finish`, at
+between backward rules (one ``MPI_Testall`` over the buckets in flight; a progress thread
+is not used: with every core computing, as on a CPU machine with a rank per core, it
+slows the compute more than it hides), and :func:`finish`, at
 the end of ``backward``, starts the buckets not yet started (a parameter that got no
 gradient contributes zeros and keeps its ``.grad``), waits for all of them in order and
 sets each parameter's ``.grad``: a GlobalTensor in the parameter's layout whose local
@@ -36,13 +38,18 @@ global value is the gradient so far, reduced if it is read); the next synchronis
 backward adds its contributions and reduces the accumulated sum once, as DDP's
 ``no_sync`` does for gradient accumulation.
 
-Every rank of the world starts the buckets in the same order, each after the
-consistency check of :func:`sbpmpi.runtime.consistency.check_collective` (one small
-exchange per bucket, as the unbucketed path makes one per gradient), so ranks that
-disagree raise on every rank instead of posting mismatched reductions. If a rule raises
-while buckets are in flight, :func:`abandon` waits for the buckets already started (every
-rank started them: they passed the check) before the error propagates, so no request is
-left behind; the watchdog and the exit watch cover these waits as any blocking call.
+Every rank of the world starts the buckets in the same order. The layout of a bucket's
+reduction (its placement, dtype, index, the span of slots that hold local gradients) is
+fixed by the parameters' layouts, so it is agreed once: the first start of a bucket (and
+one whose span differs from the span last agreed) passes the consistency check of
+:func:`sbpmpi.runtime.consistency.check_step` (one small exchange), so ranks that disagree
+raise on every rank instead of posting mismatched reductions; later starts of the same
+layout exchange nothing: their description is folded into the running hash that the
+next check on the world compares, as local steps are (``SBPMPI_DEBUG=1`` checks every
+start). If a rule raises while buckets are in flight, :func:`abandon` waits for the
+buckets already started (every rank started them) before the error propagates, so no
+request is left behind; the watchdog and the exit watch cover these waits as any
+blocking call, and end the ranks that wait on a bucket a failed rank never starts.
 
 Reducing a bucket sums each element exactly as reducing each gradient separately would
 (MPI reductions are elementwise), so the gradients are bit-identical to all-reducing every
@@ -54,17 +61,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import backend, comm, ops
-from ..comm.collective_work import CollectiveWork
+from ..comm.collective_work import CollectiveWork, all_done
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, partial_sum
 from ..env import get_rank
-from ..runtime.consistency import check_collective
+from ..runtime.consistency import (
+    StepCheck,
+    check_enabled,
+    check_step,
+    debug_enabled,
+    note_known_step,
+    step_check,
+)
 from ..tensor import GlobalTensor
 from .gradients import accumulate
 
@@ -115,6 +129,39 @@ class _Bucket:
     pending: int = 0  # slots still to be written before the bucket can start
     work: CollectiveWork | None = None
     started: bool = False
+    plans: dict[tuple[int, int], _Plan] = field(default_factory=dict)  # by span of slots
+    agreed: tuple[int, int] | None = None  # the span the ranks last agreed on
+
+
+class _Plan(NamedTuple):
+    """How a bucket is reduced when the slots ``span`` (first, stop) hold its local
+    gradients: made once per span (the layout is fixed), agreed once."""
+
+    step: StepCheck  # the consistency check's description, folded in once agreed
+    part: Any  # the span of the bucket's buffer that is reduced
+
+
+BUCKET_STEP = "gradient bucket"
+
+
+def _local_span(b: _Bucket) -> tuple[int, int] | None:
+    """The slots of ``b`` from the first to the last that hold local gradients (the
+    others' gradients took the unbucketed road), or None."""
+    first = last = -1
+    for i, s in enumerate(b.slots):
+        if s.local:
+            if first < 0:
+                first = i
+            last = i
+    return None if first < 0 else (first, last + 1)
+
+
+def _plan(b: _Bucket, span: tuple[int, int], axis: int) -> _Plan:
+    first, last = b.slots[span[0]], b.slots[span[1] - 1]
+    meta = (b.placement, b.dtype, {"bucket": b.index, "axis": axis, "params": span,
+                                   "bytes": b.nbytes})
+    return _Plan(step_check(BUCKET_STEP, meta),
+                 b.flat[first.offset:last.offset + last.view.size])
 
 
 class Reducer:
@@ -310,18 +357,22 @@ class Reducer:
         """Start the reduction of ``b`` (none when no slot holds local gradients: every
         rank decides alike, from layouts)."""
         b.started = True
-        sent = [i for i, s in enumerate(b.slots) if s.local]
-        if not sent or b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
+        span = _local_span(b)
+        if span is None or b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
             return
-        # the slots from the first to the last that hold local gradients (the others'
-        # gradients took the unbucketed road)
-        first, last = b.slots[sent[0]], b.slots[sent[-1]]
-        check_collective("gradient bucket", (b.placement, b.dtype, {
-            "bucket": b.index, "axis": self.axis, "params": (sent[0], sent[-1] + 1),
-            "bytes": b.nbytes}))
-        part = b.flat[first.offset:last.offset + last.view.size]
-        if b.group is not None and part.size:
-            b.work = comm.all_reduce(part, comm.ReduceOp.SUM, b.group, async_op=True)
+        plan = b.plans.get(span)
+        if plan is None:
+            plan = b.plans[span] = _plan(b, span, self.axis)
+        if span != b.agreed or debug_enabled():
+            # a layout not yet agreed: one exchange, every rank raises if they differ
+            if check_step(BUCKET_STEP, plan.step):
+                b.agreed = span
+        elif check_enabled():
+            # the agreed layout again: folded into the running hash that the next
+            # check on the world compares, no exchange of its own
+            note_known_step(plan.step)
+        if b.group is not None and plan.part.size:
+            b.work = comm.all_reduce(plan.part, comm.ReduceOp.SUM, b.group, async_op=True)
             INFLIGHT.append(b.work)
 
     def _finish(self) -> None:
@@ -458,8 +509,10 @@ def arrived(leaf: GlobalTensor, counts: dict[int, list[Any]]) -> None:
 
 
 def progress() -> None:
-    """Let MPI advance the buckets in flight (one test each; completed ones are dropped)."""
-    INFLIGHT[:] = [w for w in INFLIGHT if not w.test()]
+    """Let MPI advance the buckets in flight (one ``MPI_Testall`` over all of them; the
+    list empties once all are complete)."""
+    if all_done(INFLIGHT):
+        INFLIGHT.clear()
 
 
 def finish() -> None:

@@ -6,19 +6,20 @@ MPI library move the data along) and :meth:`CollectiveWork.wait` when the result
 needed. The wait runs inside the watchdog context made when the call started (so the
 exit watch numbers the call where every rank starts it, as for a blocking call); a GPU
 array staged through host memory is filled, and the staging buffers released, at
-completion.
+completion. :func:`all_done` polls many at once (one ``MPI_Testall``), for a caller that
+drives several between computations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpi4py import MPI
 
 from .buffers import HostStager
 
-__all__ = ["CollectiveWork"]
+__all__ = ["CollectiveWork", "all_done"]
 
 
 class CollectiveWork:
@@ -76,3 +77,20 @@ class CollectiveWork:
 
     def __repr__(self) -> str:
         return f"<CollectiveWork {self.name} {'done' if self._done else 'pending'}>"
+
+
+def all_done(works: Sequence[CollectiveWork]) -> bool:
+    """True when every one of ``works`` is done (then each is completed).
+
+    One ``MPI_Testall`` over the requests still pending, however many they are: it lets
+    the MPI library advance all of them, as a :meth:`CollectiveWork.test` of each would.
+    """
+    pending = [w for w in works if not w._done]
+    if not pending:
+        return True
+    reqs = [w._req for w in pending]
+    if not MPI.Request.Testall(reqs):  # type: ignore[arg-type]
+        return False
+    for w in pending:
+        w._complete()
+    return True
