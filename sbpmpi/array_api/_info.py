@@ -17,8 +17,8 @@ class Info:
     """The inspection API of the standard: capabilities, default device and dtypes."""
 
     def capabilities(self) -> dict[str, Any]:
-        """Boolean indexing and data-dependent shapes are not supported yet; no
-        ``linalg`` or ``fft`` extension."""
+        """Boolean indexing is not supported yet; data-dependent shapes are. The ``fft``
+        extension is present (``xp.fft``); no ``linalg`` extension."""
         return {"boolean indexing": False, "data-dependent shapes": True,
                 "max dimensions": 64}
 
