@@ -36,6 +36,8 @@ from ._creation import (
     zeros_like,
 )
 from ._device import default_device, to_device
+from ._dlpack import array_dlpack as array_dlpack  # the array object's __dlpack__
+from ._dlpack import array_dlpack_device as array_dlpack_device
 from ._dtypes import (
     astype,
     bool,
