@@ -313,7 +313,18 @@ class GlobalTensor:
     __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, key: Any) -> Any:
-        return self._op("getitem", self, _integer_scalars(key))
+        key = _integer_scalars(key)
+        if any(isinstance(k, GlobalTensor) for k in (key if isinstance(key, tuple) else (key,))):
+            return self._op("getitem_arrays", self, key)  # a mask or integer arrays
+        return self._op("getitem", self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``x[key] = value`` (collective): ints, slices, None, ``...`` or one boolean
+        array; ``value`` a scalar or an array broadcast to the selection. ``x`` keeps its
+        layout (a partial ``x`` is reduced first) and gets a new shard buffer; it must not
+        require grad (see :func:`sbpmpi.ops.setitem`)."""
+        out = self._op("setitem", self, _integer_scalars(key), value)
+        self._local, self._layout = out._local, out._layout
 
     @property
     def T(self) -> Any:
@@ -354,6 +365,17 @@ class GlobalTensor:
     def to_device(self, device: Placement, /, *, stream: Any = None) -> GlobalTensor:
         """This array on another placement (collective when it moves)."""
         return _xp().to_device(self, device, stream)  # type: ignore[no-any-return]
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        """A DLPack capsule: this rank's shard where it is the whole array, else a gathered
+        copy (collective; ``BufferError`` with ``copy=False``)."""
+        return _xp().array_dlpack(self, stream=stream, max_version=max_version,
+                                  dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[Any, int]:
+        """The DLPack device of this rank's shard: ``(1, 0)`` on CPU."""
+        return _xp().array_dlpack_device(self)  # type: ignore[no-any-return]
 
     @property
     def mT(self) -> Any:

@@ -139,7 +139,7 @@ def test_namespace_info_lists_dtypes_and_the_default_device():
     assert set(info.dtypes()) == {"bool", *INTS, *FLOATS, "complex64", "complex128"}
     assert set(info.dtypes(kind="signed integer")) == {"int8", "int16", "int32", "int64"}
     assert set(info.dtypes(kind=("bool", "real floating"))) == {"bool", *FLOATS}
-    assert info.capabilities()["boolean indexing"] is False
+    assert info.capabilities()["boolean indexing"] is True
     assert info.devices() == [info.default_device()]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import fft
 from ._creation import (
     arange,
     asarray,
@@ -35,6 +36,8 @@ from ._creation import (
     zeros_like,
 )
 from ._device import default_device, to_device
+from ._dlpack import array_dlpack as array_dlpack  # the array object's __dlpack__
+from ._dlpack import array_dlpack_device as array_dlpack_device
 from ._dtypes import (
     astype,
     bool,
@@ -206,7 +209,7 @@ __all__ = [
     "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack", "matmul",
     "matrix_transpose", "tensordot", "vecdot", "argmax", "argmin", "nonzero", "searchsorted",
     "sort", "argsort", "unique_all", "unique_counts", "unique_inverse", "unique_values",
-    "to_device", "default_device", "namespace_for",
+    "to_device", "default_device", "namespace_for", "fft",
 ]
 
 

@@ -17,9 +17,9 @@ class Info:
     """The inspection API of the standard: capabilities, default device and dtypes."""
 
     def capabilities(self) -> dict[str, Any]:
-        """Boolean indexing and data-dependent shapes are not supported yet; no
-        ``linalg`` or ``fft`` extension."""
-        return {"boolean indexing": False, "data-dependent shapes": True,
+        """Boolean indexing and data-dependent shapes are supported. The ``fft`` extension
+        is present (``xp.fft``); no ``linalg`` extension."""
+        return {"boolean indexing": True, "data-dependent shapes": True,
                 "max dimensions": 64}
 
     def default_device(self) -> Placement:

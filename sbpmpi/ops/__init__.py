@@ -10,6 +10,7 @@ result, and :mod:`sbpmpi.ops.dispatch` short-cuts calls seen before. ``sm.explai
 from __future__ import annotations
 
 from .activation import gelu, gelu_backward
+from .array_index import getitem_arrays
 from .call import OpCall
 from .elementwise import (
     abs,
@@ -44,6 +45,7 @@ from .reduction import log_softmax, mean, softmax, softmax_finish, sum_exp, var
 from .reduction import max_ as max
 from .reduction import min_ as min
 from .reduction import sum_ as sum
+from .setitem import setitem
 from .shape import astype, cat, getitem, reshape, transpose
 from .signature import AnySplit, DimMatch, Resolved, Signature
 from .triangle import tril, triu
@@ -53,7 +55,7 @@ __all__ = [
     "eq", "ne", "lt", "le", "gt", "ge", "where",
     "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "sum", "mean", "max", "min", "softmax", "log_softmax",
-    "transpose", "reshape", "getitem", "astype", "cat", "embedding", "embedding_backward",
+    "transpose", "reshape", "getitem", "getitem_arrays", "setitem", "astype", "cat", "embedding", "embedding_backward",
     "erf", "gelu", "gelu_backward", "var", "tril", "triu", "sum_exp", "softmax_finish",
     "OPS", "GlobalOp", "OpCall", "Signature", "AnySplit", "DimMatch", "Resolved",
     "Candidate", "Inference", "infer", "execute",
