@@ -1,5 +1,5 @@
-"""ZeRO as layouts: optimizer state (stage 1) and parameters (stage 3) split over the
-data-parallel mesh axis (:func:`sbpmpi.nn.shard`).
+"""ZeRO as layouts: optimizer state (stage 1), gradients (stage 2) and parameters
+(stage 3) split over the data-parallel mesh axis (:func:`sbpmpi.nn.shard`).
 
 Under data parallelism every rank holds the whole of each parameter (broadcast on the
 data-parallel axis), its whole gradient and its whole optimizer state. ZeRO (DeepSpeed)
@@ -9,17 +9,25 @@ that axis and the all-gathers and reduce-scatters are conversions:
 * stage 1: the optimizer state tensors are ``split(0)``; a step updates this rank's
   slice of each parameter (the slices of a broadcast parameter and gradient are local
   views, no communication) and all-gathers the updated parameter;
-* stage 3: the parameters themselves are ``split(0)`` leaves; each forward all-gathers
-  them (``p.to_global(sbp=broadcast)``, recorded on the tape), so backward reduce-scatters
-  each gradient straight into the split (the conversion's backward rule), and the
-  optimizer, given the split leaves, keeps its state split and updates locally. The
-  gathered copies live until the graph is dropped after backward (FSDP2 with
-  ``reshard_after_forward=False``); between steps each rank holds 1/N of the parameters,
-  gradients and state. Bytes sent per step: an all-gather and a reduce-scatter of the
-  parameters, as the all-reduce of data parallelism.
+* stage 2: the optimizer is given ``split(0)`` leaves, each a view of this rank's rows of
+  the whole parameter, which every rank keeps (broadcast). The forward uses the whole
+  parameter as it is (no communication) but records it as the conversion of the split
+  leaf, so backward reduce-scatters each gradient straight into the split (the
+  conversion's backward rule) instead of all-reducing it; the optimizer updates the
+  slice (its state is split like the leaf) and :class:`GatherAfterStep` all-gathers the
+  updated slices into the whole parameters after each step;
+* stage 3: the parameters themselves are ``split(0)`` leaves. Each layer (a submodule
+  that owns parameters) all-gathers its parameters just before its forward and frees
+  the gathered copies as soon as its forward returns (FSDP2's
+  ``reshard_after_forward=True``); when backward reaches the layer's output it gathers
+  them again, and each gradient is reduce-scattered into the split as soon as backward
+  has summed it, which also frees that gathered copy. Between steps each rank holds 1/N
+  of the parameters, gradients and state; during a step, at most the gathered
+  parameters of the layers whose forward or backward is running.
 
-Stage 2 (gradients reduce-scattered, parameters kept whole) is not offered: stage 3 here
-reduce-scatters the gradients with the same bytes and holds less.
+Bytes handed to MPI per step: DP, stage 1 and stage 2 move about twice the parameter
+bytes over the wire (an all-reduce, or a reduce-scatter and an all-gather); stage 3 three
+times (two all-gathers and a reduce-scatter).
 
 Parameters that are not broadcast on the axis (tensor-parallel splits, say) and 0-d ones
 are left as they are. Training gives the unsharded run's results (the same sums, in
@@ -31,16 +39,19 @@ size.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import backend
 from .autograd.mode import no_grad
+from .autograd.rules import RULES
+from .autograd.tape import Node, detached, record_conversion, record_op
 from .core.sbp import SBP, Broadcast, split
 from .tensor import GlobalTensor
 
-__all__ = ["shard", "ShardedModule", "ShardedOptimizer"]
+__all__ = ["shard", "ShardedModule", "ShardedOptimizer", "GatherAfterStep"]
 
 
 def _split_sbp(p: GlobalTensor, axis: int) -> tuple[SBP, ...] | None:
@@ -62,9 +73,6 @@ def _check(module: Any, optimizer: Any, stage: Any, axis: Any) -> None:
                         f"{type(optimizer).__name__}")
     if isinstance(stage, (bool, np.bool_)) or stage not in (1, 2, 3):
         raise ValueError(f"shard: stage must be 1, 2 or 3, got {stage!r}")
-    if stage == 2:
-        raise ValueError("shard: stage 2 is not offered: stage=3 reduce-scatters the "
-                         "gradients too, with the same bytes, and holds less")
     params = module.parameters()
     if not params:
         raise ValueError("shard: the module has no parameters")
@@ -80,13 +88,18 @@ def _check(module: Any, optimizer: Any, stage: Any, axis: Any) -> None:
 
 def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0) -> tuple[Any, Any]:
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
-    docstring); use the returned pair from then on."""
+    docstring); use the returned pair from then on.
+
+    Stage 1 returns the module and a :class:`ShardedOptimizer`; stage 2 a
+    :class:`ShardedModule` and a :class:`GatherAfterStep`; stage 3 a
+    :class:`ShardedModule` and the optimizer, given the split parameters.
+    """
     _check(module, optimizer, stage, axis)
     if stage == 1:
         return module, ShardedOptimizer(optimizer, int(axis))
-    sharded = ShardedModule(module, int(axis))
+    sharded = ShardedModule(module, int(axis), stage)
     _repoint(optimizer, sharded)
-    return sharded, optimizer
+    return sharded, (GatherAfterStep(optimizer, sharded) if stage == 2 else optimizer)
 
 
 def _repoint(optimizer: Any, sharded: ShardedModule) -> None:
@@ -120,43 +133,193 @@ def _owner(module: Any, dotted: str) -> tuple[Any, str]:
     return obj, name
 
 
+def _whole_sbp(leaf: GlobalTensor, axis: int) -> tuple[SBP, ...]:
+    return tuple(Broadcast() if i == axis else s for i, s in enumerate(leaf.sbp))
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One sharded parameter: the split leaf and where the module holds it."""
+
+    owner: Any
+    attr: str
+    leaf: GlobalTensor
+    whole: GlobalTensor | None = None  # stage 2: the whole parameter every rank keeps
+
+
+@dataclass(eq=False)
+class _Gathered:
+    """The gathered copies of one stage-3 layer's parameters made by one forward call:
+    the tensors sharing each gathered shard (the forward's operand and the tape's
+    detached copy), freed and gathered again as backward needs them."""
+
+    unit: _Unit
+    copies: list[tuple[_Slot, list[GlobalTensor]]] = field(default_factory=list)
+    held: bool = False
+
+
+@dataclass(eq=False)
+class _Unit:
+    """A stage-3 layer: a submodule that owns sharded parameters, gathered together."""
+
+    module: Any
+    slots: list[_Slot]
+    forward: Any  # the submodule's own forward
+
+
 class ShardedModule:
-    """ZeRO stage 3: ``module`` with its parameters split over mesh axis ``axis``,
-    all-gathered at each forward (made by :func:`shard`).
+    """ZeRO stage 2 or 3: ``module`` with its parameters as ``split(0)`` leaves over mesh
+    axis ``axis`` (made by :func:`shard`).
 
     ``parameters()``, ``state_dict()`` and ``load_state_dict()`` are the module's, under
-    the module's own names, holding the split leaves.
+    the module's own names, holding the split leaves. Stage 2 also keeps every whole
+    parameter (:meth:`gather` refreshes them from the leaves); stage 3 gathers each
+    layer's parameters around its forward and backward only.
     """
 
-    def __init__(self, module: Any, axis: int) -> None:
+    def __init__(self, module: Any, axis: int, stage: int = 3) -> None:
         self.module = module
         self.axis = axis
+        self.stage = stage
         self.replaced: list[tuple[GlobalTensor, GlobalTensor]] = []  # (whole, split leaf)
-        self._slots: list[tuple[Any, str, GlobalTensor]] = []  # (owner, attribute, leaf)
+        self._slots: list[_Slot] = []
+        self.gathered_bytes = 0  # stage 3: bytes of gathered parameters held now
+        self.peak_gathered_bytes = 0  # and at most since reset_peak()
         for name, p in module.named_parameters():
             sbp = _split_sbp(p, axis)
             if sbp is None:
                 continue
-            with no_grad():
-                leaf = _owned(p.detach().to_global(sbp=sbp)).requires_grad_()
             owner, attr = _owner(module, name)
+            with no_grad():
+                if stage == 2:
+                    # the leaf is a view of this rank's rows of the whole parameter kept
+                    # by every rank: the optimizer updates those rows in place
+                    whole = GlobalTensor(p.to_local(), p.layout, p.dtype)
+                    leaf = p.detach().to_global(sbp=sbp)
+                    if not np.shares_memory(leaf.to_local(), whole.to_local()):
+                        leaf = _owned(leaf)
+                    leaf.requires_grad_()
+                else:
+                    whole = None
+                    leaf = _owned(p.detach().to_global(sbp=sbp)).requires_grad_()
             setattr(owner, attr, leaf)
             self.replaced.append((p, leaf))
-            self._slots.append((owner, attr, leaf))
+            self._slots.append(_Slot(owner, attr, leaf, whole))
+        self._units: list[_Unit] = []
+        if stage == 3:
+            for owner in dict.fromkeys(s.owner for s in self._slots):
+                unit = _Unit(owner, [s for s in self._slots if s.owner is owner],
+                             owner.forward)
+                self._units.append(unit)
+                # the layer's own calls (from its parent's forward) gather around it
+                owner.forward = self._layer_forward(unit)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The module's forward on the gathered parameters (differentiable all-gathers)."""
-        for owner, attr, leaf in self._slots:
-            whole = tuple(Broadcast() if i == self.axis else s for i, s in enumerate(leaf.sbp))
-            setattr(owner, attr, leaf.to_global(sbp=whole))
+        """The module's forward: stage 2 on the whole parameters, recorded as conversions
+        of the leaves; stage 3 with each layer gathering its own."""
+        if self.stage == 3:
+            return self.module(*args, **kwargs)
+        for s in self._slots:
+            assert s.whole is not None
+            setattr(s.owner, s.attr, record_conversion(s.leaf, detached(s.whole)))
         try:
             return self.module(*args, **kwargs)
         finally:
-            for owner, attr, leaf in self._slots:
-                setattr(owner, attr, leaf)
+            for s in self._slots:
+                setattr(s.owner, s.attr, s.leaf)
+
+    def gather(self) -> None:
+        """Stage 2: all-gather the leaves (updated by the optimizer) into the whole
+        parameters (collective)."""
+        with no_grad():
+            for s in self._slots:
+                assert s.whole is not None
+                whole = s.leaf.detach().to_global(sbp=s.whole.sbp).to_local()
+                dst = s.whole.to_local()
+                if dst.size:
+                    dst[...] = whole
+
+    def reset_peak(self) -> None:
+        """Start counting :attr:`peak_gathered_bytes` again from the bytes held now."""
+        self.peak_gathered_bytes = self.gathered_bytes
+
+    def held_parameters(self) -> list[GlobalTensor]:
+        """The parameter tensors this rank holds between steps: the leaves, and for stage
+        2 the whole parameters (whose local shards the leaves are views of)."""
+        if self.stage == 2:
+            return [s.whole for s in self._slots if s.whole is not None] + [
+                p for p in self.parameters() if all(p is not s.leaf for s in self._slots)]
+        return self.parameters()
+
+    # -- stage 3: gather around each layer ------------------------------------------------
+
+    def _layer_forward(self, unit: _Unit) -> Any:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            g = _Gathered(unit)
+            for s in unit.slots:
+                w = self._gather_leaf(s, g)
+                setattr(unit.module, s.attr, w)
+            self._count(g, +1)
+            try:
+                out = unit.forward(*args, **kwargs)
+            finally:
+                for s in unit.slots:
+                    setattr(unit.module, s.attr, s.leaf)
+                self._free(g)
+            if isinstance(out, GlobalTensor) and out.requires_grad and any(
+                    w.requires_grad for _, ws in g.copies for w in ws[:1]):
+                # backward reaches this node before any rule of the layer: gather again
+                out = record_op("zero_regather", (out,), (self, g), {}, detached(out))
+            return out
+        return forward
+
+    def _gather_leaf(self, s: _Slot, g: _Gathered) -> GlobalTensor:
+        """The whole parameter of ``s``, all-gathered; recorded so that its backward
+        reduce-scatters the gradient into the leaf and frees the gathered copy."""
+        with no_grad():
+            w = s.leaf.detach().to_global(sbp=_whole_sbp(s.leaf, self.axis))
+        w = record_op("zero_gather", (s.leaf,), (self, g), {}, w)
+        g.copies.append((s, [w] if w._node is None else [w, w._node.out]))
+        return w
+
+    def _count(self, g: _Gathered, sign: int) -> None:
+        g.held = sign > 0
+        self.gathered_bytes += sign * sum(int(ws[0].to_local().nbytes) for _, ws in g.copies)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
+
+    def _free(self, g: _Gathered, only: GlobalTensor | None = None) -> None:
+        """Drop the gathered shards of ``g`` (of the copy ``only`` when given)."""
+        if not g.held:
+            return
+        freed = 0
+        for _, ws in g.copies:
+            if only is not None and ws[0] is not only:
+                continue
+            local = ws[0].to_local()
+            if local.size:
+                freed += int(local.nbytes)
+                empty = local[:0].copy()  # no reference to the buffer; a use fails (wrong shape)
+                for w in ws:
+                    w._local = empty
+        self.gathered_bytes -= freed
+        if only is None or all(ws[0].to_local().size == 0 for _, ws in g.copies):
+            g.held = False
+
+    def _regather(self, g: _Gathered) -> None:
+        """Gather ``g``'s parameters again (before backward runs the layer's rules)."""
+        if g.held:
+            return
+        with no_grad():
+            for s, ws in g.copies:
+                local = s.leaf.detach().to_global(sbp=ws[0].sbp).to_local()
+                for w in ws:
+                    w._local = local
+        self._count(g, +1)
+
+    # -- the module's names ---------------------------------------------------------------
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, GlobalTensor]]:
         return self.module.named_parameters(prefix)  # type: ignore[no-any-return]
@@ -171,7 +334,64 @@ class ShardedModule:
         return self.module.state_dict()  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: Any) -> None:
+        """Copy the values into the leaves (and, stage 2, gather the whole parameters)."""
         self.module.load_state_dict(state)
+        if self.stage == 2:
+            self.gather()
+
+
+def _gather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
+    """Backward of a stage-3 gather: reduce-scatter into the leaf, free the gathered copy
+    (backward has used it: this rule runs after every rule of its consumers)."""
+    leaf = node.inputs[0]
+    sharded, gathered = node.args
+    gx = g.to_global(placement=leaf.placement, sbp=leaf.sbp)
+    sharded._free(gathered, only=next(ws[0] for s, ws in gathered.copies if s.leaf is leaf))
+    return [gx]
+
+
+def _regather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
+    """Backward reaches a stage-3 layer's output: its parameters are gathered again."""
+    sharded, gathered = node.args
+    sharded._regather(gathered)
+    return [g]
+
+
+# the tape's rules for the two stage-3 steps (only recorded by ShardedModule)
+RULES["zero_gather"] = _gather_rule
+RULES["zero_regather"] = _regather_rule
+
+
+class GatherAfterStep:
+    """ZeRO stage 2: ``optimizer`` (holding the split leaves of ``sharded``) whose
+    :meth:`step` all-gathers the updated slices into the whole parameters (made by
+    :func:`shard`); ``state_dict``/``load_state_dict`` are the optimizer's."""
+
+    def __init__(self, optimizer: Any, sharded: ShardedModule) -> None:
+        self.optimizer = optimizer
+        self.sharded = sharded
+
+    @property
+    def params(self) -> list[GlobalTensor]:
+        return self.optimizer.params  # type: ignore[no-any-return]
+
+    @property
+    def state(self) -> list[dict[str, GlobalTensor]]:
+        return self.optimizer.state  # type: ignore[no-any-return]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self) -> None:
+        """Update each rank's slices, then all-gather the whole parameters."""
+        self.optimizer.step()
+        self.sharded.gather()
+
+    def state_dict(self) -> dict[str, GlobalTensor]:
+        return self.optimizer.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state: Any) -> None:
+        self.optimizer.load_state_dict(state)
 
 
 class ShardedOptimizer:
