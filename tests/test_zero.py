@@ -80,6 +80,52 @@ def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_stage2_keeps_whole_parameters_equal_to_the_updated_slices():
+    model, o = make(2, "adam")
+    base_model, base_opt = make(0, "adam")
+    steps(model, o, 0, 3)
+    steps(base_model, base_opt, 0, 3)
+    wholes = model.held_parameters()
+    assert len(wholes) == len(model.parameters())
+    for w, leaf, q in zip(wholes, model.parameters(), base_model.parameters()):
+        assert w.sbp == (B,) and leaf.sbp == (S(0),)
+        assert w.to_local().shape == q.shape  # every rank holds the whole parameter
+        np.testing.assert_array_equal(w.numpy(), leaf.numpy())  # gathered after the step
+        np.testing.assert_allclose(w.numpy(), q.numpy(), rtol=1e-10, atol=1e-13)
+    # the gradients were reduce-scattered: each rank holds its rows only
+    for leaf in model.parameters():
+        held = comm.allgather(leaf.grad.to_local().shape[0])
+        assert sum(held) == leaf.shape[0] and max(held) == -(-leaf.shape[0] // size)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_stage3_frees_each_layer_after_its_forward_and_backward():
+    model, o = make(3, "adam")
+    base_model, _ = make(0, "adam")
+    layer_bytes = [sum(p.size * 8 for p in layer.parameters())
+                   for layer in (base_model.l1, base_model.l2)]
+    x = np.random.default_rng(3).standard_normal((11, 7))
+    xt = sm.tensor(x, placement=world(), sbp=S(0))
+    for _ in range(2):
+        model.reset_peak()
+        o.zero_grad()
+        loss = sm.nn.cross_entropy(model(xt), np.arange(11) % 3)
+        assert model.gathered_bytes == 0  # every layer freed after its forward
+        loss.backward()
+        assert model.gathered_bytes == 0  # and after its gradients were reduce-scattered
+        # one layer gathered at a time, in forward and in backward
+        assert model.peak_gathered_bytes == max(layer_bytes)
+        o.step()
+    with sm.no_grad():
+        got = model(xt).numpy()
+    for p, q in zip(base_model.parameters(), model.parameters()):
+        p.to_local()[...] = q.to_global(sbp=B).to_local()
+    with sm.no_grad():
+        np.testing.assert_allclose(got, base_model(xt).numpy(), rtol=1e-12)
+    assert model.gathered_bytes == 0
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("saved, loaded", [(3, 1), (1, 3), (3, 0), (0, 3), (2, 0), (0, 2),
                                            (2, 3), (1, 2)])
 def test_a_checkpoint_saved_under_one_stage_resumes_under_another(shared_dir, saved, loaded):
@@ -118,9 +164,11 @@ def _run(n, *args):
 
 
 @pytest.mark.parametrize("save,resume", [((2, "3"), (3, "1")), ((4, "1"), (1, "0")),
-                                         ((3, "b"), (2, "3"))],
+                                         ((3, "b"), (2, "3")), ((2, "2"), (3, "3")),
+                                         ((4, "3"), (2, "2")), ((3, "2"), (1, "0"))],
                          ids=["n2-stage3-to-n3-stage1", "n4-stage1-to-n1-dp",
-                              "n3-buckets-to-n2-stage3"])
+                              "n3-buckets-to-n2-stage3", "n2-stage2-to-n3-stage3",
+                              "n4-stage3-to-n2-stage2", "n3-stage2-to-n1-dp"])
 def test_a_checkpoint_resumes_under_another_stage_and_world_size(tmp_path, save, resume):
     prog = ROOT / "tests" / "train_programs" / "resume_zero.py"
     assert "SAVED" in _run(save[0], prog, "save", tmp_path, save[1])
