@@ -48,7 +48,10 @@ from . import backend
 from .autograd.mode import no_grad
 from .autograd.rules import RULES
 from .autograd.tape import Node, detached, record_conversion, record_op
+from .core.layout import Layout, empty_shape
 from .core.sbp import SBP, Broadcast, split
+from .env import get_rank
+from .runtime import redistribute
 from .tensor import GlobalTensor
 
 __all__ = ["shard", "ShardedModule", "ShardedOptimizer", "GatherAfterStep"]
@@ -86,18 +89,25 @@ def _check(module: Any, optimizer: Any, stage: Any, axis: Any) -> None:
                          f"placement (0..{nd - 1}), got {axis!r}")
 
 
-def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0) -> tuple[Any, Any]:
+def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
+          bucketed: bool = True) -> tuple[Any, Any]:
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
     docstring); use the returned pair from then on.
 
     Stage 1 returns the module and a :class:`ShardedOptimizer`; stage 2 a
     :class:`ShardedModule` and a :class:`GatherAfterStep`; stage 3 a
     :class:`ShardedModule` and the optimizer, given the split parameters.
+
+    ``bucketed``: stages 2 and 3 all-gather each layer's parameters in one call (a flat
+    buffer; False: one call per parameter). The values are the same bit for bit.
     """
     _check(module, optimizer, stage, axis)
+    if not isinstance(bucketed, (bool, np.bool_)):
+        raise TypeError(f"shard: bucketed must be a bool, got {type(bucketed).__name__} "
+                        f"{bucketed!r}")
     if stage == 1:
         return module, ShardedOptimizer(optimizer, int(axis))
-    sharded = ShardedModule(module, int(axis), stage)
+    sharded = ShardedModule(module, int(axis), stage, bool(bucketed))
     _repoint(optimizer, sharded)
     return sharded, (GatherAfterStep(optimizer, sharded) if stage == 2 else optimizer)
 
@@ -147,6 +157,59 @@ class _Slot:
     whole: GlobalTensor | None = None  # stage 2: the whole parameter every rank keeps
 
 
+@dataclass(frozen=True)
+class _FlatGather:
+    """One all-gather for the parameters of a layer: each rank packs its slices of them,
+    one after the other, into a row of ``width`` elements (padded to the longest rank's);
+    the rows are the ``split(0)`` shards of an ``(N, width)`` tensor that one conversion to
+    broadcast all-gathers, and every rank cuts the whole parameters out of the rows. Pure
+    copies: the parameters are bit-identical to gathering each on its own."""
+
+    src: Layout  # (N, width), split(0) on the data-parallel axis
+    dst: Layout  # (N, width), broadcast
+    offsets: tuple[tuple[int, ...], ...]  # [axis coordinate][parameter] -> start in the row
+    shapes: tuple[tuple[tuple[int, ...], ...], ...]  # [axis coordinate][parameter] -> shape
+    row: int  # this rank's coordinate on the axis (-1 outside the placement)
+
+
+def _flat_gather(leaves: list[GlobalTensor], axis: int) -> _FlatGather | None:
+    """The :class:`_FlatGather` of ``leaves`` (None when they cannot share one: one
+    parameter, several placements or dtypes, or a split on another mesh axis)."""
+    pl, dtype = leaves[0].placement, leaves[0].dtype
+    if len(leaves) < 2 or any(x.placement != pl or x.dtype != dtype or any(
+            not isinstance(s, Broadcast) for i, s in enumerate(x.sbp) if i != axis)
+            for x in leaves):
+        return None
+    me = get_rank()
+    group = pl.axis_group(me if me in pl else int(pl.ranks.flat[0]), axis)
+    shapes = tuple(tuple(x.layout.local_shape(r) for x in leaves) for r in group)
+    offsets = tuple(tuple(int(o) for o in np.cumsum([0] + [int(np.prod(sh)) for sh in row])[:-1])
+                    for row in shapes)
+    width = max(1, max(int(sum(int(np.prod(sh)) for sh in row)) for row in shapes))
+    n = len(group)
+    sbp = tuple(split(0) if i == axis else Broadcast() for i in range(pl.ndim))
+    return _FlatGather(Layout((n, width), pl, sbp),
+                       Layout((n, width), pl, (Broadcast(),) * pl.ndim),
+                       offsets, shapes, group.index(me) if me in pl else -1)
+
+
+def _gather_flat(flat: _FlatGather, leaves: list[GlobalTensor]) -> list[Any]:
+    """The whole parameters' local shards, all-gathered in one call (collective)."""
+    xp = backend.get_xp(flat.src.placement.type)
+    dtype = leaves[0].dtype
+    if flat.row < 0:
+        redistribute(xp.empty(empty_shape(2), dtype=dtype), flat.src, flat.dst, dtype)
+        return [xp.empty(empty_shape(x.ndim), dtype=dtype) for x in leaves]
+    row = xp.zeros((1, flat.src.shape[1]), dtype=dtype)
+    for x, off in zip(leaves, flat.offsets[flat.row]):
+        local = x.to_local()
+        row[0, off:off + local.size] = local.reshape(-1)
+    rows = redistribute(row, flat.src, flat.dst, dtype)
+    return [xp.concatenate([rows[c, offs[i]:offs[i] + int(np.prod(sh[i]))].reshape(sh[i])
+                            for c, (offs, sh) in enumerate(zip(flat.offsets, flat.shapes))])
+            for i in range(len(leaves))]
+
+
 @dataclass(eq=False)
 class _Gathered:
     """The gathered copies of one stage-3 layer's parameters made by one forward call:
@@ -160,11 +223,21 @@ class _Gathered:
 
 @dataclass(eq=False)
 class _Unit:
-    """A stage-3 layer: a submodule that owns sharded parameters, gathered together."""
+    """A layer: a submodule that owns sharded parameters, all-gathered together."""
 
     module: Any
     slots: list[_Slot]
     forward: Any  # the submodule's own forward
+    flat: _FlatGather | None  # None: one all-gather per parameter
+    wholes: tuple[Layout, ...]  # the whole parameters' layouts
+
+    def gather(self) -> list[Any]:
+        """The local shards of the whole parameters (collective)."""
+        leaves = [s.leaf.detach() for s in self.slots]
+        if self.flat is not None:
+            return _gather_flat(self.flat, leaves)
+        return [redistribute(x.to_local(), x.layout, w, x.dtype)
+                for x, w in zip(leaves, self.wholes)]
 
 
 class ShardedModule:
@@ -177,7 +250,7 @@ class ShardedModule:
     layer's parameters around its forward and backward only.
     """
 
-    def __init__(self, module: Any, axis: int, stage: int = 3) -> None:
+    def __init__(self, module: Any, axis: int, stage: int = 3, bucketed: bool = True) -> None:
         self.module = module
         self.axis = axis
         self.stage = stage
@@ -206,11 +279,15 @@ class ShardedModule:
             self.replaced.append((p, leaf))
             self._slots.append(_Slot(owner, attr, leaf, whole))
         self._units: list[_Unit] = []
-        if stage == 3:
-            for owner in dict.fromkeys(s.owner for s in self._slots):
-                unit = _Unit(owner, [s for s in self._slots if s.owner is owner],
-                             owner.forward)
-                self._units.append(unit)
+        for owner in dict.fromkeys(s.owner for s in self._slots):
+            slots = [s for s in self._slots if s.owner is owner]
+            leaves = [s.leaf for s in slots]
+            unit = _Unit(owner, slots, owner.forward,
+                         _flat_gather(leaves, axis) if bucketed else None,
+                         tuple(Layout(x.shape, x.placement, _whole_sbp(x, axis))
+                               for x in leaves))
+            self._units.append(unit)
+            if stage == 3:
                 # the layer's own calls (from its parent's forward) gather around it
                 owner.forward = self._layer_forward(unit)
 
@@ -235,12 +312,12 @@ class ShardedModule:
         """Stage 2: all-gather the leaves (updated by the optimizer) into the whole
         parameters (collective)."""
         with no_grad():
-            for s in self._slots:
-                assert s.whole is not None
-                whole = s.leaf.detach().to_global(sbp=s.whole.sbp).to_local()
-                dst = s.whole.to_local()
-                if dst.size:
-                    dst[...] = whole
+            for unit in self._units:
+                for s, whole in zip(unit.slots, unit.gather()):
+                    assert s.whole is not None
+                    dst = s.whole.to_local()
+                    if dst.size:
+                        dst[...] = whole
 
     def reset_peak(self) -> None:
         """Start counting :attr:`peak_gathered_bytes` again from the bytes held now."""
@@ -259,8 +336,12 @@ class ShardedModule:
     def _layer_forward(self, unit: _Unit) -> Any:
         def forward(*args: Any, **kwargs: Any) -> Any:
             g = _Gathered(unit)
-            for s in unit.slots:
-                w = self._gather_leaf(s, g)
+            with no_grad():
+                wholes = unit.gather()
+            for s, local, layout in zip(unit.slots, wholes, unit.wholes):
+                w = record_op("zero_gather", (s.leaf,), (self, g), {},
+                              GlobalTensor(local, layout, s.leaf.dtype))
+                g.copies.append((s, [w] if w._node is None else [w, w._node.out]))
                 setattr(unit.module, s.attr, w)
             self._count(g, +1)
             try:
@@ -275,15 +356,6 @@ class ShardedModule:
                 out = record_op("zero_regather", (out,), (self, g), {}, detached(out))
             return out
         return forward
-
-    def _gather_leaf(self, s: _Slot, g: _Gathered) -> GlobalTensor:
-        """The whole parameter of ``s``, all-gathered; recorded so that its backward
-        reduce-scatters the gradient into the leaf and frees the gathered copy."""
-        with no_grad():
-            w = s.leaf.detach().to_global(sbp=_whole_sbp(s.leaf, self.axis))
-        w = record_op("zero_gather", (s.leaf,), (self, g), {}, w)
-        g.copies.append((s, [w] if w._node is None else [w, w._node.out]))
-        return w
 
     def _count(self, g: _Gathered, sign: int) -> None:
         g.held = sign > 0
@@ -313,10 +385,10 @@ class ShardedModule:
         if g.held:
             return
         with no_grad():
-            for s, ws in g.copies:
-                local = s.leaf.detach().to_global(sbp=ws[0].sbp).to_local()
-                for w in ws:
-                    w._local = local
+            wholes = g.unit.gather()
+        for (_, ws), local in zip(g.copies, wholes):
+            for w in ws:
+                w._local = local
         self._count(g, +1)
 
     # -- the module's names ---------------------------------------------------------------

@@ -126,6 +126,35 @@ def test_stage3_frees_each_layer_after_its_forward_and_backward():
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bucketed_gathers_are_bit_identical_to_one_per_parameter(stage):
+    runs = {}
+    for bucketed in (True, False):
+        model = MLP()
+        o = OPTIMIZERS["adam"](model.parameters())
+        model, o = sm.nn.shard(model, o, stage=stage, bucketed=bucketed)
+        losses = steps(model, o, 0, 2)
+        with sm.trace() as t:
+            losses += steps(model, o, 2, 1)
+        gathers = [r for r in t if "gather" in r.op]
+        runs[bucketed] = losses, [p.numpy() for p in model.parameters()], len(gathers)
+    assert runs[True][0] == runs[False][0]
+    for p, q in zip(runs[True][1], runs[False][1]):
+        np.testing.assert_array_equal(p, q)
+    if size > 1:  # one all-gather per layer (two layers) instead of one per parameter
+        per_step = {2: 1, 3: 2}[stage]  # stage 2 after the step; stage 3 forward and backward
+        assert runs[True][2] == 2 * per_step and runs[False][2] == 4 * per_step
+
+
+@pytest.mark.mpi(min_size=1)
+def test_shard_bucketed_must_be_a_bool():
+    model = MLP()
+    opt = sm.optim.SGD(model.parameters(), lr=0.1)
+    assert errors_of(lambda: sm.nn.shard(model, opt, stage=3, bucketed=1)) == (
+        "TypeError", "shard: bucketed must be a bool, got int 1")
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("saved, loaded", [(3, 1), (1, 3), (3, 0), (0, 3), (2, 0), (0, 2),
                                            (2, 3), (1, 2)])
 def test_a_checkpoint_saved_under_one_stage_resumes_under_another(shared_dir, saved, loaded):
