@@ -51,7 +51,7 @@ from .autograd.tape import Node, detached, record_conversion, record_op
 from .core.layout import Layout, empty_shape
 from .core.sbp import SBP, Broadcast, split
 from .env import get_rank
-from .runtime import redistribute
+from .runtime import PendingConversion, redistribute, start_redistribute
 from .tensor import GlobalTensor
 
 __all__ = ["shard", "ShardedModule", "ShardedOptimizer", "GatherAfterStep"]
@@ -90,7 +90,7 @@ def _check(module: Any, optimizer: Any, stage: Any, axis: Any) -> None:
 
 
 def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
-          bucketed: bool = True) -> tuple[Any, Any]:
+          bucketed: bool = True, prefetch: bool = True) -> tuple[Any, Any]:
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
     docstring); use the returned pair from then on.
 
@@ -100,14 +100,17 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
 
     ``bucketed``: stages 2 and 3 all-gather each layer's parameters in one call (a flat
     buffer; False: one call per parameter). The values are the same bit for bit.
+    ``prefetch``: stage 3 starts the next layer's all-gather (non-blocking) before the
+    current layer computes, in forward and in backward (bucketed only).
     """
     _check(module, optimizer, stage, axis)
-    if not isinstance(bucketed, (bool, np.bool_)):
-        raise TypeError(f"shard: bucketed must be a bool, got {type(bucketed).__name__} "
-                        f"{bucketed!r}")
+    for name, flag in (("bucketed", bucketed), ("prefetch", prefetch)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"shard: {name} must be a bool, got {type(flag).__name__} "
+                            f"{flag!r}")
     if stage == 1:
         return module, ShardedOptimizer(optimizer, int(axis))
-    sharded = ShardedModule(module, int(axis), stage, bool(bucketed))
+    sharded = ShardedModule(module, int(axis), stage, bool(bucketed), bool(prefetch))
     _repoint(optimizer, sharded)
     return sharded, (GatherAfterStep(optimizer, sharded) if stage == 2 else optimizer)
 
@@ -193,21 +196,44 @@ def _flat_gather(leaves: list[GlobalTensor], axis: int) -> _FlatGather | None:
                        offsets, shapes, group.index(me) if me in pl else -1)
 
 
-def _gather_flat(flat: _FlatGather, leaves: list[GlobalTensor]) -> list[Any]:
-    """The whole parameters' local shards, all-gathered in one call (collective)."""
+@dataclass(eq=False)
+class _PendingGather:
+    """A layer's all-gather in flight: :meth:`wait` gives the whole parameters' shards."""
+
+    flat: _FlatGather | None
+    leaves: list[GlobalTensor]
+    pending: PendingConversion | None = None
+    ready: list[Any] | None = None
+
+    def wait(self) -> list[Any]:
+        if self.ready is None:
+            assert self.flat is not None and self.pending is not None
+            rows = self.pending.wait()
+            f, n = self.flat, len(self.leaves)
+            if f.row < 0:
+                xp = backend.get_xp(f.src.placement.type)
+                self.ready = [xp.empty(empty_shape(x.ndim), dtype=x.dtype) for x in self.leaves]
+            else:
+                self.ready = [backend.get_xp(f.src.placement.type).concatenate(
+                    [rows[c, offs[i]:offs[i] + int(np.prod(sh[i]))].reshape(sh[i])
+                     for c, (offs, sh) in enumerate(zip(f.offsets, f.shapes))])
+                    for i in range(n)]
+            self.pending = None
+        return self.ready
+
+
+def _start_flat(flat: _FlatGather, leaves: list[GlobalTensor]) -> _PendingGather:
+    """Start the one all-gather of ``leaves`` (collective; non-blocking)."""
     xp = backend.get_xp(flat.src.placement.type)
     dtype = leaves[0].dtype
     if flat.row < 0:
-        redistribute(xp.empty(empty_shape(2), dtype=dtype), flat.src, flat.dst, dtype)
-        return [xp.empty(empty_shape(x.ndim), dtype=dtype) for x in leaves]
-    row = xp.zeros((1, flat.src.shape[1]), dtype=dtype)
-    for x, off in zip(leaves, flat.offsets[flat.row]):
-        local = x.to_local()
-        row[0, off:off + local.size] = local.reshape(-1)
-    rows = redistribute(row, flat.src, flat.dst, dtype)
-    return [xp.concatenate([rows[c, offs[i]:offs[i] + int(np.prod(sh[i]))].reshape(sh[i])
-                            for c, (offs, sh) in enumerate(zip(flat.offsets, flat.shapes))])
-            for i in range(len(leaves))]
+        row = xp.empty(empty_shape(2), dtype=dtype)
+    else:
+        row = xp.zeros((1, flat.src.shape[1]), dtype=dtype)
+        for x, off in zip(leaves, flat.offsets[flat.row]):
+            local = x.to_local()
+            row[0, off:off + local.size] = local.reshape(-1)
+    return _PendingGather(flat, leaves, start_redistribute(row, flat.src, flat.dst, dtype))
 
 
 @dataclass(eq=False)
@@ -230,14 +256,19 @@ class _Unit:
     forward: Any  # the submodule's own forward
     flat: _FlatGather | None  # None: one all-gather per parameter
     wholes: tuple[Layout, ...]  # the whole parameters' layouts
+    nbytes: int  # this rank's bytes of the whole parameters
+
+    def start(self) -> _PendingGather:
+        """Start gathering the whole parameters (collective; non-blocking when flat)."""
+        leaves = [s.leaf.detach() for s in self.slots]
+        if self.flat is not None:
+            return _start_flat(self.flat, leaves)
+        return _PendingGather(None, leaves, ready=[
+            redistribute(x.to_local(), x.layout, w, x.dtype) for x, w in zip(leaves, self.wholes)])
 
     def gather(self) -> list[Any]:
         """The local shards of the whole parameters (collective)."""
-        leaves = [s.leaf.detach() for s in self.slots]
-        if self.flat is not None:
-            return _gather_flat(self.flat, leaves)
-        return [redistribute(x.to_local(), x.layout, w, x.dtype)
-                for x, w in zip(leaves, self.wholes)]
+        return self.start().wait()
 
 
 class ShardedModule:
@@ -250,8 +281,12 @@ class ShardedModule:
     layer's parameters around its forward and backward only.
     """
 
-    def __init__(self, module: Any, axis: int, stage: int = 3, bucketed: bool = True) -> None:
+    def __init__(self, module: Any, axis: int, stage: int = 3, bucketed: bool = True,
+                 prefetch: bool = True) -> None:
         self.module = module
+        self.prefetch = prefetch and bucketed
+        self._order: list[_Unit] = []  # stage 3: the layers in the order forward calls them
+        self._prefetched: tuple[_Unit, _PendingGather] | None = None
         self.axis = axis
         self.stage = stage
         self.replaced: list[tuple[GlobalTensor, GlobalTensor]] = []  # (whole, split leaf)
@@ -282,10 +317,11 @@ class ShardedModule:
         for owner in dict.fromkeys(s.owner for s in self._slots):
             slots = [s for s in self._slots if s.owner is owner]
             leaves = [s.leaf for s in slots]
+            wholes = tuple(Layout(x.shape, x.placement, _whole_sbp(x, axis)) for x in leaves)
             unit = _Unit(owner, slots, owner.forward,
-                         _flat_gather(leaves, axis) if bucketed else None,
-                         tuple(Layout(x.shape, x.placement, _whole_sbp(x, axis))
-                               for x in leaves))
+                         _flat_gather(leaves, axis) if bucketed else None, wholes,
+                         sum(int(np.prod(w.local_shape(get_rank()))) * x.dtype.itemsize
+                             for w, x in zip(wholes, leaves)))
             self._units.append(unit)
             if stage == 3:
                 # the layer's own calls (from its parent's forward) gather around it
@@ -298,6 +334,7 @@ class ShardedModule:
         """The module's forward: stage 2 on the whole parameters, recorded as conversions
         of the leaves; stage 3 with each layer gathering its own."""
         if self.stage == 3:
+            self._drain()  # a prefetch the last step did not use
             return self.module(*args, **kwargs)
         for s in self._slots:
             assert s.whole is not None
@@ -336,14 +373,18 @@ class ShardedModule:
     def _layer_forward(self, unit: _Unit) -> Any:
         def forward(*args: Any, **kwargs: Any) -> Any:
             g = _Gathered(unit)
+            if unit not in self._order:
+                self._order.append(unit)
             with no_grad():
-                wholes = unit.gather()
+                wholes = self._acquire(unit)
+            g.held = True
+            k = self._order.index(unit)
+            self._start_prefetch(self._order[k + 1] if k + 1 < len(self._order) else None)
             for s, local, layout in zip(unit.slots, wholes, unit.wholes):
                 w = record_op("zero_gather", (s.leaf,), (self, g), {},
                               GlobalTensor(local, layout, s.leaf.dtype))
                 g.copies.append((s, [w] if w._node is None else [w, w._node.out]))
                 setattr(unit.module, s.attr, w)
-            self._count(g, +1)
             try:
                 out = unit.forward(*args, **kwargs)
             finally:
@@ -357,9 +398,35 @@ class ShardedModule:
             return out
         return forward
 
-    def _count(self, g: _Gathered, sign: int) -> None:
-        g.held = sign > 0
-        self.gathered_bytes += sign * sum(int(ws[0].to_local().nbytes) for _, ws in g.copies)
+    def _acquire(self, unit: _Unit) -> list[Any]:
+        """``unit``'s whole parameters: the prefetched ones, or gathered now."""
+        if self._prefetched is not None and self._prefetched[0] is unit:
+            pending = self._prefetched[1]
+            self._prefetched = None
+            return pending.wait()
+        self._drain()
+        out = unit.gather()
+        self._held(unit.nbytes)
+        return out
+
+    def _start_prefetch(self, unit: _Unit | None) -> None:
+        """Start gathering ``unit``'s parameters (the layer computed next), if enabled."""
+        if unit is None or not self.prefetch:
+            return
+        self._drain()
+        self._prefetched = (unit, unit.start())
+        self._held(unit.nbytes)
+
+    def _drain(self) -> None:
+        """Complete and drop a prefetch nobody used (every rank alike: no request left)."""
+        if self._prefetched is not None:
+            unit, pending = self._prefetched
+            self._prefetched = None
+            pending.wait()
+            self._held(-unit.nbytes)
+
+    def _held(self, nbytes: int) -> None:
+        self.gathered_bytes += nbytes
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
 
     def _free(self, g: _Gathered, only: GlobalTensor | None = None) -> None:
@@ -385,11 +452,13 @@ class ShardedModule:
         if g.held:
             return
         with no_grad():
-            wholes = g.unit.gather()
+            wholes = self._acquire(g.unit)
+            g.held = True
+            k = self._order.index(g.unit)
+            self._start_prefetch(self._order[k - 1] if k > 0 else None)
         for (_, ws), local in zip(g.copies, wholes):
             for w in ws:
                 w._local = local
-        self._count(g, +1)
 
     # -- the module's names ---------------------------------------------------------------
 

@@ -98,30 +98,47 @@ def test_stage2_keeps_whole_parameters_equal_to_the_updated_slices():
         assert sum(held) == leaf.shape[0] and max(held) == -(-leaf.shape[0] // size)
 
 
+class Deep(sm.nn.Module):
+    """Three layers of different sizes: the held bytes tell which layers are gathered."""
+
+    def __init__(self) -> None:
+        sm.manual_seed(6)
+        self.l1 = sm.nn.Linear(7, 5, placement=world(), dtype=np.float64)
+        self.l2 = sm.nn.Linear(5, 6, placement=world(), dtype=np.float64)
+        self.l3 = sm.nn.Linear(6, 3, placement=world(), dtype=np.float64)
+
+    def forward(self, x):
+        return self.l3(sm.nn.relu(self.l2(sm.nn.relu(self.l1(x)))))
+
+
 @pytest.mark.mpi(min_size=1)
-def test_stage3_frees_each_layer_after_its_forward_and_backward():
-    model, o = make(3, "adam")
-    base_model, _ = make(0, "adam")
-    layer_bytes = [sum(p.size * 8 for p in layer.parameters())
-                   for layer in (base_model.l1, base_model.l2)]
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_stage3_frees_each_layer_after_its_forward_and_backward(prefetch):
+    base, net = Deep(), Deep()
+    model, o = sm.nn.shard(net, sm.optim.Adam(net.parameters(), lr=0.05), stage=3,
+                           prefetch=prefetch)
+    layer = [sum(p.size * 8 for p in m.parameters()) for m in (base.l1, base.l2, base.l3)]
+    # one layer gathered at a time; with prefetch also the next one (in forward order,
+    # then in backward order), once the first forward has shown the order
+    want = max(a + b for a, b in zip(layer, layer[1:])) if prefetch else max(layer)
     x = np.random.default_rng(3).standard_normal((11, 7))
     xt = sm.tensor(x, placement=world(), sbp=S(0))
-    for _ in range(2):
+    for _ in range(3):
         model.reset_peak()
         o.zero_grad()
         loss = sm.nn.cross_entropy(model(xt), np.arange(11) % 3)
         assert model.gathered_bytes == 0  # every layer freed after its forward
         loss.backward()
         assert model.gathered_bytes == 0  # and after its gradients were reduce-scattered
-        # one layer gathered at a time, in forward and in backward
-        assert model.peak_gathered_bytes == max(layer_bytes)
+        assert model.peak_gathered_bytes == want
+        assert model.peak_gathered_bytes < sum(layer)
         o.step()
     with sm.no_grad():
         got = model(xt).numpy()
-    for p, q in zip(base_model.parameters(), model.parameters()):
+    for p, q in zip(base.parameters(), model.parameters()):
         p.to_local()[...] = q.to_global(sbp=B).to_local()
     with sm.no_grad():
-        np.testing.assert_allclose(got, base_model(xt).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(got, base(xt).numpy(), rtol=1e-12)
     assert model.gathered_bytes == 0
 
 
@@ -129,21 +146,24 @@ def test_stage3_frees_each_layer_after_its_forward_and_backward():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bucketed_gathers_are_bit_identical_to_one_per_parameter(stage):
     runs = {}
-    for bucketed in (True, False):
+    for bucketed, prefetch in ((True, True), (True, False), (False, False)):
         model = MLP()
         o = OPTIMIZERS["adam"](model.parameters())
-        model, o = sm.nn.shard(model, o, stage=stage, bucketed=bucketed)
+        model, o = sm.nn.shard(model, o, stage=stage, bucketed=bucketed, prefetch=prefetch)
         losses = steps(model, o, 0, 2)
         with sm.trace() as t:
             losses += steps(model, o, 2, 1)
         gathers = [r for r in t if "gather" in r.op]
-        runs[bucketed] = losses, [p.numpy() for p in model.parameters()], len(gathers)
-    assert runs[True][0] == runs[False][0]
-    for p, q in zip(runs[True][1], runs[False][1]):
-        np.testing.assert_array_equal(p, q)
+        runs[bucketed, prefetch] = losses, [p.numpy() for p in model.parameters()], len(gathers)
+    ref = runs[False, False]
+    for key in ((True, True), (True, False)):
+        assert runs[key][0] == ref[0]
+        for p, q in zip(runs[key][1], ref[1]):
+            np.testing.assert_array_equal(p, q)
     if size > 1:  # one all-gather per layer (two layers) instead of one per parameter
         per_step = {2: 1, 3: 2}[stage]  # stage 2 after the step; stage 3 forward and backward
-        assert runs[True][2] == 2 * per_step and runs[False][2] == 4 * per_step
+        assert runs[True, True][2] == runs[True, False][2] == 2 * per_step
+        assert ref[2] == 4 * per_step
 
 
 @pytest.mark.mpi(min_size=1)
