@@ -19,10 +19,13 @@ shards plus the gathered layers, counted by the module), the process's peak RSS 
 per step (``sm.trace``; torch's gloo traffic is not traced). Formulas (P = parameter
 bytes, N ranks, Adam's state 2P): DP holds P + P + 2P; stage 1 P + P + 2P/N; stage 2
 P + P/N + 2P/N; stage 3 P/N + P/N + 2P/N between steps, with a peak of P/N plus the
-largest layer's P_l. Bytes moved per step: about 2P for DP and stages 1-2 (an
+largest layer's P_l without prefetch, plus the two layers gathered at once with it (for
+this two-layer MLP: the whole P). FSDP2's peak is estimated the same way (one layer). Bytes moved per step: about 2P for DP and stages 1-2 (an
 all-reduce, or a reduce-scatter and an all-gather), 3P for stage 3 (two all-gathers and a
-reduce-scatter); the traced count is each call's input buffer (an all-reduce counts P,
-an all-gather its P/N slice, a reduce-scatter the P (N-1)/N it sends).
+reduce-scatter) in the limit of many ranks: a rank sends 2P (N-1)/N and 3P (N-1)/N in ring
+algorithms ("wire formula"). The traced count is each call's input buffer (an all-reduce
+counts P, an all-gather its P/N slice, a large reduce-scatter the P (N-1)/N it sends);
+"wire" turns each traced call into the bytes a ring algorithm sends (``WIRE``).
 """
 
 from __future__ import annotations
@@ -51,8 +54,13 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 S = sm.sbp.split
 N_CLASSES = 16
-SBPMPI_LAYOUTS = ("DP", "DP, buckets", "ZeRO 1", "ZeRO 2", "ZeRO 3")
+SBPMPI_LAYOUTS = ("DP", "DP, buckets", "ZeRO 1", "ZeRO 2", "ZeRO 3", "ZeRO 3, no prefetch")
 TORCH_LAYOUTS = ("torch DDP", "torch FSDP2")
+# bytes a rank puts on the wire per byte of a traced call's input, in a ring (or pairwise)
+# algorithm; the traced all-to-all and large reduce-scatter inputs already leave out the
+# rank's own block
+WIRE = {"all_reduce": 2 * (size - 1) / size, "all_gather": size - 1,
+        "reduce_scatter": (size - 1) / size, "all_to_all": 1.0}
 
 
 class MLP(sm.nn.Module):
@@ -84,7 +92,7 @@ def sbpmpi_run(kind: str, pl: sm.Placement, x: np.ndarray, y: np.ndarray, hidden
     if kind == "DP, buckets":
         model = sm.nn.DataParallel(model)
     elif kind.startswith("ZeRO"):
-        model, opt = sm.nn.shard(model, opt, stage=int(kind[-1]))
+        model, opt = sm.nn.shard(model, opt, stage=int(kind[5]), prefetch="no prefetch" not in kind)
     xt = sm.tensor(x, placement=pl, sbp=S(0))
     sharded = model if isinstance(model, ShardedModule) else None
 
@@ -150,7 +158,10 @@ def torch_run(kind: str, x: np.ndarray, y: np.ndarray, hidden: int) -> Run:
 def formula(kind: str, p: int, largest_layer: int) -> dict[str, float]:
     n = size
     if kind.startswith("ZeRO 3") or kind == "torch FSDP2":
-        return dict(param=p / n, grad=p / n, state=2 * p / n, param_peak=p / n + largest_layer,
+        # gathered during a step: one layer, or two with the next one prefetched (here the
+        # two layers are the whole model)
+        gathered = p if kind == "ZeRO 3" else largest_layer
+        return dict(param=p / n, grad=p / n, state=2 * p / n, param_peak=p / n + gathered,
                     moved=3 * p)
     grad = p / n if kind == "ZeRO 2" else p
     state = 2 * p / n if kind in ("ZeRO 1", "ZeRO 2") else 2 * p
@@ -185,12 +196,14 @@ def main() -> None:
         except Exception as e:  # reported in the table, the sbpmpi rows still run
             torch_error = f"{type(e).__name__}: {e}"
     sent: dict[str, int] = {}
+    wire: dict[str, float] = {}
     for k, r in runs.items():
         r.step()  # warm-up
         if r.traced:
             with sm.trace() as t:
                 r.step()
             sent[k] = t.nbytes()
+            wire[k] = sum(r.nbytes * WIRE.get(r.op.removesuffix("_v"), 1.0) for r in t)
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(a.reps):
         for k, r in runs.items():
@@ -209,7 +222,8 @@ def main() -> None:
                          **{f"{n}_bytes": v for n, v in got.items()},
                          formula_bytes=want,
                          vs_formula=max(abs(got[n] / want[n] - 1) for n in got),
-                         sent_bytes=sent.get(k), moved_formula_bytes=want["moved"],
+                         sent_bytes=sent.get(k), wire_bytes=wire.get(k),
+                         wire_formula_bytes=want["moved"] * (size - 1) / size,
                          peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     if not a.no_torch and not torch_error:
         import torch.distributed as dist
@@ -221,12 +235,13 @@ def main() -> None:
     print(f"bench_zero: {size} ranks, float64, Adam, batch {a.batch}, MLP {a.features}x"
           f"{a.hidden}x{N_CLASSES} (P = {p} B); bytes held by rank 0, median of {a.reps}")
     head = ["layout", "step ms", "vs DP", "params B", "param peak B", "grads B", "state B",
-            "max off formula", "sent B (trace)", "moved formula B", "peak RSS MiB"]
+            "max off formula", "traced B", "wire B", "wire formula B", "peak RSS MiB"]
     out = [head] + [[r["layout"], f"{r['step_ms']:.1f}", f"{r['vs_dp']:.2f}",
                      str(r["param_bytes"]), str(r["param_peak_bytes"]), str(r["grad_bytes"]),
                      str(r["state_bytes"]), f"{r['vs_formula']:.1%}",
                      "-" if r["sent_bytes"] is None else str(r["sent_bytes"]),
-                     f"{r['moved_formula_bytes']:.0f}", f"{r['peak_rss_mib']:.0f}"]
+                     "-" if r["wire_bytes"] is None else f"{r['wire_bytes']:.0f}",
+                     f"{r['wire_formula_bytes']:.0f}", f"{r['peak_rss_mib']:.0f}"]
                     for r in table[0]]
     widths = [max(len(row[j]) for row in out) for j in range(len(head))]
     for row in out:
