@@ -25,6 +25,16 @@ that axis and the all-gathers and reduce-scatters are conversions:
   of the parameters, gradients and state; during a step, at most the gathered
   parameters of the layers whose forward or backward is running.
 
+Bucketed (the default), stages 2 and 3 make one call per layer instead of one per
+parameter: a layer's leaves are packed, each rank's slices into one row of a flat
+``(N, width)`` buffer (:class:`_FlatGather`), whose conversion from ``split(0)`` to
+broadcast is the layer's one all-gather; backward writes each parameter's gradient into
+a zero buffer of the flat shape, the engine sums them, and the conversion's backward
+rule (``partial_sum`` to ``split(0)``) is the layer's one reduce-scatter, whose row each
+rank cuts into its leaves' gradients. The steps are tape ops (``zero_pack``,
+``to_global``, ``zero_unpack``) with rules of their own. Copies and the same elementwise
+sums over the same ranks as the per-parameter calls.
+
 Bytes handed to MPI per step: DP, stage 1 and stage 2 move about twice the parameter
 bytes over the wire (an all-reduce, or a reduce-scatter and an all-gather); stage 3 three
 times (two all-gathers and a reduce-scatter).
@@ -49,7 +59,7 @@ from .autograd.mode import no_grad
 from .autograd.rules import RULES
 from .autograd.tape import Node, detached, record_conversion, record_op
 from .core.layout import Layout, empty_shape
-from .core.sbp import SBP, Broadcast, split
+from .core.sbp import SBP, Broadcast, partial_sum, split
 from .env import get_rank
 from .runtime import PendingConversion, redistribute, start_redistribute
 from .tensor import GlobalTensor
@@ -173,6 +183,7 @@ class _FlatGather:
     offsets: tuple[tuple[int, ...], ...]  # [axis coordinate][parameter] -> start in the row
     shapes: tuple[tuple[tuple[int, ...], ...], ...]  # [axis coordinate][parameter] -> shape
     row: int  # this rank's coordinate on the axis (-1 outside the placement)
+    axis: int  # the data-parallel mesh axis
 
 
 def _flat_gather(leaves: list[GlobalTensor], axis: int) -> _FlatGather | None:
@@ -193,7 +204,7 @@ def _flat_gather(leaves: list[GlobalTensor], axis: int) -> _FlatGather | None:
     sbp = tuple(split(0) if i == axis else Broadcast() for i in range(pl.ndim))
     return _FlatGather(Layout((n, width), pl, sbp),
                        Layout((n, width), pl, (Broadcast(),) * pl.ndim),
-                       offsets, shapes, group.index(me) if me in pl else -1)
+                       offsets, shapes, group.index(me) if me in pl else -1, axis)
 
 
 @dataclass(eq=False)
@@ -336,9 +347,10 @@ class ShardedModule:
         if self.stage == 3:
             self._drain()  # a prefetch the last step did not use
             return self.module(*args, **kwargs)
-        for s in self._slots:
-            assert s.whole is not None
-            setattr(s.owner, s.attr, record_conversion(s.leaf, detached(s.whole)))
+        for unit in self._units:
+            wholes = [s.whole.to_local() for s in unit.slots if s.whole is not None]
+            for s, w in zip(unit.slots, self._record_wholes(unit, wholes, None)):
+                setattr(s.owner, s.attr, w)
         try:
             return self.module(*args, **kwargs)
         finally:
@@ -380,9 +392,7 @@ class ShardedModule:
             g.held = True
             k = self._order.index(unit)
             self._start_prefetch(self._order[k + 1] if k + 1 < len(self._order) else None)
-            for s, local, layout in zip(unit.slots, wholes, unit.wholes):
-                w = record_op("zero_gather", (s.leaf,), (self, g), {},
-                              GlobalTensor(local, layout, s.leaf.dtype))
+            for s, w in zip(unit.slots, self._record_wholes(unit, wholes, g)):
                 g.copies.append((s, [w] if w._node is None else [w, w._node.out]))
                 setattr(unit.module, s.attr, w)
             try:
@@ -397,6 +407,36 @@ class ShardedModule:
                 out = record_op("zero_regather", (out,), (self, g), {}, detached(out))
             return out
         return forward
+
+    def _record_wholes(self, unit: _Unit, wholes: list[Any], g: _Gathered | None
+                       ) -> list[GlobalTensor]:
+        """The whole parameters of ``unit`` (local shards ``wholes``) as tape results of
+        its leaves, so that backward reduce-scatters their gradients into the leaves: one
+        conversion per parameter, or, bucketed, one for the layer (``_pack`` and
+        ``_unpack`` around the flat buffer's conversion). ``g``: stage 3's gathered copies,
+        freed once their gradients have left."""
+        dtype = unit.slots[0].leaf.dtype
+        made = [GlobalTensor(local, layout, dtype) for local, layout in zip(wholes, unit.wholes)]
+        if unit.flat is None:
+            if g is None:
+                return [record_conversion(s.leaf, w) for s, w in zip(unit.slots, made)]
+            return [record_op("zero_gather", (s.leaf,), (self, g), {}, w)
+                    for s, w in zip(unit.slots, made)]
+        leaves = tuple(s.leaf for s in unit.slots)
+        f = unit.flat
+        me = get_rank()
+        xp = backend.get_xp(f.src.placement.type)
+        # the flat buffers' values are never read by backward: zero-stride placeholders
+        row = GlobalTensor(xp.broadcast_to(xp.zeros((), dtype), f.src.local_shape(me)),
+                           f.src, dtype)
+        row = record_op("zero_pack", leaves, (f,), {}, row)
+        if row._node is None:
+            return made
+        rows = GlobalTensor(xp.broadcast_to(xp.zeros((), dtype), f.dst.local_shape(me)),
+                            f.dst, dtype)
+        rows = record_conversion(row, rows)  # backward: one reduce-scatter for the layer
+        return [record_op("zero_unpack", (rows,), (f, i, self, g), {}, w)
+                for i, w in enumerate(made)]
 
     def _acquire(self, unit: _Unit) -> list[Any]:
         """``unit``'s whole parameters: the prefetched ones, or gathered now."""
@@ -498,9 +538,53 @@ def _regather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     return [g]
 
 
-# the tape's rules for the two stage-3 steps (only recorded by ShardedModule)
+def _unpack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
+    """Backward of cutting parameter ``i`` out of a layer's flat buffer: its gradient,
+    partial on the data-parallel axis, written into a zero buffer of the flat shape (the
+    engine sums the layer's parameters' buffers, one reduce-scatter sends the sum); a
+    stage-3 gathered copy is freed (backward has used it)."""
+    flat, i, sharded, gathered = node.args
+    xp = backend.get_xp(flat.src.placement.type)
+    axis = flat.axis
+    sbp = tuple(partial_sum if a == axis else Broadcast() for a in range(len(g.sbp)))
+    local = g.to_global(placement=flat.dst.placement, sbp=sbp).to_local()
+    me = get_rank()
+    buf = xp.zeros(flat.dst.local_shape(me), dtype=g.dtype)
+    if flat.row >= 0:
+        start = 0
+        for c, (offs, shapes) in enumerate(zip(flat.offsets, flat.shapes)):
+            rows = shapes[i][0]
+            n = int(np.prod(shapes[i]))
+            buf[c, offs[i]:offs[i] + n] = local[start:start + rows].reshape(-1)
+            start += rows
+    if gathered is not None:
+        sharded._free(gathered, only=next(ws[0] for _, ws in gathered.copies
+                                          if ws[0]._node is node))
+    return [GlobalTensor(buf, Layout(flat.dst.shape, flat.dst.placement, sbp), g.dtype)]
+
+
+def _pack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
+    """Backward of packing a layer's leaves into this rank's row: the reduce-scattered
+    row cut into the leaves' gradients (views)."""
+    (flat,) = node.args
+    local = g.to_global(placement=flat.src.placement, sbp=flat.src.sbp).to_local()
+    out = []
+    for i, leaf in enumerate(node.inputs):
+        if flat.row < 0:
+            part = local.reshape(-1)[:0].reshape(empty_shape(leaf.ndim))
+        else:
+            shape = flat.shapes[flat.row][i]
+            off = flat.offsets[flat.row][i]
+            part = local[0, off:off + int(np.prod(shape))].reshape(shape)
+        out.append(GlobalTensor(part, leaf.layout, g.dtype))
+    return out
+
+
+# the tape's rules for ZeRO's own steps (only recorded by ShardedModule)
 RULES["zero_gather"] = _gather_rule
 RULES["zero_regather"] = _regather_rule
+RULES["zero_unpack"] = _unpack_rule
+RULES["zero_pack"] = _pack_rule
 
 
 class GatherAfterStep:

@@ -144,7 +144,7 @@ def test_stage3_frees_each_layer_after_its_forward_and_backward(prefetch):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("stage", [2, 3])
-def test_bucketed_gathers_are_bit_identical_to_one_per_parameter(stage):
+def test_bucketed_gathers_and_reduce_scatters_are_bit_identical_to_one_per_parameter(stage):
     runs = {}
     for bucketed, prefetch in ((True, True), (True, False), (False, False)):
         model = MLP()
@@ -153,17 +153,19 @@ def test_bucketed_gathers_are_bit_identical_to_one_per_parameter(stage):
         losses = steps(model, o, 0, 2)
         with sm.trace() as t:
             losses += steps(model, o, 2, 1)
-        gathers = [r for r in t if "gather" in r.op]
-        runs[bucketed, prefetch] = losses, [p.numpy() for p in model.parameters()], len(gathers)
+        gathers = sum("gather" in r.op for r in t)
+        scatters = sum("reduce_scatter" in r.op or "all_to_all" in r.op for r in t)
+        runs[bucketed, prefetch] = (losses, [p.numpy() for p in model.parameters()],
+                                    (gathers, scatters))
     ref = runs[False, False]
     for key in ((True, True), (True, False)):
         assert runs[key][0] == ref[0]
         for p, q in zip(runs[key][1], ref[1]):
             np.testing.assert_array_equal(p, q)
-    if size > 1:  # one all-gather per layer (two layers) instead of one per parameter
-        per_step = {2: 1, 3: 2}[stage]  # stage 2 after the step; stage 3 forward and backward
-        assert runs[True, True][2] == runs[True, False][2] == 2 * per_step
-        assert ref[2] == 4 * per_step
+    if size > 1:  # one call per layer (two layers) instead of one per parameter
+        gathers = {2: 1, 3: 2}[stage]  # stage 2 after the step; stage 3 forward and backward
+        assert runs[True, True][2] == runs[True, False][2] == (2 * gathers, 2)
+        assert ref[2] == (4 * gathers, 4)
 
 
 @pytest.mark.mpi(min_size=1)
