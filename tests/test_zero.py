@@ -16,6 +16,7 @@ import sbpmpi as sm
 S, B = sm.sbp.split, sm.sbp.broadcast
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def world() -> sm.Placement:
@@ -77,6 +78,45 @@ def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
     assert all(p.sbp == want for p in model.parameters())
     if stage > 1:
         assert all(p.grad.sbp == (S(0),) for p in model.parameters())  # reduce-scattered
+
+
+def _example():
+    """examples/train_mlp.py as a module (its MLP, layouts, data and NumPy reference)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_mlp", ROOT / "examples" / "train_mlp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("optim", ["sgd", "adam"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_trains_the_example_mlp_to_the_numpy_losses(stage, optim):
+    ex = _example()
+    x_all, y_all, _ = ex.load_data("auto", 0)
+    kinds = ["dp"] + (["2d"] if size >= 4 and size % 2 == 0 else [])
+    for kind in kinds:  # 2d: data parallel on mesh axis 0, tensor parallel on axis 1
+        lay = ex.layouts(kind)
+        pl = lay["placement"]
+        sm.manual_seed(0)
+        model = ex.MLP(x_all.shape[1], 12, 10, lay, np.float64)
+        lr = 0.1 if optim == "sgd" else 0.01
+        opt = ex.make_optimizer(optim, model.parameters(), lr)
+        ref = ex.NumpyMLP([p.numpy() for p in model.parameters()], optim, lr, np.float64)
+        model, opt = sm.nn.shard(model, opt, stage=stage, axis=0)
+        y_sbp = tuple(s if isinstance(s, sm.sbp.Split) else B for s in lay["x"])
+        for idx in ex.batches(len(y_all), 61, 0, 0)[:6]:  # 61 rows: uneven over the ranks
+            xb, yb = x_all[idx], y_all[idx]
+            opt.zero_grad()
+            loss = sm.nn.cross_entropy(model(sm.tensor(xb, placement=pl, sbp=lay["x"])),
+                                       sm.tensor(yb, placement=pl, sbp=y_sbp))
+            loss.backward()
+            opt.step()
+            np.testing.assert_allclose(loss.item(), ref.step(xb, yb), rtol=1e-10)
+        for p, q in zip(model.parameters(), ref.p):
+            np.testing.assert_allclose(p.numpy(), q, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -206,7 +246,6 @@ def test_shard_arguments_are_checked_on_every_rank():
 
 # ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 240
 
 
