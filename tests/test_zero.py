@@ -1,6 +1,9 @@
-"""ZeRO stages as layouts (``sm.nn.shard``): training equals the unsharded run, the state
-(and for stage 3 the parameters) is split over the data-parallel axis, checkpoints load
-across stages, argument errors on every rank."""
+"""ZeRO stages as layouts (``sm.nn.shard``): every stage trains to the unsharded run's and
+the NumPy reference's losses; the state (stage 1), the gradients (2) and the parameters
+(3) are split over the data-parallel axis; stage 3 frees each layer's gathered
+parameters and prefetches the next; bucketed gathers and reduce-scatters equal the
+per-parameter ones bit for bit; checkpoints load across stages and world sizes; argument
+errors on every rank; a rank failing in backward with a prefetch in flight ends the job."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import errors_of, run_program
+from fault_programs.runner import mpiexec, run_mpi
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -263,3 +267,16 @@ def test_a_checkpoint_resumes_under_another_stage_and_world_size(tmp_path, save,
     prog = ROOT / "tests" / "train_programs" / "resume_zero.py"
     assert "SAVED" in _run(save[0], prog, "save", tmp_path, save[1])
     assert "RESUME OK" in _run(resume[0], prog, "resume", tmp_path, resume[1])
+
+
+# ---- faults: a rank raising in backward with a prefetch in flight ---------------------------
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_raising_in_backward_with_a_prefetch_in_flight_ends_the_job(n):
+    res = run_mpi(n, "zero_raise.py", timeout=60)
+    assert res.rc != 0, res
+    assert res.seconds < 30, res
+    assert "sbpmpi: rank 1: uncaught RuntimeError: relu rule failed on rank 1" in res.out, res
+    assert "rank 1: prefetch started before the failure" in res.out, res
+    assert "should not happen" not in res.out, res
