@@ -146,6 +146,27 @@ def _owned(x: GlobalTensor) -> GlobalTensor:
     return GlobalTensor(x.to_local().copy(), x.layout, x.dtype)
 
 
+def _view_of(whole: GlobalTensor, sbp: tuple[SBP, ...]) -> GlobalTensor:
+    """``whole`` laid out as ``sbp`` (a split of it), its shard a view of ``whole``'s where
+    this rank's block lies inside the block it holds (else a copy: with ``split(0)`` on
+    two mesh axes, say, the blocks are cut in another order)."""
+    layout = Layout(whole.shape, whole.placement, sbp)
+
+    def inside(rank: int) -> bool:
+        mine, held = layout.local_ranges(rank), whole.layout.local_ranges(rank)
+        assert mine is not None and held is not None
+        return all(h0 <= a and b <= h1 for (a, b), (h0, h1) in zip(mine, held))
+
+    # decided from metadata for every rank of the placement: all ranks take one road
+    if not all(inside(int(r)) for r in whole.placement.ranks.flat):
+        return _owned(whole.to_global(sbp=sbp))
+    mine, held = layout.local_ranges(get_rank()), whole.layout.local_ranges(get_rank())
+    if mine is None or held is None:  # outside the placement: an empty shard, as whole's
+        return GlobalTensor(whole.to_local(), layout, whole.dtype)
+    box = tuple(slice(a - h, b - h) for (a, b), (h, _) in zip(mine, held))
+    return GlobalTensor(whole.to_local()[box], layout, whole.dtype)
+
+
 def _owner(module: Any, dotted: str) -> tuple[Any, str]:
     """The object holding parameter ``dotted`` (``"l1.weight"``, ``"layers.0.bias"``) and
     the attribute name."""
@@ -314,10 +335,7 @@ class ShardedModule:
                     # the leaf is a view of this rank's rows of the whole parameter kept
                     # by every rank: the optimizer updates those rows in place
                     whole = GlobalTensor(p.to_local(), p.layout, p.dtype)
-                    leaf = p.detach().to_global(sbp=sbp)
-                    if not np.shares_memory(leaf.to_local(), whole.to_local()):
-                        leaf = _owned(leaf)
-                    leaf.requires_grad_()
+                    leaf = _view_of(whole, sbp).requires_grad_()
                 else:
                     whole = None
                     leaf = _owned(p.detach().to_global(sbp=sbp)).requires_grad_()
