@@ -339,16 +339,20 @@ class DataParallel(Module):
         return f"DataParallel({self.module!r}, buckets={self.reducer.layout()})"
 
 
-def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0) -> tuple[Any, Any]:
+def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0,
+          bucketed: bool = True, prefetch: bool = True) -> tuple[Any, Any]:
     """ZeRO on the data-parallel mesh axis ``axis``: ``model, opt = sm.nn.shard(model, opt,
-    stage=1)`` splits the optimizer state over that axis, ``stage=3`` the parameters too
-    (all-gathered at each forward; gradients reduce-scattered into the split). Use the
+    stage=1)`` splits the optimizer state over that axis, ``stage=2`` the gradients too
+    (reduce-scattered into the split), ``stage=3`` the parameters too (each layer's
+    all-gathered around its forward and backward, in one call when ``bucketed``, the next
+    layer's started early when ``prefetch``). Use the
     returned pair from then on. See :mod:`sbpmpi.zero`."""
     from .zero import shard as shard_layouts
 
     if not isinstance(module, Module):
         raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
-    return shard_layouts(module, optimizer, stage=stage, axis=axis)
+    return shard_layouts(module, optimizer, stage=stage, axis=axis, bucketed=bucketed,
+                         prefetch=prefetch)
 
 
 # ---- training state ---------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-"""ZeRO stages as layouts (``sm.nn.shard``): training equals the unsharded run, the state
-(and for stage 3 the parameters) is split over the data-parallel axis, checkpoints load
-across stages, argument errors on every rank."""
+"""ZeRO stages as layouts (``sm.nn.shard``): every stage trains to the unsharded run's and
+the NumPy reference's losses; the state (stage 1), the gradients (2) and the parameters
+(3) are split over the data-parallel axis; stage 3 frees each layer's gathered
+parameters and prefetches the next; bucketed gathers and reduce-scatters equal the
+per-parameter ones bit for bit; checkpoints load across stages and world sizes; argument
+errors on every rank; a rank failing in backward with a prefetch in flight ends the job."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import errors_of, run_program
+from fault_programs.runner import mpiexec, run_mpi
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -16,6 +20,7 @@ import sbpmpi as sm
 S, B = sm.sbp.split, sm.sbp.broadcast
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def world() -> sm.Placement:
@@ -57,7 +62,7 @@ def steps(model, opt, first: int, count: int) -> list[float]:
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("opt", list(OPTIMIZERS))
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
     base_model, base_opt = make(0, opt)
     base = steps(base_model, base_opt, 0, 5)
@@ -66,21 +71,158 @@ def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
     np.testing.assert_allclose(got, base, rtol=1e-11)
     for p, q in zip(model.parameters(), base_model.parameters()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-10, atol=1e-13)
-    inner = o.optimizer if stage == 1 else o
+    inner = o if stage == 3 else o.optimizer
     for state in inner.state:  # every state tensor split(0) over the data axis: 1/N a rank
         for v in state.values():
             assert v.sbp == (S(0),)
             held = comm.allgather(v.to_local().size)
             assert sum(held) == v.size and max(held) <= -(-v.shape[0] // size) * (
                 v.size // v.shape[0])
-    want = (S(0),) if stage == 3 else (B,)
+    want = (B,) if stage == 1 else (S(0),)
     assert all(p.sbp == want for p in model.parameters())
-    if stage == 3:
+    if stage > 1:
         assert all(p.grad.sbp == (S(0),) for p in model.parameters())  # reduce-scattered
 
 
+def _example():
+    """examples/train_mlp.py as a module (its MLP, layouts, data and NumPy reference)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_mlp", ROOT / "examples" / "train_mlp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("saved, loaded", [(3, 1), (1, 3), (3, 0), (0, 3)])
+@pytest.mark.parametrize("optim", ["sgd", "adam"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_trains_the_example_mlp_to_the_numpy_losses(stage, optim):
+    ex = _example()
+    x_all, y_all, _ = ex.load_data("auto", 0)
+    kinds = ["dp"] + (["2d"] if size >= 4 and size % 2 == 0 else [])
+    for kind in kinds:  # 2d: data parallel on mesh axis 0, tensor parallel on axis 1
+        lay = ex.layouts(kind)
+        pl = lay["placement"]
+        sm.manual_seed(0)
+        model = ex.MLP(x_all.shape[1], 12, 10, lay, np.float64)
+        lr = 0.1 if optim == "sgd" else 0.01
+        opt = ex.make_optimizer(optim, model.parameters(), lr)
+        ref = ex.NumpyMLP([p.numpy() for p in model.parameters()], optim, lr, np.float64)
+        model, opt = sm.nn.shard(model, opt, stage=stage, axis=0)
+        y_sbp = tuple(s if isinstance(s, sm.sbp.Split) else B for s in lay["x"])
+        for idx in ex.batches(len(y_all), 61, 0, 0)[:6]:  # 61 rows: uneven over the ranks
+            xb, yb = x_all[idx], y_all[idx]
+            opt.zero_grad()
+            loss = sm.nn.cross_entropy(model(sm.tensor(xb, placement=pl, sbp=lay["x"])),
+                                       sm.tensor(yb, placement=pl, sbp=y_sbp))
+            loss.backward()
+            opt.step()
+            np.testing.assert_allclose(loss.item(), ref.step(xb, yb), rtol=1e-10)
+        for p, q in zip(model.parameters(), ref.p):
+            np.testing.assert_allclose(p.numpy(), q, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_stage2_keeps_whole_parameters_equal_to_the_updated_slices():
+    model, o = make(2, "adam")
+    base_model, base_opt = make(0, "adam")
+    steps(model, o, 0, 3)
+    steps(base_model, base_opt, 0, 3)
+    wholes = model.held_parameters()
+    assert len(wholes) == len(model.parameters())
+    for w, leaf, q in zip(wholes, model.parameters(), base_model.parameters()):
+        assert w.sbp == (B,) and leaf.sbp == (S(0),)
+        assert w.to_local().shape == q.shape  # every rank holds the whole parameter
+        np.testing.assert_array_equal(w.numpy(), leaf.numpy())  # gathered after the step
+        np.testing.assert_allclose(w.numpy(), q.numpy(), rtol=1e-10, atol=1e-13)
+    # the gradients were reduce-scattered: each rank holds its rows only
+    for leaf in model.parameters():
+        held = comm.allgather(leaf.grad.to_local().shape[0])
+        assert sum(held) == leaf.shape[0] and max(held) == -(-leaf.shape[0] // size)
+
+
+class Deep(sm.nn.Module):
+    """Three layers of different sizes: the held bytes tell which layers are gathered."""
+
+    def __init__(self) -> None:
+        sm.manual_seed(6)
+        self.l1 = sm.nn.Linear(7, 5, placement=world(), dtype=np.float64)
+        self.l2 = sm.nn.Linear(5, 6, placement=world(), dtype=np.float64)
+        self.l3 = sm.nn.Linear(6, 3, placement=world(), dtype=np.float64)
+
+    def forward(self, x):
+        return self.l3(sm.nn.relu(self.l2(sm.nn.relu(self.l1(x)))))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_stage3_frees_each_layer_after_its_forward_and_backward(prefetch):
+    base, net = Deep(), Deep()
+    model, o = sm.nn.shard(net, sm.optim.Adam(net.parameters(), lr=0.05), stage=3,
+                           prefetch=prefetch)
+    layer = [sum(p.size * 8 for p in m.parameters()) for m in (base.l1, base.l2, base.l3)]
+    # one layer gathered at a time; with prefetch also the next one (in forward order,
+    # then in backward order), once the first forward has shown the order
+    want = max(a + b for a, b in zip(layer, layer[1:])) if prefetch else max(layer)
+    x = np.random.default_rng(3).standard_normal((11, 7))
+    xt = sm.tensor(x, placement=world(), sbp=S(0))
+    for _ in range(3):
+        model.reset_peak()
+        o.zero_grad()
+        loss = sm.nn.cross_entropy(model(xt), np.arange(11) % 3)
+        assert model.gathered_bytes == 0  # every layer freed after its forward
+        loss.backward()
+        assert model.gathered_bytes == 0  # and after its gradients were reduce-scattered
+        assert model.peak_gathered_bytes == want
+        assert model.peak_gathered_bytes < sum(layer)
+        o.step()
+    with sm.no_grad():
+        got = model(xt).numpy()
+    for p, q in zip(base.parameters(), model.parameters()):
+        p.to_local()[...] = q.to_global(sbp=B).to_local()
+    with sm.no_grad():
+        np.testing.assert_allclose(got, base(xt).numpy(), rtol=1e-12)
+    assert model.gathered_bytes == 0
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bucketed_gathers_and_reduce_scatters_are_bit_identical_to_one_per_parameter(stage):
+    runs = {}
+    for bucketed, prefetch in ((True, True), (True, False), (False, False)):
+        model = MLP()
+        o = OPTIMIZERS["adam"](model.parameters())
+        model, o = sm.nn.shard(model, o, stage=stage, bucketed=bucketed, prefetch=prefetch)
+        losses = steps(model, o, 0, 2)
+        with sm.trace() as t:
+            losses += steps(model, o, 2, 1)
+        gathers = sum("gather" in r.op for r in t)
+        scatters = sum("reduce_scatter" in r.op or "all_to_all" in r.op for r in t)
+        runs[bucketed, prefetch] = (losses, [p.numpy() for p in model.parameters()],
+                                    (gathers, scatters))
+    ref = runs[False, False]
+    for key in ((True, True), (True, False)):
+        assert runs[key][0] == ref[0]
+        for p, q in zip(runs[key][1], ref[1]):
+            np.testing.assert_array_equal(p, q)
+    if size > 1:  # one call per layer (two layers) instead of one per parameter
+        gathers = {2: 1, 3: 2}[stage]  # stage 2 after the step; stage 3 forward and backward
+        assert runs[True, True][2] == runs[True, False][2] == (2 * gathers, 2)
+        assert ref[2] == (4 * gathers, 4)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_shard_bucketed_must_be_a_bool():
+    model = MLP()
+    opt = sm.optim.SGD(model.parameters(), lr=0.1)
+    assert errors_of(lambda: sm.nn.shard(model, opt, stage=3, bucketed=1)) == (
+        "TypeError", "shard: bucketed must be a bool, got int 1")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("saved, loaded", [(3, 1), (1, 3), (3, 0), (0, 3), (2, 0), (0, 2),
+                                           (2, 3), (1, 2)])
 def test_a_checkpoint_saved_under_one_stage_resumes_under_another(shared_dir, saved, loaded):
     ref_model, ref_opt = make(0, "adam")
     ref = steps(ref_model, ref_opt, 0, 5)
@@ -98,8 +240,6 @@ def test_shard_arguments_are_checked_on_every_rank():
     opt = sm.optim.SGD(model.parameters(), lr=0.1)
     assert errors_of(lambda: sm.nn.shard(model, opt, stage=4)) == (
         "ValueError", "shard: stage must be 1, 2 or 3, got 4")
-    kind, text = errors_of(lambda: sm.nn.shard(model, opt, stage=2))
-    assert kind == "ValueError" and "stage 2 is not offered" in text
     assert errors_of(lambda: sm.nn.shard(model, opt, stage=1, axis=1)) == (
         "ValueError", "shard: axis must be a mesh axis of the parameters' 1-d placement "
         "(0..0), got 1")
@@ -110,7 +250,6 @@ def test_shard_arguments_are_checked_on_every_rank():
 
 # ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 240
 
 
@@ -119,10 +258,25 @@ def _run(n, *args):
 
 
 @pytest.mark.parametrize("save,resume", [((2, "3"), (3, "1")), ((4, "1"), (1, "0")),
-                                         ((3, "b"), (2, "3"))],
+                                         ((3, "b"), (2, "3")), ((2, "2"), (3, "3")),
+                                         ((4, "3"), (2, "2")), ((3, "2"), (1, "0"))],
                          ids=["n2-stage3-to-n3-stage1", "n4-stage1-to-n1-dp",
-                              "n3-buckets-to-n2-stage3"])
+                              "n3-buckets-to-n2-stage3", "n2-stage2-to-n3-stage3",
+                              "n4-stage3-to-n2-stage2", "n3-stage2-to-n1-dp"])
 def test_a_checkpoint_resumes_under_another_stage_and_world_size(tmp_path, save, resume):
     prog = ROOT / "tests" / "train_programs" / "resume_zero.py"
     assert "SAVED" in _run(save[0], prog, "save", tmp_path, save[1])
     assert "RESUME OK" in _run(resume[0], prog, "resume", tmp_path, resume[1])
+
+
+# ---- faults: a rank raising in backward with a prefetch in flight ---------------------------
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_raising_in_backward_with_a_prefetch_in_flight_ends_the_job(n):
+    res = run_mpi(n, "zero_raise.py", timeout=60)
+    assert res.rc != 0, res
+    assert res.seconds < 30, res
+    assert "sbpmpi: rank 1: uncaught RuntimeError: relu rule failed on rank 1" in res.out, res
+    assert "rank 1: prefetch started before the failure" in res.out, res
+    assert "should not happen" not in res.out, res

@@ -246,15 +246,41 @@ def _gather_scatter(name: str, arr: Any, x: Any, arg: str, root_arg: str, root_w
             scatter_list_out(whole, x, metas)
 
 
-def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> None:
+@overload
+def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = ...,
+               async_op: Literal[False] = ...) -> None: ...
+
+
+@overload
+def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = ..., *,
+               async_op: Literal[True]) -> CollectiveWork: ...
+
+
+@overload
+def all_gather(out_list_or_array: Any, arr: Any, group: Group | None,
+               async_op: Literal[True]) -> CollectiveWork: ...
+
+
+def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
+               async_op: bool = False) -> CollectiveWork | None:
     """Every rank receives ``arr`` of every rank of ``group``, in group rank order.
 
     ``out_list_or_array``: a list of group-size arrays shaped like ``arr``, or one array of
     group size x ``arr.size`` elements (e.g. shaped ``(group size, *arr.shape)``).
+
+    With ``async_op=True`` (one output array only) the gather is started
+    (``MPI_Iallgather``) and a :class:`~sbpmpi.comm.collective_work.CollectiveWork` is
+    returned, as :func:`all_reduce` does: the output holds the result once it completes,
+    and neither array may be touched before. Returns None otherwise.
     """
     c = call("all_gather", group)
     op = c.name
     out = out_list_or_array
+    if type(async_op) is not bool:
+        c.refuse(TypeError(f"all_gather: async_op must be a bool, got "
+                           f"{type(async_op).__name__} {async_op!r}"))
+    if async_op and _is_list(out):
+        c.refuse(TypeError("all_gather: async_op=True needs one output array, got a list"))
     try:
         m = array_meta(arr, "arr", op)
         t = dtype_info(m.dtype).mpi
@@ -263,9 +289,12 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
     except (TypeError, ValueError) as e:
         c.refuse(e)
     if checks._enabled:
-        c.agree(_sig(m, size=m.size))
+        c.agree(_sig(m, size=m.size, **({"async_op": True} if async_op else {})))
     if m.on_gpu and mo is not None and mo.on_gpu and c.gpu(_gpu.all_gather, out, arr, m):
-        return
+        return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
+    if async_op:
+        assert mo is not None
+        return _start_all_gather(c, out, arr, m, mo, t)
     with stager(m.on_gpu or (mo is not None and mo.on_gpu)) as st:
         sbuf = st.inp(arr, m)
         rbuf = st.out(out, mo) if mo is not None else np.empty(p * m.size, dtype=m.dtype)
@@ -273,6 +302,23 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None) -> 
             c.comm.Allgather([sbuf, m.size, t], [rbuf, m.size, t])
         if metas is not None:
             scatter_list_out(rbuf, out, metas)
+    return None
+
+
+def _start_all_gather(c: Call, out: Any, arr: Any, m: ArrayMeta, mo: ArrayMeta,
+                      t: MPI.Datatype) -> CollectiveWork:
+    """Post ``MPI_Iallgather`` for :func:`all_gather`; the work copies a staged result back
+    and releases the staging buffers."""
+    st = stager(m.on_gpu or mo.on_gpu)
+    try:
+        sbuf = st.inp(arr, m)
+        rbuf = st.out(out, mo)
+        ctx = c.mpi_call(m.nbytes, m.dtype, None, m.on_gpu, st.staged, nonblocking=True)
+        req = c.comm.Iallgather([sbuf, m.size, t], [rbuf, m.size, t])
+    except BaseException:
+        st.release()
+        raise
+    return CollectiveWork(c.name, req, st, (sbuf, rbuf), ctx)
 
 
 def scatter(arr: Any, scatter_list: Any = None, src: int = 0, group: Group | None = None) -> None:

@@ -11,6 +11,10 @@ validates it: the same error on every rank, before any communication), checks th
 and compiles the plan for this rank. In comm's checked mode (``SBPMPI_COMM_CHECK=1``) the
 conversion is agreed on as a whole first (unless the caller's consistency check covered
 it: ``agreed=True``) and its collectives skip their own exchange.
+
+:func:`start_redistribute` is the same door, non-blocking where the conversion is one
+all-gather of equal blocks (ZeRO stage 3 prefetches a layer's parameters with it while
+the current layer computes); it returns a :class:`PendingConversion` to ``wait()`` on.
 """
 
 from __future__ import annotations
@@ -19,19 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend, comm
 from ..boxing.cost import CostTable
 from ..boxing.explanation import Explanation
-from ..boxing.plan import Plan, why_meaningless
+from ..boxing.plan import Plan, Step, group_of, why_meaningless
 from ..boxing.planner import candidate_plans, plan_conversion
 from ..comm import checks
 from ..core.layout import Layout
-from ..core.sbp import check_partials
+from ..core.sbp import Split, check_partials
 from ..env import get_rank
 from . import cost_table
 from .consistency import agree_on_conversion
 from .execute import Program, compile_plan
 
-__all__ = ["redistribute", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
+__all__ = ["redistribute", "start_redistribute", "PendingConversion", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
            "conversion_cost", "check_dtype"]
 
 _CACHE_SIZE = 4096
@@ -96,6 +101,70 @@ def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any, *,
         return local
     with checks.agreed():  # agreed as a whole: its collectives skip their own exchange
         return prog(local)
+
+
+class PendingConversion:
+    """A conversion started by :func:`start_redistribute`: :meth:`wait` returns the shard
+    (:meth:`test` lets MPI advance it and says whether it is done)."""
+
+    __slots__ = ("_out", "_work")
+
+    def __init__(self, out: Any, work: comm.CollectiveWork | None) -> None:
+        self._out = out
+        self._work = work
+
+    def test(self) -> bool:
+        return self._work is None or self._work.test()
+
+    def wait(self) -> Any:
+        """This rank's shard in the destination layout (blocks until it has arrived)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self._out
+
+
+def _even_gather(src: Layout, prog: Program | None, me: int) -> Step | None:
+    """The program's one step when it is an all-gather of equal blocks along dim 0 (one
+    ``MPI_Iallgather`` does it), else None."""
+    if prog is None or len(prog.plan.steps) != 1 or me not in src.placement:
+        return None
+    st = prog.plan.steps[0]
+    if st.kind != "all_gather" or not isinstance(st.frm, Split) or st.frm.dim != 0:
+        return None
+    assert st.axis is not None
+    group = group_of(src.placement, me, st.axis, st.span)
+    return st if len({src.local_shape(r) for r in group}) == 1 else None
+
+
+def start_redistribute(local: Any, src: Layout, dst: Layout, dtype: Any) -> PendingConversion:
+    """Start :func:`redistribute` (collective, on every rank of the world in the same
+    order as the other conversions and collectives); ``wait()`` on the result gives the
+    shard.
+
+    Non-blocking when the conversion is one all-gather of equal blocks along dim 0 on
+    one mesh axis (``comm.all_gather(..., async_op=True)``): ``local`` must not be
+    written before the wait. Any other conversion runs now and its handle is complete.
+    """
+    dtype = np.dtype(dtype)
+    if checks.checking():  # as redistribute does, before anything returns
+        agree_on_conversion(src, dst, dtype)
+    prog = program_for(src, dst, dtype)
+    me = get_rank()
+    st = _even_gather(src, prog, me)
+    if st is None:
+        return PendingConversion(redistribute(local, src, dst, dtype, agreed=True), None)
+    assert st.axis is not None
+    xp = backend.get_xp(src.placement.type)
+    out = xp.empty(dst.local_shape(me), dtype=dtype)
+    group = comm.get_group(group_of(src.placement, me, st.axis, st.span))
+    send = xp.ascontiguousarray(local).reshape(-1)
+    if checks.checking():
+        with checks.agreed():
+            work = comm.all_gather(out.reshape(-1), send, group, async_op=True)
+    else:
+        work = comm.all_gather(out.reshape(-1), send, group, async_op=True)
+    return PendingConversion(out, work)
 
 
 def plan_for_layouts(src: Layout, dst: Layout, dtype: Any) -> Plan:
