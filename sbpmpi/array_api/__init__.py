@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import linalg  # the linalg extension (xp.linalg)
 from ._creation import (
     arange,
     asarray,
@@ -206,7 +207,7 @@ __all__ = [
     "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack", "matmul",
     "matrix_transpose", "tensordot", "vecdot", "argmax", "argmin", "nonzero", "searchsorted",
     "sort", "argsort", "unique_all", "unique_counts", "unique_inverse", "unique_values",
-    "to_device", "default_device", "namespace_for",
+    "to_device", "default_device", "namespace_for", "linalg",
 ]
 
 

@@ -17,8 +17,8 @@ class Info:
     """The inspection API of the standard: capabilities, default device and dtypes."""
 
     def capabilities(self) -> dict[str, Any]:
-        """Boolean indexing and data-dependent shapes are not supported yet; no
-        ``linalg`` or ``fft`` extension."""
+        """Boolean indexing is not supported yet. The standard (2024.12) declares an
+        extension present by the namespace attribute: ``linalg`` is, ``fft`` is not."""
         return {"boolean indexing": False, "data-dependent shapes": True,
                 "max dimensions": 64}
 
