@@ -262,7 +262,9 @@ def matrix_rank(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
 
     def f(xp: ModuleType, a: Any, r: Any) -> Any:
         s = xp.linalg.svd(a, compute_uv=False)
-        tol = s.max(axis=-1, keepdims=True, initial=0.0) * xp.asarray(r)[..., None]
+        if s.shape[-1] == 0:  # empty matrices have rank 0 (and no largest value)
+            return xp.zeros(s.shape[:-1], dtype=np.int64)
+        tol = s.max(axis=-1, keepdims=True) * xp.asarray(r)[..., None]
         return xp.count_nonzero(s > tol, axis=-1)
 
     return _tolerant("matrix_rank", x, rtol, (), np.dtype(np.int64), f)
@@ -373,6 +375,15 @@ def trace(x: GlobalTensor, /, *, offset: int = 0, dtype: Any = None) -> GlobalTe
     return sum_(diagonal(x, offset=offset), axis=-1, dtype=dtype)
 
 
+def _largest(mag: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
+    """The largest of the magnitudes ``mag`` over ``axis``; 0 over an empty axis, as in
+    NumPy (the sum of no magnitudes)."""
+    axes = norm_axes("linalg.norm", axis, mag.ndim)
+    if any(mag.shape[d] == 0 for d in axes):
+        return sum_(mag, axis=axes, keepdims=keepdims)
+    return max_(mag, axis=axes, keepdims=keepdims)
+
+
 def vector_norm(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False,
                 ord: Any = 2) -> GlobalTensor:  # noqa: A002
     """The ``ord``-norm of the vectors along ``axis`` (all axes when None): ``inf`` the
@@ -388,7 +399,7 @@ def vector_norm(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False,
     keep = bool(keepdims)
     mag = abs_(x)
     if ord == float("inf"):
-        return max_(mag, axis=axes, keepdims=keep)
+        return _largest(mag, axes, keep)
     if ord == float("-inf"):
         return min_(mag, axis=axes, keepdims=keep)
     if ord == 0:
@@ -422,10 +433,11 @@ def matrix_norm(x: GlobalTensor, /, *, keepdims: bool = False,
         # column sums for +-1, row sums for +-inf; then the largest or the smallest
         summed, other = (-2, -1) if ord in (1, -1) else (-1, -2)
         sums = sum_(abs_(x), axis=summed, keepdims=True)
-        pick = max_ if ord in (1, float("inf")) else min_
-        out = pick(sums, axis=other, keepdims=True)
+        largest = ord in (1, float("inf"))
+        out = _largest(sums, other, True) if largest else min_(sums, axis=other, keepdims=True)
     else:
         s = svdvals(x)
-        out = sum_(s, axis=-1) if ord == "nuc" else (max_ if ord == 2 else min_)(s, axis=-1)
+        out = sum_(s, axis=-1) if ord == "nuc" else \
+            _largest(s, -1, False) if ord == 2 else min_(s, axis=-1)
         out = expand_dims(expand_dims(out, axis=-1), axis=-1)
     return out if keep else reshape(out, x.shape[:-2])
