@@ -19,13 +19,14 @@ Two kinds of function, two algorithms:
   ``ord`` 2, -2 or ``"nuc"`` needs the singular values (``svdvals``, above).
 
 Functions that return several arrays (``eigh``, ``qr``, ``slogdet``, ``svd``) return
-named tuples; each member is computed by its own local kernel call (no communication
-beyond the one boxing of the operand), so on one rank the factorization runs once per
-member. Results equal NumPy's (``array_api_strict`` semantics) on every rank.
+named tuples; the factorization runs once per matrix, its parts packed along one last
+dim and cut apart on each rank. Results equal NumPy's (``array_api_strict`` semantics)
+on every rank.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -35,9 +36,9 @@ import numpy as np
 from ..ops.elementwise import broadcast_matches
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
-from ._dtypes import result_type
+from ._dtypes import astype, result_type
 from ._elementwise import abs as abs_
-from ._elementwise import multiply, not_equal
+from ._elementwise import multiply, not_equal, real
 from ._elementwise import pow as pow_
 from ._linalg import matmul, matrix_transpose, tensordot, vecdot
 from ._local import axis_op, norm_axes, run_local
@@ -120,6 +121,33 @@ def _stacked(name: str, x: GlobalTensor, kernel: Callable[[ModuleType, Any], Any
                    dtype, {d: d for d in range(batch)})
 
 
+def _stacked_parts(name: str, x: GlobalTensor,
+                   kernel: Callable[[ModuleType, Any], tuple[Any, ...]],
+                   tails: tuple[tuple[int, ...], ...], dtypes: tuple[np.dtype, ...]
+                   ) -> list[GlobalTensor]:
+    """Several results of one ``kernel(xp, local_x)`` call on stacks of matrices (a
+    factorization runs once): the parts travel packed along one last dim, in the dtype
+    they all fit, and are cut apart on each rank (that dim is whole everywhere)."""
+    packed = np.result_type(*dtypes)
+    sizes = [math.prod(t) for t in tails]
+
+    def pack(xp: ModuleType, a: Any) -> Any:
+        lead = a.shape[:-2]
+        return xp.concatenate([xp.reshape(part, lead + (n,)).astype(packed)
+                               for part, n in zip(kernel(xp, a), sizes)], axis=-1)
+
+    both = _stacked(name, x, pack, (sum(sizes),), packed)
+    out = []
+    start = 0
+    for tail, n, dt in zip(tails, sizes, dtypes):
+        part = reshape(both[..., start:start + n], x.shape[:-2] + tail)
+        if part.dtype.kind == "c" and dt.kind != "c":
+            part = real(part)  # a real part packed as complex comes back exactly
+        out.append(part if part.dtype == dt else astype(part, dt))
+        start += n
+    return out
+
+
 def cholesky(x: GlobalTensor, /, *, upper: bool = False) -> GlobalTensor:
     """The Cholesky factor of Hermitian positive-definite matrices: lower triangular
     ``L`` with ``x = L @ L^H``, or upper ``U = L^H`` when ``upper``."""
@@ -187,9 +215,8 @@ def eigh(x: GlobalTensor, /) -> EighResult:
     """Eigenvalues (ascending) and eigenvectors of Hermitian matrices (the lower triangle
     is read, as NumPy does)."""
     _matrices("eigh", x, square=True)
-    vals = _stacked("eigh", x, lambda xp, a: xp.linalg.eigh(a)[0], x.shape[-1:],
-                    _real(x.dtype))
-    vecs = _stacked("eigh", x, lambda xp, a: xp.linalg.eigh(a)[1], x.shape[-2:], x.dtype)
+    vals, vecs = _stacked_parts("eigh", x, lambda xp, a: tuple(xp.linalg.eigh(a)),
+                                (x.shape[-1:], x.shape[-2:]), (_real(x.dtype), x.dtype))
     return EighResult(vals, vecs)
 
 
@@ -289,8 +316,8 @@ def qr(x: GlobalTensor, /, *, mode: str = "reduced") -> QRResult:
         raise ValueError(f"linalg.qr: mode {mode!r} is not 'reduced' or 'complete'")
     m, n = x.shape[-2:]
     k = m if mode == "complete" else min(m, n)
-    q = _stacked("qr", x, lambda xp, a: xp.linalg.qr(a, mode=mode)[0], (m, k), x.dtype)
-    r = _stacked("qr", x, lambda xp, a: xp.linalg.qr(a, mode=mode)[1], (k, n), x.dtype)
+    q, r = _stacked_parts("qr", x, lambda xp, a: tuple(xp.linalg.qr(a, mode=mode)),
+                          ((m, k), (k, n)), (x.dtype, x.dtype))
     return QRResult(q, r)
 
 
@@ -298,9 +325,8 @@ def slogdet(x: GlobalTensor, /) -> SlogdetResult:
     """Sign and natural log of the absolute value of each determinant (0 and ``-inf``
     for a singular matrix)."""
     _matrices("slogdet", x, square=True)
-    sign = _stacked("slogdet", x, lambda xp, a: xp.linalg.slogdet(a)[0], (), x.dtype)
-    logabs = _stacked("slogdet", x, lambda xp, a: xp.linalg.slogdet(a)[1], (),
-                      _real(x.dtype))
+    sign, logabs = _stacked_parts("slogdet", x, lambda xp, a: tuple(xp.linalg.slogdet(a)),
+                                  ((), ()), (x.dtype, _real(x.dtype)))
     return SlogdetResult(sign, logabs)
 
 
@@ -342,11 +368,10 @@ def svd(x: GlobalTensor, /, *, full_matrices: bool = True) -> SVDResult:
     m, n = x.shape[-2:]
     k = min(m, n)
     full = bool(full_matrices)
-    u = _stacked("svd", x, lambda xp, a: xp.linalg.svd(a, full_matrices=full)[0],
-                 (m, m if full else k), x.dtype)
-    s = svdvals(x)
-    vh = _stacked("svd", x, lambda xp, a: xp.linalg.svd(a, full_matrices=full)[2],
-                  (n if full else k, n), x.dtype)
+    u, s, vh = _stacked_parts("svd", x,
+                              lambda xp, a: tuple(xp.linalg.svd(a, full_matrices=full)),
+                              ((m, m if full else k), (k,), (n if full else k, n)),
+                              (x.dtype, _real(x.dtype), x.dtype))
     return SVDResult(u, s, vh)
 
 
