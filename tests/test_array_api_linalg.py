@@ -361,3 +361,25 @@ def test_invalid_arguments_raise_on_every_rank():
     for err, call in cases:
         with pytest.raises(err, match="linalg"):
             call()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["batch", "rows", "broadcast"])
+def test_a_failed_factorization_on_one_rank_raises_on_every_rank(layout):
+    # the last matrix of the stack (on the last rank when the stack is split) fails
+    eye = np.stack([np.eye(3)] * 4)
+    singular = eye.copy()
+    singular[-1] = 0
+    indefinite = eye.copy()
+    indefinite[-1, 0, 0] = -1
+    x = laid_out(singular, layout)
+    for call, match in [(lambda: xp.linalg.inv(x), "linalg.inv: a matrix is singular"),
+                        (lambda: xp.linalg.solve(x, laid_out(np.ones(3), "batch")),
+                         "linalg.solve: a matrix of x1 is singular"),
+                        (lambda: xp.linalg.matrix_power(x, -2), "singular"),
+                        (lambda: xp.linalg.cholesky(laid_out(indefinite, layout)),
+                         "not positive-definite")]:
+        with pytest.raises(np.linalg.LinAlgError, match=match):
+            call()
+    # the stack without the failing matrix still works, on every rank
+    close(xp.linalg.inv(laid_out(singular[:3], layout)), np.linalg.inv(singular[:3]))

@@ -20,8 +20,9 @@ Two kinds of function, two algorithms:
 
 Functions that return several arrays (``eigh``, ``qr``, ``slogdet``, ``svd``) return
 named tuples; the factorization runs once per matrix, its parts packed along one last
-dim and cut apart on each rank. Results equal NumPy's (``array_api_strict`` semantics)
-on every rank.
+dim and cut apart on each rank. A factorization that fails on one rank (a singular
+matrix, ...) makes every rank raise ``LinAlgError`` (one reduction of a flag per matrix).
+Results equal NumPy's (``array_api_strict`` semantics) on every rank.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ._elementwise import pow as pow_
 from ._linalg import matmul, matrix_transpose, tensordot, vecdot
 from ._local import axis_op, norm_axes, run_local
 from ._manipulation import expand_dims, reshape
+from ._statistical import any as any_
 from ._statistical import max as max_
 from ._statistical import min as min_
 from ._statistical import sum as sum_
@@ -121,31 +123,71 @@ def _stacked(name: str, x: GlobalTensor, kernel: Callable[[ModuleType, Any], Any
                    dtype, {d: d for d in range(batch)})
 
 
-def _stacked_parts(name: str, x: GlobalTensor,
-                   kernel: Callable[[ModuleType, Any], tuple[Any, ...]],
-                   tails: tuple[tuple[int, ...], ...], dtypes: tuple[np.dtype, ...]
-                   ) -> list[GlobalTensor]:
-    """Several results of one ``kernel(xp, local_x)`` call on stacks of matrices (a
-    factorization runs once): the parts travel packed along one last dim, in the dtype
-    they all fit, and are cut apart on each rank (that dim is whole everywhere)."""
+#: What a failed local factorization means, by function (the message every rank raises).
+FAILURES = {"cholesky": "a matrix is not positive-definite",
+            "inv": "a matrix is singular", "matrix_power": "a matrix is singular",
+            "solve": "a matrix of x1 is singular"}
+
+Runner = Callable[[Callable[..., Any], tuple[int, ...], np.dtype], GlobalTensor]
+
+
+def _parts(name: str, run: Runner, kernel: Callable[..., tuple[Any, ...]],
+           batch: tuple[int, ...], tails: tuple[tuple[int, ...], ...],
+           dtypes: tuple[np.dtype, ...]) -> list[GlobalTensor]:
+    """The results of one local ``kernel(xp, *local_operands)`` call (a factorization runs
+    once), of global shapes ``batch + tail``, made by ``run(pack, tail, dtype)``.
+
+    The parts travel packed along one last dim, in the dtype they all fit, with a flag
+    per matrix: set where the backend raised ``LinAlgError`` on the rank holding it. The
+    parts are cut apart on each rank (that dim is whole everywhere) and every rank
+    raises ``LinAlgError`` when one failed (one reduction of the flags)."""
     packed = np.result_type(*dtypes)
     sizes = [math.prod(t) for t in tails]
+    total = sum(sizes)
 
-    def pack(xp: ModuleType, a: Any) -> Any:
-        lead = a.shape[:-2]
+    def pack(xp: ModuleType, *local: Any) -> Any:
+        error = getattr(xp.linalg, "LinAlgError", np.linalg.LinAlgError)
+        try:
+            parts = kernel(xp, *local)
+        except error:
+            failed = xp.zeros((total + 1,), dtype=packed)
+            failed[total] = 1  # run_local broadcasts it over this rank's matrices
+            return failed
+        lead = parts[0].shape[:parts[0].ndim - len(tails[0])]
         return xp.concatenate([xp.reshape(part, lead + (n,)).astype(packed)
-                               for part, n in zip(kernel(xp, a), sizes)], axis=-1)
+                               for part, n in zip(parts, sizes)]
+                              + [xp.zeros(lead + (1,), dtype=packed)], axis=-1)
 
-    both = _stacked(name, x, pack, (sum(sizes),), packed)
+    both = run(pack, (total + 1,), packed)
+    if bool(any_(both[..., total])):
+        raise np.linalg.LinAlgError(f"linalg.{name}: {FAILURES.get(name, 'did not converge')}")
     out = []
     start = 0
     for tail, n, dt in zip(tails, sizes, dtypes):
-        part = reshape(both[..., start:start + n], x.shape[:-2] + tail)
+        part = reshape(both[..., start:start + n], batch + tail)
         if part.dtype.kind == "c" and dt.kind != "c":
             part = real(part)  # a real part packed as complex comes back exactly
         out.append(part if part.dtype == dt else astype(part, dt))
         start += n
     return out
+
+
+def _stacked_parts(name: str, x: GlobalTensor,
+                   kernel: Callable[[ModuleType, Any], tuple[Any, ...]],
+                   tails: tuple[tuple[int, ...], ...], dtypes: tuple[np.dtype, ...]
+                   ) -> list[GlobalTensor]:
+    """:func:`_parts` of ``kernel(xp, local_x)`` on stacks of matrices (:func:`_stacked`)."""
+
+    def run(pack: Callable[..., Any], tail: tuple[int, ...], dt: np.dtype) -> GlobalTensor:
+        return _stacked(name, x, pack, tail, dt)
+
+    return _parts(name, run, kernel, x.shape[:-2], tails, dtypes)
+
+
+def _checked(name: str, x: GlobalTensor, kernel: Callable[[ModuleType, Any], Any],
+             tail: tuple[int, ...], dtype: np.dtype) -> GlobalTensor:
+    """:func:`_stacked` for a kernel that may raise ``LinAlgError`` (on every rank)."""
+    return _stacked_parts(name, x, lambda xp, a: (kernel(xp, a),), (tail,), (dtype,))[0]
 
 
 def cholesky(x: GlobalTensor, /, *, upper: bool = False) -> GlobalTensor:
@@ -157,7 +199,7 @@ def cholesky(x: GlobalTensor, /, *, upper: bool = False) -> GlobalTensor:
         low = xp.linalg.cholesky(a)
         return xp.conj(xp.swapaxes(low, -1, -2)) if upper else low
 
-    return _stacked("cholesky", x, kernel, x.shape[-2:], x.dtype)
+    return _checked("cholesky", x, kernel, x.shape[-2:], x.dtype)
 
 
 def cross(x1: GlobalTensor, x2: GlobalTensor, /, *, axis: int = -1) -> GlobalTensor:
@@ -223,14 +265,14 @@ def eigh(x: GlobalTensor, /) -> EighResult:
 def eigvalsh(x: GlobalTensor, /) -> GlobalTensor:
     """Eigenvalues (ascending) of Hermitian matrices."""
     _matrices("eigvalsh", x, square=True)
-    return _stacked("eigvalsh", x, lambda xp, a: xp.linalg.eigvalsh(a), x.shape[-1:],
+    return _checked("eigvalsh", x, lambda xp, a: xp.linalg.eigvalsh(a), x.shape[-1:],
                     _real(x.dtype))
 
 
 def inv(x: GlobalTensor, /) -> GlobalTensor:
     """The inverses of square matrices (``LinAlgError`` where one is singular)."""
     _matrices("inv", x, square=True)
-    return _stacked("inv", x, lambda xp, a: xp.linalg.inv(a), x.shape[-2:], x.dtype)
+    return _checked("inv", x, lambda xp, a: xp.linalg.inv(a), x.shape[-2:], x.dtype)
 
 
 def matrix_power(x: GlobalTensor, n: int, /) -> GlobalTensor:
@@ -238,7 +280,7 @@ def matrix_power(x: GlobalTensor, n: int, /) -> GlobalTensor:
     _matrices("matrix_power", x, square=True)
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"linalg.matrix_power: n must be an int, got {n!r}")
-    return _stacked("matrix_power", x, lambda xp, a: xp.linalg.matrix_power(a, int(n)),
+    return _checked("matrix_power", x, lambda xp, a: xp.linalg.matrix_power(a, int(n)),
                     x.shape[-2:], x.dtype)
 
 
@@ -270,16 +312,17 @@ def _tolerant(name: str, x: GlobalTensor, rtol: Any, tail: tuple[int, ...],
     if value is None and array is None:
         value = max(x.shape[-2:]) * float(np.finfo(x.dtype).eps)
     if array is None:
-        return _stacked(name, x, lambda xp, a: f(xp, a, value), tail, dtype)
+        return _checked(name, x, lambda xp, a: f(xp, a, value), tail, dtype)
     batch = x.shape[:-2]
-    out_shape = batch + tail
-    carried = tuple(DimMatch((m.inputs[0], m.inputs[1]), m.output)
-                    for m in broadcast_matches([batch, array.shape], batch))
+    carried = broadcast_matches([batch, array.shape], batch)
 
-    def kernel(xp: ModuleType, a: Any, r: Any) -> Any:
-        return f(xp, a, r.astype(_real(x.dtype)))
+    def run(pack: Callable[..., Any], tail: tuple[int, ...], dt: np.dtype) -> GlobalTensor:
+        return run_local(f"linalg.{name}", (x, array), pack, batch + tail, dt, carried)
 
-    return run_local(f"linalg.{name}", (x, array), kernel, out_shape, dtype, carried)
+    def kernel(xp: ModuleType, a: Any, r: Any) -> tuple[Any, ...]:
+        return (f(xp, a, r.astype(_real(x.dtype))),)
+
+    return _parts(name, run, kernel, batch, (tail,), (dtype,))[0]
 
 
 def matrix_rank(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
@@ -344,7 +387,7 @@ def solve(x1: GlobalTensor, x2: GlobalTensor, /) -> GlobalTensor:
                          f"for x1 of shape {x1.shape}")
     dt = result_type(x1, x2)
     if x2.ndim == 1:
-        shape = x1.shape[:-1]
+        batch = x1.shape[:-2]
         carried = tuple(DimMatch((d, None), d) for d in range(x1.ndim - 2))
     else:
         try:
@@ -352,13 +395,16 @@ def solve(x1: GlobalTensor, x2: GlobalTensor, /) -> GlobalTensor:
         except ValueError:
             raise ValueError(f"linalg.solve: the stack shapes of x1 {x1.shape} and x2 "
                              f"{x2.shape} cannot be broadcast together") from None
-        shape = batch + x2.shape[-2:]
         carried = broadcast_matches([x1.shape[:-2], x2.shape[:-2]], batch)
+    tail = x2.shape[-2:] if x2.ndim >= 2 else (m,)
 
-    def kernel(xp: ModuleType, a: Any, b: Any) -> Any:
-        return xp.linalg.solve(a.astype(dt), b.astype(dt))
+    def run(pack: Callable[..., Any], packed: tuple[int, ...], pdt: np.dtype) -> GlobalTensor:
+        return run_local("linalg.solve", (x1, x2), pack, batch + packed, pdt, carried)
 
-    return run_local("linalg.solve", (x1, x2), kernel, shape, dt, carried)
+    def kernel(xp: ModuleType, a: Any, b: Any) -> tuple[Any, ...]:
+        return (xp.linalg.solve(a.astype(dt), b.astype(dt)),)
+
+    return _parts("solve", run, kernel, batch, (tail,), (dt,))[0]
 
 
 def svd(x: GlobalTensor, /, *, full_matrices: bool = True) -> SVDResult:
@@ -378,7 +424,7 @@ def svd(x: GlobalTensor, /, *, full_matrices: bool = True) -> SVDResult:
 def svdvals(x: GlobalTensor, /) -> GlobalTensor:
     """The singular values of each matrix, in descending order."""
     _matrices("svdvals", x)
-    return _stacked("svdvals", x, lambda xp, a: xp.linalg.svd(a, compute_uv=False),
+    return _checked("svdvals", x, lambda xp, a: xp.linalg.svd(a, compute_uv=False),
                     (min(x.shape[-2:]),), _real(x.dtype))
 
 
