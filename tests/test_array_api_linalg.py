@@ -28,6 +28,8 @@ SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=False
 SOME = settings(max_examples=20, **SETTINGS)
 
 LAYOUTS = ["batch", "rows", "columns", "broadcast"]
+#: the layouts of a stack: LAYOUTS, and split on dim 0 of a placement without rank 0
+STACK_LAYOUTS = LAYOUTS + ["batch on ranks 1.."]
 
 
 def agree(check) -> None:
@@ -65,13 +67,17 @@ def numpy(fn, *args, **kw):
         return fn(*args, **kw)
 
 
-def laid_out(value: np.ndarray, layout: str) -> sm.GlobalTensor:
-    """``value`` on every rank: split on dim 0 ("batch"; the first matrix dim when there
-    is no batch dim), on the last but one dim ("rows"), the last ("columns"), or
+def laid_out(value: np.ndarray, layout: str, placement=None) -> sm.GlobalTensor:
+    """``value`` on ``placement`` (default: every rank; "... on ranks 1..": all ranks but
+    rank 0 when there are several) split on dim 0 ("batch"; the first matrix dim when
+    there is no batch dim), on the last but one dim ("rows"), the last ("columns"), or
     broadcast."""
-    dim = {"batch": 0, "rows": value.ndim - 2, "columns": value.ndim - 1}.get(layout)
+    kind, _, on = layout.partition(" on ")
+    if placement is None:
+        placement = sm.placement("cpu", list(range(1 if on and size > 1 else 0, size)))
+    dim = {"batch": 0, "rows": value.ndim - 2, "columns": value.ndim - 1}.get(kind)
     sbp = sm.sbp.broadcast if dim is None or value.ndim == 0 else sm.sbp.split(max(dim, 0))
-    return sm.tensor(value, placement=sm.placement("cpu", list(range(size))), sbp=sbp)
+    return sm.tensor(value, placement=placement, sbp=sbp)
 
 
 @st.composite
@@ -91,7 +97,7 @@ def stacks(draw, dtypes=("float32", "float64", "complex128"), square=False, min_
         value = value @ np.conj(np.swapaxes(value, -1, -2)) + m * np.eye(m)
     elif kind == "invertible":
         value = value + 3 * m * np.eye(m)
-    return value.astype(dtype), draw(st.sampled_from(LAYOUTS))
+    return value.astype(dtype), draw(st.sampled_from(STACK_LAYOUTS))
 
 
 # -- the extension is present -----------------------------------------------------------------
@@ -170,8 +176,7 @@ def test_matrix_rank_and_pinv_with_rtol_equal_numpy(case, rtol):
     if rtol == "array":
         tol = np.linspace(0.01, 0.6, num=int(np.prod(value.shape[:-2])))
         tol = tol.reshape(value.shape[:-2])
-        arg = laid_out(tol, "batch") if tol.ndim else sm.tensor(tol, placement=x.placement,
-                                                                   sbp=sm.sbp.broadcast)
+        arg = laid_out(tol, "batch" if tol.ndim else "broadcast", x.placement)
     else:
         tol = max(value.shape[-2:]) * np.finfo(value.dtype).eps if rtol is None else rtol
         arg = rtol
@@ -222,8 +227,8 @@ def test_solve_with_vectors_and_broadcast_stacks_equals_numpy(case, rhs, k, rhs_
         b = rng.normal(size=value.shape[:-2] + (m, k))
     else:  # a stack dim of size 1 in x1 broadcast against one of x2 (and x2 of more dims)
         b = rng.normal(size=(2,) + (1,) * (value.ndim - 2) + (m, k))
-    close(xp.linalg.solve(laid_out(value, layout), laid_out(b, rhs_layout)),
-          np.linalg.solve(value, b))
+    x1 = laid_out(value, layout)
+    close(xp.linalg.solve(x1, laid_out(b, rhs_layout, x1.placement)), np.linalg.solve(value, b))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -364,7 +369,7 @@ def test_invalid_arguments_raise_on_every_rank():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("layout", ["batch", "rows", "broadcast"])
+@pytest.mark.parametrize("layout", ["batch", "rows", "broadcast", "batch on ranks 1.."])
 def test_a_failed_factorization_on_one_rank_raises_on_every_rank(layout):
     # the last matrix of the stack (on the last rank when the stack is split) fails
     eye = np.stack([np.eye(3)] * 4)
@@ -374,7 +379,7 @@ def test_a_failed_factorization_on_one_rank_raises_on_every_rank(layout):
     indefinite[-1, 0, 0] = -1
     x = laid_out(singular, layout)
     for call, match in [(lambda: xp.linalg.inv(x), "linalg.inv: a matrix is singular"),
-                        (lambda: xp.linalg.solve(x, laid_out(np.ones(3), "batch")),
+                        (lambda: xp.linalg.solve(x, laid_out(np.ones(3), "batch", x.placement)),
                          "linalg.solve: a matrix of x1 is singular"),
                         (lambda: xp.linalg.matrix_power(x, -2), "singular"),
                         (lambda: xp.linalg.cholesky(laid_out(indefinite, layout)),
