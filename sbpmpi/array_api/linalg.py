@@ -37,12 +37,13 @@ import numpy as np
 from ..ops.elementwise import broadcast_matches
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
+from ._creation import _index
 from ._dtypes import astype, result_type
 from ._elementwise import abs as abs_
 from ._elementwise import multiply, not_equal, real
 from ._elementwise import pow as pow_
 from ._linalg import matmul, matrix_transpose, tensordot, vecdot
-from ._local import axis_op, norm_axes, run_local
+from ._local import axis_op, elementwise, norm_axes, run_local
 from ._manipulation import expand_dims, reshape
 from ._statistical import any as any_
 from ._statistical import max as max_
@@ -280,7 +281,8 @@ def matrix_power(x: GlobalTensor, n: int, /) -> GlobalTensor:
     _matrices("matrix_power", x, square=True)
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"linalg.matrix_power: n must be an int, got {n!r}")
-    return _checked("matrix_power", x, lambda xp, a: xp.linalg.matrix_power(a, int(n)),
+    run = _checked if n < 0 else _stacked  # only an inverse can fail
+    return run("matrix_power", x, lambda xp, a: xp.linalg.matrix_power(a, int(n)),
                     x.shape[-2:], x.dtype)
 
 
@@ -443,7 +445,18 @@ def trace(x: GlobalTensor, /, *, offset: int = 0, dtype: Any = None) -> GlobalTe
     """The sum of each matrix's ``offset`` diagonal, in ``dtype`` (default as ``sum``:
     integers in the default integer dtype)."""
     _matrices("trace", x, floating=False, numeric=True)
-    return sum_(diagonal(x, offset=offset), axis=-1, dtype=dtype)
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"linalg.trace: offset must be an int, got {offset!r}")
+    k = int(offset)
+
+    def kernel(xp: ModuleType, a: Any, i: Any, j: Any) -> Any:
+        return xp.where(j - i == k, a, xp.zeros((), dtype=a.dtype))
+
+    # the diagonal masked in place (elementwise, with index vectors), so a split matrix
+    # dim stays split and the sum over the matrix dims adds partial sums
+    rows, cols = _index(x.shape[-2], x.placement, True), _index(x.shape[-1], x.placement, False)
+    on_diagonal = elementwise("linalg.trace", kernel, x, rows, cols, dtype=x.dtype)
+    return sum_(on_diagonal, axis=(-2, -1), dtype=dtype)
 
 
 def _largest(mag: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
