@@ -362,6 +362,8 @@ def test_invalid_arguments_raise_on_every_rank():
         (TypeError, lambda: xp.linalg.vector_norm(ints)),
         (TypeError, lambda: xp.linalg.matrix_power(sq, 1.5)),
         (TypeError, lambda: xp.linalg.det(np.eye(3))),
+        (ValueError, lambda: xp.linalg.matrix_rank(laid_out(np.ones((2, 3, 3)), "batch"),
+                                                   rtol=laid_out(np.ones((4, 2)), "batch"))),
     ]
     for err, call in cases:
         with pytest.raises(err, match="linalg"):

@@ -283,7 +283,7 @@ def matrix_power(x: GlobalTensor, n: int, /) -> GlobalTensor:
         raise TypeError(f"linalg.matrix_power: n must be an int, got {n!r}")
     run = _checked if n < 0 else _stacked  # only an inverse can fail
     return run("matrix_power", x, lambda xp, a: xp.linalg.matrix_power(a, int(n)),
-                    x.shape[-2:], x.dtype)
+               x.shape[-2:], x.dtype)
 
 
 def _rtol(name: str, x: GlobalTensor, rtol: Any) -> tuple[float | None, GlobalTensor | None]:
@@ -295,10 +295,12 @@ def _rtol(name: str, x: GlobalTensor, rtol: Any) -> tuple[float | None, GlobalTe
         if rtol.dtype.kind not in "f":
             raise TypeError(f"linalg.{name}: rtol must be real floating, got {rtol.dtype}")
         try:
-            np.broadcast_shapes(rtol.shape, x.shape[:-2])
+            fits = np.broadcast_shapes(rtol.shape, x.shape[:-2]) == x.shape[:-2]
         except ValueError:
+            fits = False
+        if not fits:
             raise ValueError(f"linalg.{name}: rtol of shape {rtol.shape} does not broadcast "
-                             f"against the stack shape {x.shape[:-2]}") from None
+                             f"to the stack shape {x.shape[:-2]}")
         return None, rtol
     if isinstance(rtol, (bool, np.bool_)) or not isinstance(rtol, (int, float, np.number)):
         raise TypeError(f"linalg.{name}: rtol must be a float, a global array or None, got "
@@ -318,8 +320,8 @@ def _tolerant(name: str, x: GlobalTensor, rtol: Any, tail: tuple[int, ...],
     batch = x.shape[:-2]
     carried = broadcast_matches([batch, array.shape], batch)
 
-    def run(pack: Callable[..., Any], tail: tuple[int, ...], dt: np.dtype) -> GlobalTensor:
-        return run_local(f"linalg.{name}", (x, array), pack, batch + tail, dt, carried)
+    def run(pack: Callable[..., Any], packed: tuple[int, ...], dt: np.dtype) -> GlobalTensor:
+        return run_local(f"linalg.{name}", (x, array), pack, batch + packed, dt, carried)
 
     def kernel(xp: ModuleType, a: Any, r: Any) -> tuple[Any, ...]:
         return (f(xp, a, r.astype(_real(x.dtype))),)
