@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import fft
+from . import fft  # the fft extension (xp.fft)
+from . import linalg  # the linalg extension (xp.linalg)
 from ._creation import (
     arange,
     asarray,
@@ -209,7 +210,7 @@ __all__ = [
     "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack", "matmul",
     "matrix_transpose", "tensordot", "vecdot", "argmax", "argmin", "nonzero", "searchsorted",
     "sort", "argsort", "unique_all", "unique_counts", "unique_inverse", "unique_values",
-    "to_device", "default_device", "namespace_for", "fft",
+    "to_device", "default_device", "namespace_for", "fft", "linalg",
 ]
 
 

@@ -17,8 +17,9 @@ class Info:
     """The inspection API of the standard: capabilities, default device and dtypes."""
 
     def capabilities(self) -> dict[str, Any]:
-        """Boolean indexing and data-dependent shapes are supported. The ``fft`` extension
-        is present (``xp.fft``); no ``linalg`` extension."""
+        """Boolean indexing and data-dependent shapes are supported. The standard (2024.12)
+        declares an extension present by the namespace attribute: ``linalg`` and ``fft``
+        are (``xp.linalg``, ``xp.fft``)."""
         return {"boolean indexing": True, "data-dependent shapes": True,
                 "max dimensions": 64}
 
