@@ -552,7 +552,9 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
         raise ValueError(f"layer_norm: eps must be a number >= 0, got {eps!r}")
     centered = ops.sub(x, _all_reduced(ops.mean(x, -1, keepdim=True)))
     var = _all_reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
-    y = ops.div(centered, ops.sqrt(ops.add(var, float(eps))))
+    # the reciprocal on the small reduced shape, then a product: a full-size div costs
+    # more forward and three more full-size passes backward
+    y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, float(eps)))))
     if weight is not None:
         y = ops.mul(y, weight)
     if bias is not None:

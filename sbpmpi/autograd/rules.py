@@ -23,7 +23,7 @@ from ..core.sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
 from ..creation import zeros
 from ..ops.call import OpCall, norm_dim, norm_dims
 from ..ops.embedding import embedding_backward
-from ..ops.linalg import MATMUL, batch_matches
+from ..ops.linalg import MATMUL, batch_matches, local_matmul
 from ..ops.op import GlobalOp
 from ..ops.shape import _index_key
 from ..ops.signature import S_D, B, DimMatch, P, Signature
@@ -160,7 +160,7 @@ def _transposed_matmul(name: str, which: int) -> GlobalOp:
                 x = xp.swapaxes(x, -1, -2)
             else:
                 y = xp.swapaxes(y, -1, -2)
-            return xp.matmul(x, y)
+            return local_matmul(xp, x, y)
 
         return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
                       batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))

@@ -43,18 +43,63 @@ def _float(xp: ModuleType, a: Any, dtype: Any) -> Any:
     return a if a.dtype == dtype else a.astype(dtype)
 
 
+def _square(xp: ModuleType, x: Any) -> Any:
+    """``x * x`` in a new array (an array also for 0-d ``x``: later steps write into it)."""
+    return xp.multiply(x, x, out=xp.empty_like(x))
+
+
+def _tanh_term(xp: ModuleType, x: Any) -> Any:
+    """``tanh(sqrt(2/pi) (x + 0.044715 x^3))`` in a new array, written in place."""
+    t = _square(xp, x)
+    t *= _CUBIC
+    t += 1.0
+    t *= x
+    t *= _TANH_SCALE
+    return xp.tanh(t, out=t)
+
+
+def _erf_term(xp: ModuleType, x: Any) -> Any:
+    """``erf(x / sqrt(2))`` in x's dtype, a new array."""
+    e = _erf_of(x * _SQRT_HALF)
+    return e if e.dtype == x.dtype else e.astype(x.dtype)
+
+
+# Both kernels work in place on the one or two temporaries they allocate: GELU is a
+# chain of cheap elementwise steps, and a fresh array per step costs more than the step.
 def _gelu(xp: ModuleType, x: Any, approximate: str) -> Any:
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + xp.tanh(_TANH_SCALE * (x + _CUBIC * x * x * x)))
-    return 0.5 * x * (1.0 + _erf_of(x * _SQRT_HALF))
+    y = _tanh_term(xp, x) if approximate == "tanh" else _erf_term(xp, x)
+    y += 1.0
+    y *= x
+    y *= 0.5
+    return y
 
 
-def _gelu_slope(xp: ModuleType, x: Any, approximate: str) -> Any:
+def _gelu_grad(xp: ModuleType, g: Any, x: Any, approximate: str) -> Any:
+    """``g * gelu'(x)``."""
     if approximate == "tanh":
-        t = xp.tanh(_TANH_SCALE * (x + _CUBIC * x * x * x))
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _TANH_SCALE * (
-            1.0 + 3.0 * _CUBIC * x * x)
-    return 0.5 * (1.0 + _erf_of(x * _SQRT_HALF)) + x * xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+        # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        t = _tanh_term(xp, x)
+        w = _square(xp, t)
+        xp.subtract(1.0, w, out=w)
+        v = _square(xp, x)
+        v *= 3.0 * _CUBIC
+        v += 1.0
+        w *= v
+        w *= x
+        w *= 0.5 * _TANH_SCALE
+    else:
+        # 0.5 (1 + erf(x / sqrt(2))) + x exp(-x^2 / 2) / sqrt(2 pi)
+        t = _erf_term(xp, x)
+        w = _square(xp, x)
+        w *= -0.5
+        xp.exp(w, out=w)
+        w *= x
+        w *= _INV_SQRT_2PI
+    t += 1.0
+    t *= 0.5
+    t += w
+    t *= g
+    return t
 
 
 def _float_dtype(name: str, *xs: Any) -> Any:
@@ -89,7 +134,7 @@ def _build_backward(g: Any, x: Any, approximate: str = "none") -> OpCall:
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         gl, xl = (_float(xp, a, dtype) for a in local)
-        return gl * _gelu_slope(xp, xl, how)
+        return _gelu_grad(xp, gl, xl, how)
 
     return OpCall("gelu_backward", (g, x), GELU_BACKWARD,
                   {"d": broadcast_matches([g.shape, x.shape], x.shape)}, x.shape, dtype,

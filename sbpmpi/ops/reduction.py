@@ -234,10 +234,13 @@ def _softmax(name: str, log: bool) -> GlobalOp:
             a = local[0]
             if a.dtype != dtype:
                 a = a.astype(dtype)
-            z = a - xp.max(a, axis=d, keepdims=True)
-            e = xp.exp(z)
-            s = xp.sum(e, axis=d, keepdims=True)
-            return z - xp.log(s) if log else e / s
+            z = a - xp.max(a, axis=d, keepdims=True)  # a new array (x has >= 1 dim)
+            if log:
+                z -= xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
+                return z
+            xp.exp(z, out=z)  # in place: the scores are the largest arrays of attention
+            z /= xp.sum(z, axis=d, keepdims=True)
+            return z
 
         dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim) if k != d)}
         return OpCall(name, (x,), SOFTMAX, dims, x.shape, dtype, kernel, params=f"dim={dim!r}",
