@@ -63,13 +63,22 @@ def np_cross_entropy(z, labels, ignore_index=-100):
 
 # ---- erf and gelu ---------------------------------------------------------------------------
 
-def test_erf_of_numpy_arrays_matches_math_erf():
+@pytest.mark.parametrize("kernel", ["scipy", "expansions"])
+def test_erf_of_numpy_arrays_matches_math_erf(kernel, monkeypatch):
+    """Both kernels of NumPy arrays: SciPy's where it is installed, and the expansions
+    used without it."""
+    from sbpmpi.backend import special
     from sbpmpi.backend.special import erf
 
+    if kernel == "scipy":
+        pytest.importorskip("scipy.special")
+    else:
+        monkeypatch.setattr(special, "_SCIPY_ERF", None)
     x = np.concatenate([np.linspace(-7, 7, 4001), [0.0, 2.5, -2.5, 6.5, np.inf, -np.inf]])
     np.testing.assert_allclose(erf(x), np_erf(x), rtol=4e-15, atol=1e-300)
     assert np.isnan(erf(np.array([np.nan])))[0]
     assert erf(np.ones(2, np.float32)).dtype == np.float32
+    assert erf(np.ones(2, np.float16)).dtype == np.float16
 
 
 @mpi

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import fft  # the fft extension (xp.fft)
-from . import linalg  # the linalg extension (xp.linalg)
+from . import fft, linalg  # the extensions (xp.fft, xp.linalg)
 from ._creation import (
     arange,
     asarray,
