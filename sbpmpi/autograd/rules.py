@@ -254,7 +254,7 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
     "log": lambda n, g, x: ops.div(g, x),
     "sqrt": lambda n, g, x: ops.div(g, ops.mul(n.out, 2)),
     "tanh": lambda n, g, x: ops.mul(g, ops.sub(1, ops.mul(n.out, n.out))),
-    "relu": lambda n, g, x: ops.where(ops.gt(x, 0), g, 0),
+    "relu": lambda n, g, x: ops.where(ops.gt(n.out, 0), g, 0),  # out > 0 iff x > 0
     "sigmoid": lambda n, g, x: ops.mul(g, ops.mul(n.out, ops.sub(1, n.out))),
     "erf": lambda n, g, x: ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), _TWO_OVER_SQRT_PI)),
     "gelu": lambda n, g, x: ops.gelu_backward(g, x, n.param(1, "approximate", "none")),

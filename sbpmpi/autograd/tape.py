@@ -5,12 +5,18 @@ node naming the op, its operands as the op call normalised them, its raw argumen
 (for the backward rule's dims, keys, ...) and a detached view of the result (rules such
 as ``exp`` reuse it). The node holds the operands, so the graph stays alive as long as
 the result does; backward walks it from the result to the leaves.
+
+A node keeps its operands' and result's data only where the op's backward rule reads
+them (:data:`SAVES`): an ``add`` keeps the shapes and the graph of a computed operand,
+not its array, so the forward's temporaries (``x @ W`` before ``+ b``) are freed when the
+program drops them, as a hand-written NumPy step frees them, instead of living until
+backward. Leaves are always kept as they are (backward adds into their ``.grad``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,7 +24,7 @@ from ..core.layout import Layout
 from ..tensor import GlobalTensor
 from .mode import is_grad_enabled
 
-__all__ = ["Node", "record_op", "record_conversion", "differentiable", "detached"]
+__all__ = ["Node", "Saves", "SAVES", "record_op", "record_conversion", "differentiable", "detached"]
 
 
 @dataclass(eq=False)
@@ -44,6 +50,52 @@ class Node:
         return f"<grad_fn {self.name} of shape {self.out.shape}>"
 
 
+class Saves(NamedTuple):
+    """What an op's backward rule reads besides shapes, layouts and the graph: the data
+    of its computed (non-leaf) operands, the data of its result."""
+
+    operands: bool
+    result: bool
+
+
+#: Ops whose rule reads less than everything (the others keep both): the rules of
+#: :mod:`.rules` use only the metadata of what is not kept (``relu``'s mask comes from
+#: its result).
+SAVES: dict[str, Saves] = {
+    "add": Saves(False, False), "sub": Saves(False, False), "neg": Saves(False, False),
+    "reshape": Saves(False, False), "astype": Saves(False, False),
+    "sum": Saves(False, False), "mean": Saves(False, False), "getitem": Saves(False, False),
+    "transpose": Saves(False, False), "cat": Saves(False, False),
+    "relu": Saves(False, True),
+    "mul": Saves(True, False), "where": Saves(True, False), "maximum": Saves(True, False),
+    "minimum": Saves(True, False), "matmul": Saves(True, False),
+    "cross_entropy": Saves(True, False),
+}
+
+
+def _metadata(x: GlobalTensor) -> GlobalTensor:
+    """``x``'s layout, dtype and place in the graph without its array (a kernel handed it
+    fails: no rule may read it)."""
+    m = GlobalTensor(None, x._layout, x._dtype)
+    m._node, m._requires_grad = x._node, x._requires_grad
+    return m
+
+
+def _saved(name: str, operands: tuple[Any, ...], args: tuple[Any, ...], out: GlobalTensor
+           ) -> tuple[tuple[Any, ...], tuple[Any, ...], GlobalTensor]:
+    """(operands, args, result) as the node of ``name`` keeps them (:data:`SAVES`)."""
+    saves = SAVES.get(name)
+    if saves is None:
+        return operands, args, detached(out)
+    if not saves.operands:
+        light = {id(x): _metadata(x) for x in operands
+                 if isinstance(x, GlobalTensor) and x._node is not None}
+        if light:
+            operands = tuple(light.get(id(x), x) for x in operands)
+            args = tuple(light.get(id(a), a) for a in args)
+    return operands, args, detached(out) if saves.result else _metadata(out)
+
+
 def differentiable(dtype: np.dtype) -> bool:
     """Real floating dtypes carry gradients (complex ones are not supported yet: their
     rules need conjugates)."""
@@ -64,8 +116,9 @@ def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
     """Attach a node to ``out`` when grad mode is on and an operand requires grad."""
     if not _enabled_for(operands, out):
         return out
-    out._node = Node(name, operands, args, kwargs, detached(out),
-                     tuple(_needs(o) for o in operands))
+    needs = tuple(_needs(o) for o in operands)
+    operands, args, kept = _saved(name, operands, args, out)
+    out._node = Node(name, operands, args, kwargs, kept, needs)
     out._requires_grad = True
     return out
 
