@@ -6,9 +6,15 @@ data-parallel axis), its whole gradient and its whole optimizer state. ZeRO (Dee
 and PyTorch's FSDP keep only a slice per rank; in SBP terms the slice is ``split(0)`` on
 that axis and the all-gathers and reduce-scatters are conversions:
 
-* stage 1: the optimizer state tensors are ``split(0)``; a step updates this rank's
-  slice of each parameter (the slices of a broadcast parameter and gradient are local
-  views, no communication) and all-gathers the updated parameter;
+* stage 1: the optimizer state tensors are ``split(0)``. Backward leaves each gradient
+  unreduced: ``.grad`` is ``partial_sum`` on the axis, every rank holding its whole
+  contribution (the gradients are not sharded in memory; the global value is the
+  gradient, so reading it, ``.grad.numpy()`` say, sums it then, and ``.grad.to_global(
+  sbp=broadcast)`` gives a reduced copy at the cost of an all-reduce). A step
+  reduce-scatters each gradient into this rank's slice (the conversion from
+  ``partial_sum`` to ``split(0)``), updates this rank's slice of the parameter and
+  all-gathers the updated parameter: the bytes of stage 2 and of DP's all-reduce,
+  instead of an all-reduce and an all-gather;
 * stage 2: the optimizer is given ``split(0)`` leaves, each a view of this rank's rows of
   the whole parameter, which every rank keeps (broadcast). The forward uses the whole
   parameter as it is (no communication) but records it as the conversion of the split
@@ -36,8 +42,8 @@ rank cuts into its leaves' gradients. The steps are tape ops (``zero_pack``,
 sums over the same ranks as the per-parameter calls.
 
 Bytes handed to MPI per step: DP, stage 1 and stage 2 move about twice the parameter
-bytes over the wire (an all-reduce, or a reduce-scatter and an all-gather); stage 3 three
-times (two all-gathers and a reduce-scatter).
+bytes over the wire (an all-reduce, or a reduce-scatter and an all-gather: ``2P(N-1)/N``
+a rank in a ring); stage 3 three times (two all-gathers and a reduce-scatter).
 
 Parameters that are not broadcast on the axis (tensor-parallel splits, say) and 0-d ones
 are left as they are. Training gives the unsharded run's results (the same sums, in
@@ -104,9 +110,10 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
     docstring); use the returned pair from then on.
 
-    Stage 1 returns the module and a :class:`ShardedOptimizer`; stage 2 a
-    :class:`ShardedModule` and a :class:`GatherAfterStep`; stage 3 a
-    :class:`ShardedModule` and the optimizer, given the split parameters.
+    Stage 1 returns a :class:`ShardedModule` (the parameters unchanged, their gradients
+    left unreduced) and a :class:`ShardedOptimizer`; stage 2 a :class:`ShardedModule`
+    and a :class:`GatherAfterStep`; stage 3 a :class:`ShardedModule` and the optimizer,
+    given the split parameters.
 
     ``bucketed``: stages 2 and 3 all-gather each layer's parameters in one call (a flat
     buffer; False: one call per parameter). The values are the same bit for bit.
@@ -118,9 +125,9 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"shard: {name} must be a bool, got {type(flag).__name__} "
                             f"{flag!r}")
-    if stage == 1:
-        return module, ShardedOptimizer(optimizer, int(axis))
     sharded = ShardedModule(module, int(axis), stage, bool(bucketed), bool(prefetch))
+    if stage == 1:
+        return sharded, ShardedOptimizer(optimizer, int(axis))
     _repoint(optimizer, sharded)
     return sharded, (GatherAfterStep(optimizer, sharded) if stage == 2 else optimizer)
 
@@ -304,11 +311,13 @@ class _Unit:
 
 
 class ShardedModule:
-    """ZeRO stage 2 or 3: ``module`` with its parameters as ``split(0)`` leaves over mesh
-    axis ``axis`` (made by :func:`shard`).
+    """ZeRO stage 1, 2 or 3: ``module`` (made by :func:`shard`); for stages 2 and 3 with
+    its parameters as ``split(0)`` leaves over mesh axis ``axis``.
 
     ``parameters()``, ``state_dict()`` and ``load_state_dict()`` are the module's, under
-    the module's own names, holding the split leaves. Stage 2 also keeps every whole
+    the module's own names (stages 2 and 3: holding the split leaves). Stage 1 keeps the
+    parameters and leaves each gradient unreduced (``partial_sum`` on the axis, whole on
+    every rank: the optimizer's step reduce-scatters it); stage 2 also keeps every whole
     parameter (:meth:`gather` refreshes them from the leaves); stage 3 gathers each
     layer's parameters around its forward and backward only.
     """
@@ -325,11 +334,16 @@ class ShardedModule:
         self._slots: list[_Slot] = []
         self.gathered_bytes = 0  # stage 3: bytes of gathered parameters held now
         self.peak_gathered_bytes = 0  # and at most since reset_peak()
+        # stage 1: the parameters whose gradients stay unreduced (owner, name, parameter)
+        self._unreduced: list[tuple[Any, str, GlobalTensor]] = []
         for name, p in module.named_parameters():
             sbp = _split_sbp(p, axis)
             if sbp is None:
                 continue
             owner, attr = _owner(module, name)
+            if stage == 1:
+                self._unreduced.append((owner, attr, p))
+                continue
             with no_grad():
                 if stage == 2:
                     # the leaf is a view of this rank's rows of the whole parameter kept
@@ -360,11 +374,21 @@ class ShardedModule:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The module's forward: stage 2 on the whole parameters, recorded as conversions
-        of the leaves; stage 3 with each layer gathering its own."""
+        """The module's forward: stage 1 on the parameters, recorded so that backward
+        leaves their gradients unreduced; stage 2 on the whole parameters, recorded as
+        conversions of the leaves; stage 3 with each layer gathering its own."""
         if self.stage == 3:
             self._drain()  # a prefetch the last step did not use
             return self.module(*args, **kwargs)
+        if self.stage == 1:
+            for owner, attr, p in self._unreduced:
+                setattr(owner, attr, record_op("zero_unreduced", (p,), (self.axis,), {},
+                                               detached(p)))
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                for owner, attr, p in self._unreduced:
+                    setattr(owner, attr, p)
         for unit in self._units:
             wholes = [s.whole.to_local() for s in unit.slots if s.whole is not None]
             for s, w in zip(unit.slots, self._record_wholes(unit, wholes, None)):
@@ -549,6 +573,25 @@ def _gather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     return [gx]
 
 
+def _unreduced_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor | None]:
+    """Backward of a stage-1 parameter: its gradient added to ``.grad`` unreduced,
+    ``partial_sum`` on the data-parallel axis (no communication; the sum over the ranks
+    is the gradient), so that the optimizer's step reduce-scatters it instead of backward
+    all-reducing it."""
+    (p,) = node.inputs
+    (axis,) = node.args
+    sbp = tuple(partial_sum if i == axis else s for i, s in enumerate(p.sbp))
+    if g.dtype != p.dtype:
+        g = g.astype(p.dtype)
+    g = g.to_global(placement=p.placement, sbp=sbp)
+    old = p._grad
+    if old is not None and old.layout != g.layout:  # a .grad set by hand
+        old = old.to_global(placement=p.placement, sbp=sbp)
+    p._grad = g if old is None else GlobalTensor(old.to_local() + g.to_local(), g.layout,
+                                                 p.dtype)
+    return [None]
+
+
 def _regather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     """Backward reaches a stage-3 layer's output: its parameters are gathered again."""
     sharded, gathered = node.args
@@ -600,6 +643,7 @@ def _pack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
 
 # the tape's rules for ZeRO's own steps (only recorded by ShardedModule)
 RULES["zero_gather"] = _gather_rule
+RULES["zero_unreduced"] = _unreduced_rule
 RULES["zero_regather"] = _regather_rule
 RULES["zero_unpack"] = _unpack_rule
 RULES["zero_pack"] = _pack_rule
@@ -639,18 +683,24 @@ class GatherAfterStep:
 
 class ShardedOptimizer:
     """ZeRO stage 1: ``optimizer`` with its state split over mesh axis ``axis`` (made by
-    :func:`shard`). Each step updates this rank's slice of every parameter and
-    all-gathers it; ``state_dict``/``load_state_dict`` keep the optimizer's names."""
+    :func:`shard`). Each step reduce-scatters every gradient into this rank's slice (an
+    unreduced one, as :class:`ShardedModule` leaves it; a reduced one is sliced
+    locally), updates this rank's slice of the parameter and all-gathers it;
+    ``state_dict``/``load_state_dict`` keep the optimizer's names."""
 
     def __init__(self, optimizer: Any, axis: int) -> None:
         self.optimizer = optimizer
         self.axis = axis
         self._split: dict[int, tuple[SBP, ...]] = {}
+        # the layout of an unreduced gradient (ShardedModule's stage 1), partial on the axis
+        self._unreduced: dict[int, Layout] = {}
         for i, p in enumerate(optimizer.params):
             sbp = _split_sbp(p, axis)
             if sbp is None:
                 continue
             self._split[i] = sbp
+            self._unreduced[i] = Layout(p.shape, p.placement, tuple(
+                partial_sum if a == axis else s for a, s in enumerate(p.sbp)))
             with no_grad():
                 optimizer.state[i] = {k: _owned(v.to_global(sbp=sbp))
                                       for k, v in optimizer.state[i].items()}
@@ -663,7 +713,8 @@ class ShardedOptimizer:
         self.optimizer.zero_grad(set_to_none)
 
     def step(self) -> None:
-        """Update each parameter's slice with its state slice, then all-gather it."""
+        """Reduce-scatter each gradient into this rank's slice, update the parameter's
+        slice with it and the state slice, then all-gather the parameter."""
         opt = self.optimizer
         name = type(opt).__name__
         with no_grad():
@@ -671,7 +722,7 @@ class ShardedOptimizer:
                 g = p.grad
                 if g is None:
                     continue
-                if g.layout != p.layout:
+                if g.layout not in (p.layout, self._unreduced.get(i)):
                     raise ValueError(f"{name}: params[{i}].grad has layout {g.layout}, the "
                                      f"parameter {p.layout}")
                 opt.steps[i] += 1
