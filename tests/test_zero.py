@@ -279,6 +279,19 @@ def test_shard_arguments_are_checked_on_every_rank():
     assert kind == "ValueError" and "exactly the module's parameters" in text
 
 
+def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
+    from sbpmpi.autograd.rules import RULES, register_rules
+    from sbpmpi.zero.rules import RULES as ZERO_RULES
+
+    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    register_rules(ZERO_RULES)  # the same rules again: nothing changes
+    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    with pytest.raises(ValueError, match=r"op names \['matmul', 'zero_pack'\] already have "
+                                         r"backward rules"):
+        register_rules({"zero_pack": RULES["add"], "matmul": RULES["add"]})
+    assert RULES["matmul"] is not RULES["add"] and RULES["zero_pack"] is ZERO_RULES["zero_pack"]
+
+
 # ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------
 
 TIMEOUT = 240
