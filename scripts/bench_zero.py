@@ -7,7 +7,8 @@
 The MLP of ``bench_train.py`` (``relu(x @ W1 + b1) @ W2 + b2``, float64, Adam, the batch
 split over the ranks) trained as plain data parallelism (parameters broadcast, gradients
 all-reduced), DP with gradient buckets (``sm.nn.DataParallel``), ZeRO stage 1 (Adam
-state split over the ranks), stage 2 (gradients reduce-scattered too) and stage 3
+state split over the ranks; the whole gradients, unreduced, reduce-scattered by the
+step), stage 2 (gradients reduce-scattered in backward and held split) and stage 3
 (parameters split, each layer gathered around its forward and backward); then
 ``torch.nn.parallel.DistributedDataParallel`` and FSDP2 (``fully_shard`` on each layer
 and the model) on the same model, batch and optimizer. Per layout: the median step time

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 
-S, B = sm.sbp.split, sm.sbp.broadcast
+S, B, P = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +82,10 @@ def test_every_stage_trains_to_the_unsharded_losses(stage, opt):
     assert all(p.sbp == want for p in model.parameters())
     if stage > 1:
         assert all(p.grad.sbp == (S(0),) for p in model.parameters())  # reduce-scattered
+    else:  # left unreduced, whole on every rank; its global value is the gradient
+        for p, q in zip(model.parameters(), base_model.parameters()):
+            assert p.grad.sbp == (P,) and p.grad.to_local().shape == p.shape
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-9, atol=1e-13)
 
 
 def _example():
@@ -140,6 +144,33 @@ def test_stage2_keeps_whole_parameters_equal_to_the_updated_slices():
     for leaf in model.parameters():
         held = comm.allgather(leaf.grad.to_local().shape[0])
         assert sum(held) == leaf.shape[0] and max(held) == -(-leaf.shape[0] // size)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_stage1_reduce_scatters_each_gradient_and_all_gathers_each_parameter():
+    model, o = make(1, "adam")
+    steps(model, o, 0, 1)
+    with sm.trace() as t:
+        steps(model, o, 1, 1)
+    params = model.parameters()
+    whole = sum(p.size * 8 for p in params)
+    if size == 1:  # nothing to reduce or gather
+        assert [r.op for r in t if r.op != "all_reduce"] == []
+        return
+    ops = [r.op.removesuffix("_v") for r in t]
+    # the one all-reduce is the loss's value (8 bytes): no gradient is all-reduced
+    assert [r.nbytes for r in t if r.op == "all_reduce"] == [8]
+    assert ops.count("reduce_scatter") == ops.count("all_gather") == len(params)
+    scatters = [r.nbytes for r in t if r.op.startswith("reduce_scatter")]
+    gathers = [r.nbytes for r in t if r.op.startswith("all_gather")]
+    assert scatters == [p.size * 8 for p in params]  # each rank's whole unreduced gradient
+    rows = [-(-p.shape[0] // size) if rank < p.shape[0] % size or p.shape[0] % size == 0
+            else p.shape[0] // size for p in params]
+    assert gathers == [r * (p.size // p.shape[0]) * 8 for r, p in zip(rows, params)]
+    # on the wire (ring): (N-1)/N of each gradient, the slice to each of N-1 ranks: summed
+    # over the ranks 2P(N-1), the 2P(N-1)/N a rank of DP's all-reduce
+    wire = comm.allreduce(sum(scatters) * (size - 1) / size + sum(gathers) * (size - 1))
+    assert wire == pytest.approx(2 * whole * (size - 1), rel=1e-12)
 
 
 class Deep(sm.nn.Module):
@@ -246,6 +277,19 @@ def test_shard_arguments_are_checked_on_every_rank():
     other = sm.optim.SGD(MLP().parameters(), lr=0.1)
     kind, text = errors_of(lambda: sm.nn.shard(model, other, stage=3))
     assert kind == "ValueError" and "exactly the module's parameters" in text
+
+
+def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
+    from sbpmpi.autograd.rules import RULES, register_rules
+    from sbpmpi.zero.rules import RULES as ZERO_RULES
+
+    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    register_rules(ZERO_RULES)  # the same rules again: nothing changes
+    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    with pytest.raises(ValueError, match=r"op names \['matmul', 'zero_pack'\] already have "
+                                         r"backward rules"):
+        register_rules({"zero_pack": RULES["add"], "matmul": RULES["add"]})
+    assert RULES["matmul"] is not RULES["add"] and RULES["zero_pack"] is ZERO_RULES["zero_pack"]
 
 
 # ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------

@@ -384,3 +384,13 @@ RULES: dict[str, Rule] = {
     "cross_entropy": _cross_entropy, "vocab_cross_entropy": _vocab_cross_entropy,
     "embedding": _embedding, "tril": _tril_triu(ops.tril), "triu": _tril_triu(ops.triu),
 }
+
+
+def register_rules(rules: dict[str, Rule]) -> None:
+    """Add the backward rules of ops recorded outside :mod:`sbpmpi.ops` (the steps of
+    :mod:`sbpmpi.zero`) to :data:`RULES`: the one door through which another package
+    declares rules. A name that already has another rule is refused."""
+    taken = sorted(name for name, rule in rules.items() if RULES.get(name, rule) is not rule)
+    if taken:
+        raise ValueError(f"register_rules: op names {taken} already have backward rules")
+    RULES.update(rules)
