@@ -32,7 +32,7 @@ from .losses import cross_entropy_grad, vocab_cross_entropy_grad
 from .tape import Node
 
 __all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
-           "matmul_nt"]
+           "matmul_nt", "register_rules"]
 
 Grads = Sequence[GlobalTensor | None]
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
