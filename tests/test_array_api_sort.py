@@ -154,6 +154,23 @@ def test_sort_every_length_reversed_and_rotated(how):
 
 
 @pytest.mark.mpi
+@pytest.mark.skipif(size != 4, reason="a 2 x 2 mesh needs 4 ranks")
+@SOME
+@given(values(ndim=2), st.booleans(), st.booleans())
+def test_sort_on_a_mesh_runs_per_group_of_the_other_mesh_axis(a, descending, indices):
+    # mesh axis 0 splits the sorted axis, mesh axis 1 the other one: merge-split per column
+    x = sm.tensor(a, placement=sm.placement("cpu", [[0, 1], [2, 3]]), sbp=(split(0), split(1)))
+    fn = xp.argsort if indices else xp.sort
+    with sm.trace() as t:
+        out = fn(x, axis=0, descending=descending)
+    want = reference(a, 0, descending, indices)
+    assert same(out.numpy(), want.astype(np.int64) if indices else want)
+    assert out.layout == x.layout
+    column = {0: (0, 2), 2: (0, 2), 1: (1, 3), 3: (1, 3)}[rank]
+    assert all(r.peer in column for r in t.records), t.ops()
+
+
+@pytest.mark.mpi
 def test_sort_rounds_send_one_block_each():
     # p rounds, each rank exchanging with at most one neighbour per round
     a = np.arange(4 * size + 1, dtype=np.float64)[::-1].copy()
@@ -186,6 +203,7 @@ def test_sort_moves_split_to_another_axis_where_one_can_take_it():
     x = sm.tensor(a, placement=pl, sbp=split(0))
     out = xp.sort(x, axis=0)
     assert np.array_equal(out.numpy(), np.sort(a, axis=0))
+    assert out.sbp == (split(1),)  # the result stays split on the axis that took it
     y = sm.tensor(a, placement=pl, sbp=broadcast)
     assert np.array_equal(xp.argsort(y, axis=1, descending=True).numpy(),
                           reference(a, 1, True, True))

@@ -21,7 +21,7 @@ from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._device import from_value
 from ._local import axis_op, norm_axes, run_local
-from ._sort import merge_split_sort, takes_split
+from ._sort import merge_split_sort, taking_dim
 
 __all__ = ["argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
@@ -105,9 +105,13 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
             raise TypeError(f"{name}: {arg} must be a bool, got {flag!r}")
     if any(isinstance(s, Partial) for s in x.sbp):  # reduced first, as every local op
         x = x.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s for s in x.sbp))
-    split_here = any(isinstance(s, Split) and s.dim == d for s in x.sbp)
-    if split_here and x.dtype.kind != "c" and not takes_split(x.shape, x.layout, d):
-        return merge_split_sort(x, d, bool(descending), name == "argsort")
+    if any(isinstance(s, Split) and s.dim == d for s in x.sbp):
+        k = taking_dim(x.shape, x.layout, d)
+        if k is not None:  # an all-to-all moves the split off the sorted axis; it stays on k
+            x = x.to_global(sbp=tuple(Split(k) if isinstance(s, Split) and s.dim == d else s
+                                      for s in x.sbp))
+        elif x.dtype.kind != "c":
+            return merge_split_sort(x, d, bool(descending), name == "argsort")
 
     def kernel(xp: ModuleType, a: Any) -> Any:
         if name == "sort":

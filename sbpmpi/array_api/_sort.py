@@ -35,7 +35,7 @@ from ..core.sbp import Split
 from ..env import get_rank
 from ..tensor import GlobalTensor
 
-__all__ = ["Chain", "merge_split_chain", "merge_split_sort", "takes_split"]
+__all__ = ["Chain", "merge_split_chain", "merge_split_sort", "taking_dim"]
 
 #: Tag of the merge-split messages (values first, then global indices, per round).
 TAG = 23
@@ -207,11 +207,12 @@ def _span(ndim: int, d: int, start: int, stop: int) -> tuple[slice, ...]:
     return tuple(slice(start, stop) if k == d else slice(None) for k in range(ndim))
 
 
-def takes_split(shape: Sequence[int], layout: Layout, d: int) -> bool:
-    """Whether another dim than ``d`` can take the split of ``d`` (then ``sort`` moves the
-    split there with an all-to-all): a dim split by no mesh axis, at least as long as the
-    ranks that split ``d``."""
+def taking_dim(shape: Sequence[int], layout: Layout, d: int) -> int | None:
+    """The dim that takes the split of ``d`` before a sort along ``d`` (an all-to-all):
+    the longest dim split by no mesh axis and at least as long as the ranks that split
+    ``d`` (the first of equal ones); None where there is none (then merge-split)."""
     axes = [m for m, s in enumerate(layout.sbp) if isinstance(s, Split) and s.dim == d]
     ranks = int(np.prod([layout.placement.hierarchy[m] for m in axes]))
     split_dims = {s.dim for s in layout.sbp if isinstance(s, Split)}
-    return any(k != d and k not in split_dims and n >= ranks for k, n in enumerate(shape))
+    free = [k for k, n in enumerate(shape) if k != d and k not in split_dims and n >= ranks]
+    return max(free, key=lambda k: (shape[k], -k)) if free else None
