@@ -30,19 +30,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import backend, comm
-from ..core.layout import Layout
+from ..core.layout import Layout, block_starts
 from ..core.sbp import Split
 from ..env import get_rank
 from ..tensor import GlobalTensor
 
-__all__ = ["Chain", "merge_split_chain", "merge_split_sort", "taking_dim"]
+__all__ = ["Chain", "merge_split_sort", "taking_dim"]
 
-#: Tag of the merge-split messages (values first, then global indices, per round).
+#: Tag of the merge-split messages (MPI keeps their order between two ranks).
 TAG = 23
 
 
 class Chain:
-    """The ranks whose blocks of the sorted axis lie one after another, in block order."""
+    """The ranks whose blocks of the sorted dim ``d`` lie one after another, in block
+    order, with this rank's other mesh coordinates: ``ranks`` (world ranks), ``sizes`` and
+    ``starts`` of their blocks along ``d``, ``total`` (the length of ``d``) and ``me``
+    (this rank's place among them)."""
 
     def __init__(self, layout: Layout, d: int, rank: int) -> None:
         pl = layout.placement
@@ -53,17 +56,9 @@ class Chain:
         key = tuple(slice(None) if m in axes else coord[m] for m in range(pl.ndim))
         self.ranks: tuple[int, ...] = tuple(int(r) for r in np.asarray(pl.ranks[key]).ravel())
         self.sizes: tuple[int, ...] = tuple(layout.local_shape(r)[d] for r in self.ranks)
-        self.starts: tuple[int, ...] = tuple(int(n) for n in np.cumsum((0,) + self.sizes[:-1]))
+        self.starts: tuple[int, ...] = tuple(block_starts(self.sizes))
         self.total: int = sum(self.sizes)
         self.me: int = self.ranks.index(rank)
-
-
-def merge_split_chain(layout: Layout, d: int) -> tuple[int, ...] | None:
-    """The world ranks of this rank's chain along dim ``d`` (None outside the placement)."""
-    rank = get_rank()
-    if layout.placement.coord_of(rank) is None:
-        return None
-    return Chain(layout, d, rank).ranks
 
 
 class _Order(NamedTuple):
