@@ -1,7 +1,9 @@
 """Searching, sorting and set functions.
 
-``argmax``, ``argmin``, ``sort``, ``argsort`` hold the searched axis whole on each rank
-(a split there is boxed first); ``searchsorted`` holds ``x1`` whole and keeps the layout
+``argmax``, ``argmin`` hold the searched axis whole on each rank (a split there is boxed
+first). ``sort`` and ``argsort`` move a split of the sorted axis to another axis (an
+all-to-all) where one can take it, else sort in place with merge-split odd-even
+transposition (:mod:`._sort`: the result keeps the input's layout); ``searchsorted`` holds ``x1`` whole and keeps the layout
 of ``x2``. Data-dependent shapes (``nonzero``, ``unique_*``) are computed from the value
 gathered on every rank and come out split on their first axis (balanced) under the
 namespace default, like every array the namespace creates.
@@ -14,10 +16,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..core.sbp import Partial, Split, broadcast
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._device import from_value
 from ._local import axis_op, norm_axes, run_local
+from ._sort import merge_split_sort, taking_dim
 
 __all__ = ["argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
@@ -96,6 +100,18 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
         raise ValueError(f"{name}: x must have at least one dim")
     (d,) = norm_axes(name, axis, x.ndim)
     n = x.shape[d]
+    for flag, arg in ((descending, "descending"), (stable, "stable")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: {arg} must be a bool, got {flag!r}")
+    if any(isinstance(s, Partial) for s in x.sbp):  # reduced first, as every local op
+        x = x.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s for s in x.sbp))
+    if any(isinstance(s, Split) and s.dim == d for s in x.sbp):
+        k = taking_dim(x.shape, x.layout, d)
+        if k is not None:  # an all-to-all moves the split off the sorted axis; it stays on k
+            x = x.to_global(sbp=tuple(Split(k) if isinstance(s, Split) and s.dim == d else s
+                                      for s in x.sbp))
+        elif x.dtype.kind != "c":
+            return merge_split_sort(x, d, bool(descending), name == "argsort")
 
     def kernel(xp: ModuleType, a: Any) -> Any:
         if name == "sort":
@@ -112,7 +128,7 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
 
 def sort(x: GlobalTensor, /, *, axis: int = -1, descending: bool = False,
          stable: bool = True) -> GlobalTensor:
-    """``x`` sorted along ``axis`` (held whole on each rank)."""
+    """``x`` sorted along ``axis`` (distributed along a split axis: see :mod:`._sort`)."""
     return _sort("sort", x, axis, descending, stable)
 
 

@@ -1,0 +1,220 @@
+"""``sort`` and ``argsort`` of ``sbpmpi.array_api`` along a split axis, against NumPy, at n = 1..4.
+
+Cases are drawn with Hypothesis (derandomized, no database: every rank draws the same):
+1-D arrays (lengths below the number of ranks included, so blocks are uneven or empty),
+duplicates, NaN, signed zeros, ints, bools and floats, ascending and descending, split on
+all ranks, on a sub-placement, or on both axes of a 2 x 2 mesh; 2-D arrays whose other
+axis cannot take the split. The reference is NumPy's stable sort on the whole array
+(descending: flipped, as the namespace's kernel; argsort descending keeps equal elements
+in their original order). Every rank checks the gathered value, that the result keeps the
+input's layout, and that it only sent point-to-point messages of a neighbour's block size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+import sbpmpi as sm
+from sbpmpi import array_api as xp
+from sbpmpi.core.sbp import broadcast, partial_sum, split
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+
+SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=False,
+                suppress_health_check=list(HealthCheck))
+SOME = settings(max_examples=30, **SETTINGS)
+DTYPES = [np.float64, np.float32, np.int64, np.int8, np.uint8, np.bool_]
+POINT_TO_POINT = {"isend", "irecv"}
+
+
+def reference(a: np.ndarray, axis: int, descending: bool, indices: bool) -> np.ndarray:
+    """The namespace kernel's answer on the whole array (NumPy's stable sort)."""
+    if indices:
+        if not descending:
+            return np.argsort(a, axis=axis, kind="stable")
+        n = a.shape[axis]
+        return n - 1 - np.flip(np.argsort(np.flip(a, axis=axis), axis=axis, kind="stable"),
+                               axis=axis)
+    out = np.sort(a, axis=axis, kind="stable")
+    return np.flip(out, axis=axis) if descending else out
+
+
+def layouts() -> list[str]:
+    out = ["split"]
+    if size > 1:
+        out.append("sub")
+    if size == 4:
+        out.append("mesh")
+    return out
+
+
+def place(value: np.ndarray, how: str) -> sm.GlobalTensor:
+    if how == "sub":
+        return sm.tensor(value, placement=sm.placement("cpu", list(range(1, size))),
+                         sbp=split(0))
+    if how == "mesh":
+        return sm.tensor(value, placement=sm.placement("cpu", [[0, 1], [2, 3]]),
+                         sbp=(split(0), split(0)))
+    return sm.tensor(value, placement=sm.placement("cpu", list(range(size))), sbp=split(0))
+
+
+@st.composite
+def values(draw, ndim: int = 1) -> np.ndarray:
+    """A small array with many duplicates, NaN and signed zeros in float dtypes."""
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    shape = (draw(st.integers(0, 13)),) + (draw(st.integers(1, 2)),) * (ndim - 1)
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    a = rng.integers(-3, 4, size=shape)
+    if dtype.kind == "b":
+        return (a > 0).astype(dtype)
+    if dtype.kind == "u":
+        return np.abs(a).astype(dtype)
+    if dtype.kind == "i":
+        return a.astype(dtype)
+    out = a.astype(dtype)
+    special = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 0.5], dtype=dtype)
+    mask = rng.random(shape) < 0.4
+    out[mask] = rng.choice(special, size=int(mask.sum()))
+    return out
+
+
+def same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal values, dtypes, NaN positions and signs of zeros."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    if got.dtype.kind == "f":
+        return bool(np.array_equal(got, want, equal_nan=True)
+                    and np.array_equal(np.signbit(got), np.signbit(want)))
+    return bool(np.array_equal(got, want))
+
+
+def check_messages(trace, x, itemsize: int) -> None:
+    """Only point-to-point messages within the placement, none larger than the largest
+    block (values, global indices, padding flags): no rank holds more than its block
+    (padded to the largest) and, during one round, one neighbour's."""
+    assert {r.op for r in trace.records} <= POINT_TO_POINT, trace.ops()
+    ranks = x.placement.rank_list
+    largest = max(int(np.prod(x.layout.local_shape(r))) for r in ranks)
+    for r in trace.records:
+        assert r.peer in ranks and r.peer != rank, (r, ranks)
+        assert r.nbytes <= largest * max(itemsize, 8), (r, x.layout)
+
+
+@pytest.mark.mpi
+@SOME
+@given(values(), st.sampled_from(layouts()), st.booleans(), st.booleans())
+def test_sort_1d_matches_numpy_and_keeps_layout(a, how, descending, indices):
+    x = place(a, how)
+    fn = xp.argsort if indices else xp.sort
+    with sm.trace() as t:
+        out = fn(x, descending=descending)
+    want = reference(a, 0, descending, indices)
+    got = out.numpy()
+    assert same(got, want.astype(np.int64) if indices else want), (a, how, got, want)
+    assert out.layout == x.layout
+    assert out.to_local().shape == x.to_local().shape
+    check_messages(t, x, a.dtype.itemsize)
+
+
+@pytest.mark.mpi
+@SOME
+@given(values(ndim=2), st.booleans(), st.booleans())
+def test_sort_2d_split_axis_no_other_axis_can_take(a, descending, indices):
+    # the other axis (1 or 2 long) is shorter than the ranks or split already: merge-split
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.tensor(a, placement=pl, sbp=split(0))
+    fn = xp.argsort if indices else xp.sort
+    with sm.trace() as t:
+        out = fn(x, axis=0, descending=descending)
+    want = reference(a, 0, descending, indices)
+    assert same(out.numpy(), want.astype(np.int64) if indices else want)
+    if size > a.shape[1]:
+        assert out.layout == x.layout
+        check_messages(t, x, a.dtype.itemsize)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", layouts())
+def test_sort_every_length_reversed_and_rotated(how):
+    # uneven blocks: plain odd-even merge-split leaves blocks 2,1,1,1 of 4 3|2|1|0 unsorted
+    for n in range(4 * size + 2):
+        for a in (np.arange(n)[::-1].copy(), np.roll(np.arange(n), n // 2),
+                  np.arange(n) % 3):
+            x = place(a.astype(np.float64), how)
+            for descending in (False, True):
+                got = xp.sort(x, descending=descending).numpy()
+                assert same(got, reference(a.astype(np.float64), 0, descending, False)), (n, a)
+                got = xp.argsort(x, descending=descending).numpy()
+                assert same(got, reference(a, 0, descending, True).astype(np.int64)), (n, a)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(size != 4, reason="a 2 x 2 mesh needs 4 ranks")
+@SOME
+@given(values(ndim=2), st.booleans(), st.booleans())
+def test_sort_on_a_mesh_runs_per_group_of_the_other_mesh_axis(a, descending, indices):
+    # mesh axis 0 splits the sorted axis, mesh axis 1 the other one: merge-split per column
+    x = sm.tensor(a, placement=sm.placement("cpu", [[0, 1], [2, 3]]), sbp=(split(0), split(1)))
+    fn = xp.argsort if indices else xp.sort
+    with sm.trace() as t:
+        out = fn(x, axis=0, descending=descending)
+    want = reference(a, 0, descending, indices)
+    assert same(out.numpy(), want.astype(np.int64) if indices else want)
+    assert out.layout == x.layout
+    column = {0: (0, 2), 2: (0, 2), 1: (1, 3), 3: (1, 3)}[rank]
+    assert all(r.peer in column for r in t.records), t.ops()
+
+
+@pytest.mark.mpi
+def test_sort_rounds_send_one_block_each():
+    # p rounds, each rank exchanging with at most one neighbour per round
+    a = np.arange(4 * size + 1, dtype=np.float64)[::-1].copy()
+    x = place(a, "split")
+    with sm.trace() as t:
+        out = xp.sort(x)
+    assert np.array_equal(out.numpy(), np.sort(a))
+    # p rounds of three messages (values, indices, padding flags) with a neighbour, then
+    # the real elements back to their blocks
+    assert world.allreduce(t.count("isend")) == world.allreduce(t.count("irecv"))
+    assert t.count("isend") <= 3 * size + size - 1
+    neighbours = [r for r in t.records if r.peer in (rank - 1, rank + 1)]
+    assert len(t.records) - len(neighbours) <= 2 * (size - 1)  # only the last exchange
+
+
+@pytest.mark.mpi
+def test_sort_of_partial_input_reduces_first():
+    a = np.array([5, -2, 7, 0, 3, 3, -9], dtype=np.int64)
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.tensor(a, placement=pl, sbp=partial_sum)
+    assert np.array_equal(xp.sort(x).numpy(), np.sort(a))
+    assert np.array_equal(xp.argsort(x, descending=True).numpy(),
+                          reference(a, 0, True, True))
+
+
+@pytest.mark.mpi
+def test_sort_moves_split_to_another_axis_where_one_can_take_it():
+    a = np.random.default_rng(0).normal(size=(5, 4 * size))
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.tensor(a, placement=pl, sbp=split(0))
+    out = xp.sort(x, axis=0)
+    assert np.array_equal(out.numpy(), np.sort(a, axis=0))
+    assert out.sbp == (split(1),)  # the result stays split on the axis that took it
+    y = sm.tensor(a, placement=pl, sbp=broadcast)
+    assert np.array_equal(xp.argsort(y, axis=1, descending=True).numpy(),
+                          reference(a, 1, True, True))
+
+
+@pytest.mark.mpi
+def test_sort_rejects_bad_arguments_before_communicating():
+    x = place(np.arange(5.0), "split")
+    with sm.trace() as t:
+        with pytest.raises(TypeError, match="descending must be a bool"):
+            xp.sort(x, descending="yes")
+        with pytest.raises(IndexError, match="axis 1 is out of range"):
+            xp.argsort(x, axis=1)
+    assert len(t) == 0
