@@ -60,6 +60,20 @@ def assert_same_on_all_ranks(value: object) -> None:
     assert all(v == vals[0] for v in vals), vals
 
 
+def agree(check) -> None:
+    """Run ``check()`` (assertions) on every rank; fail on every rank if one fails, with
+    each failing rank's message."""
+    from mpi4py import MPI
+
+    try:
+        check()
+        err = None
+    except AssertionError as e:
+        err = f"rank {MPI.COMM_WORLD.Get_rank()}: {e}"
+    errors = [e for e in MPI.COMM_WORLD.allgather(err) if e]
+    assert not errors, "\n".join(errors)
+
+
 def raised_by(fn) -> tuple[str, str]:
     """(type name, message) of what ``fn`` raised on this rank ("no error" if nothing)."""
     try:

@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import agree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -70,17 +71,6 @@ def make(case):
     value, layout, device = case
     with sm.config.override(array_api_sbp=layout):
         return xp.asarray(value, device=device)
-
-
-def agree(check) -> None:
-    """Run ``check()`` (assertions) on every rank; fail on every rank if one fails."""
-    try:
-        check()
-        err = None
-    except AssertionError as e:
-        err = f"rank {rank}: {e}"
-    errors = [e for e in world.allgather(err) if e]
-    assert not errors, "\n".join(errors)
 
 
 def same(got, want, exact=True) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import agree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -69,17 +70,6 @@ def arrays(draw, real: bool, min_dims: int = 1, max_dims: int = 3):
     how = draw(st.sampled_from(layouts()))
     dim = draw(st.integers(0, len(shape) - 1))
     return value, place(value, how, dim)
-
-
-def agree(check) -> None:
-    """Run ``check()`` on every rank; fail on every rank if it fails on one."""
-    try:
-        check()
-        err = None
-    except AssertionError as e:
-        err = f"rank {rank}: {e}"
-    errors = [e for e in world.allgather(err) if e]
-    assert not errors, "\n".join(errors)
 
 
 def close(got, want) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import agree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -66,17 +67,6 @@ def arrays(draw, min_dims=1, max_dims=3, dtypes=("float64", "int32")):
     how = draw(st.sampled_from(layouts()))
     dim = draw(st.integers(0, max(len(shape) - 1, 0)))
     return value, place(value, how, dim)
-
-
-def agree(check) -> None:
-    """Run ``check()`` on every rank; fail on every rank if it fails on one."""
-    try:
-        check()
-        err = None
-    except AssertionError as e:
-        err = f"rank {rank}: {e}"
-    errors = [e for e in world.allgather(err) if e]
-    assert not errors, "\n".join(errors)
 
 
 def same(got, want) -> None:

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import agree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -30,17 +31,6 @@ SOME = settings(max_examples=20, **SETTINGS)
 LAYOUTS = ["batch", "rows", "columns", "broadcast"]
 #: the layouts of a stack: LAYOUTS, and split on dim 0 of a placement without rank 0
 STACK_LAYOUTS = LAYOUTS + ["batch on ranks 1.."]
-
-
-def agree(check) -> None:
-    """Run ``check()`` (assertions) on every rank; fail on every rank if one fails."""
-    try:
-        check()
-        err = None
-    except AssertionError as e:
-        err = f"rank {rank}: {e}"
-    errors = [e for e in world.allgather(err) if e]
-    assert not errors, "\n".join(errors)
 
 
 def close(got, want, exact=False) -> None:
