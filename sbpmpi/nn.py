@@ -533,11 +533,13 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
                bias: GlobalTensor | None = None, eps: float = 1e-5) -> GlobalTensor:
     """Normalize over the last dim: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
-    ``var`` is the biased variance (as torch). Written with global ops: where ``x``'s
-    last dim is split, the mean and the variance are partial sums that each take one
-    all-reduce of the reduced shape (``x.shape[:-1] + (1,)``), never a gather of ``x``;
-    a split of a leading dim (batch, sequence) stays local. ``weight`` and ``bias`` have
-    shape ``(x.shape[-1],)`` (or are None).
+    ``var`` is the biased variance (as torch). Where no mesh axis splits ``x``'s last
+    dim (every rank holds whole rows: broadcast, or a split batch or sequence dim), the
+    normalization is one op, :func:`sbpmpi.ops.normalize`, with its own backward (a
+    partial ``x`` is all-reduced first). Where the last dim is split, it is written with
+    global ops: the mean and the variance are partial sums that each take one all-reduce
+    of the reduced shape (``x.shape[:-1] + (1,)``), never a gather of ``x``. ``weight``
+    and ``bias`` have shape ``(x.shape[-1],)`` (or are None).
     """
     if not isinstance(x, GlobalTensor) or x.ndim < 1 or x.dtype.kind != "f":
         raise TypeError(f"layer_norm: x must be a floating GlobalTensor of at least 1 dim, "
@@ -550,11 +552,15 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating)) \
             or not eps >= 0:
         raise ValueError(f"layer_norm: eps must be a number >= 0, got {eps!r}")
-    centered = ops.sub(x, _all_reduced(ops.mean(x, -1, keepdim=True)))
-    var = _all_reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
-    # the reciprocal on the small reduced shape, then a product: a full-size div costs
-    # more forward and three more full-size passes backward
-    y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, float(eps)))))
+    last = x.ndim - 1
+    if not any(isinstance(s, Split) and s.dim == last for s in x.sbp):
+        y = ops.normalize(x, float(eps))
+    else:
+        centered = ops.sub(x, _all_reduced(ops.mean(x, -1, keepdim=True)))
+        var = _all_reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
+        # the reciprocal on the small reduced shape, then a product: a full-size div
+        # costs more forward and three more full-size passes backward
+        y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, float(eps)))))
     if weight is not None:
         y = ops.mul(y, weight)
     if bias is not None:

@@ -153,6 +153,82 @@ def test_layer_norm_values_and_gradient(shape):
                    placements=[pl], max_combos=combos(pl, mesh=4), name="layer_norm")
 
 
+@pytest.mark.mpi(min_size=1)
+def test_layer_norm_float32_values_and_gradient():
+    """float32 stays float32 on both paths (fused: whole rows; composed: last dim split)."""
+    shape = (7, 5)
+    inputs = [Input(shape, np.float32), Input(shape[-1:], np.float32, low=0.5),
+              Input(shape[-1:], np.float32)]
+    for pl in placements():
+        check_op(sm.nn.layer_norm, _layer_norm, inputs, placements=[pl],
+                 max_combos=combos(pl, mesh=4))
+        check_grad(sm.nn.layer_norm, _layer_norm, inputs, grad_reference=_layer_norm_grad,
+                   placements=[pl], max_combos=combos(pl, mesh=4), name="layer_norm",
+                   rtol=1e-4, atol=1e-5)
+        y = sm.nn.layer_norm(sm.ones(shape, placement=pl, sbp=(B,) * pl.ndim, dtype=np.float32))
+        assert y.dtype == np.float32
+
+
+def _normalize(x, eps=1e-5):
+    return _layer_norm(x, 1.0, 0.0, eps)
+
+
+def _normalize_grad(g, x, eps=1e-5):
+    return _layer_norm_grad(g, x, 1.0, 0.0, eps)[:1]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(6,), (7, 5), (2, 3, 5)], ids=["1d", "2d", "3d"])
+def test_normalize_values_and_gradient(shape, dtype):
+    """The fused op on its own, every input SBP kind: a split last dim or a partial input
+    is boxed to whole rows (the result is never split there)."""
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {}
+    inputs = [Input(shape, dtype)]
+    for pl in placements():
+        for eps in (1e-5, 0.25):
+            check_op(sm.ops.normalize, _normalize, inputs, kwargs={"eps": eps},
+                     placements=[pl], max_combos=combos(pl))
+            check_grad(sm.ops.normalize, _normalize, inputs, kwargs={"eps": eps},
+                       grad_reference=lambda g, x, e=eps: _normalize_grad(g, x, e),
+                       placements=[pl],
+                       max_combos=combos(pl), name="normalize", **tol)
+        last = len(shape) - 1
+        y = sm.ops.normalize(sm.tensor(np.ones(shape, dtype), placement=pl,
+                                       sbp=(S(last),) * pl.ndim))
+        assert y.dtype == dtype and S(last) not in y.sbp
+
+
+@pytest.mark.mpi(min_size=1)
+def test_normalize_backward_matches_numpy():
+    """The gradient op directly, g and x in different layouts (boxed to a common row)."""
+    rng = np.random.default_rng(3)
+    xv, gv = rng.standard_normal((5, 7)), rng.standard_normal((5, 7))
+    want = _normalize_grad(gv, xv, 0.1)[0]
+    pl = world()
+    for gs, xs in ((B, B), (S(0), B), (S(1), S(0)), (P, S(0)), (S(0), S(1))):
+        g = sm.tensor(gv, placement=pl, sbp=B).to_global(sbp=gs)  # a partial g too
+        got = sm.ops.normalize_backward(g, sm.tensor(xv, placement=pl, sbp=xs), eps=0.1)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"{gs} {xs}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_normalize_rejects_bad_arguments():
+    pl = world()
+    x = sm.ones((3, 4), placement=pl, sbp=B, dtype=np.float64)
+    for call, kind, words in (
+            (lambda: sm.ops.normalize(x, eps=-1.0), "ValueError", "eps"),
+            (lambda: sm.ops.normalize(x, eps="a"), "ValueError", "eps"),
+            (lambda: sm.ops.normalize(sm.ones((3, 0), placement=pl, sbp=B)), "ValueError", "last dim"),
+            (lambda: sm.ops.normalize(sm.ones((3, 4), placement=pl, sbp=B, dtype=np.complex128)),
+             "TypeError", "real"),
+            (lambda: sm.ops.normalize_backward(sm.ones((3, 5), placement=pl, sbp=B), x), "ValueError",
+             "must match")):
+        got, msg = errors_of(call)
+        assert got == kind and words in msg, (got, msg)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_layer_norm_communicates_moments_only():
     """Last dim split: two all-reduces of the moments (shape (..., 1)) forward, no gather;
@@ -171,6 +247,12 @@ def test_layer_norm_communicates_moments_only():
     with sm.trace() as t:
         y = ln(x)
     assert t.ops() == [] and y.sbp == (S(1),)
+    # whole rows: one fused op forward, one backward, nothing communicated for x
+    assert y.grad_fn is not None
+    with sm.trace() as t:
+        y.backward(sm.ones(y.shape, placement=pl, sbp=S(1), dtype=np.float64))
+    assert x.grad is not None and x.grad.sbp == (S(1),)
+    assert all(r.nbytes <= 6 * 8 for r in t), str(t)  # the parameters' grads only
     assert ln.bias is not None
     assert [n for n, _ in ln.named_parameters()] == ["weight", "bias"]
     assert sm.nn.LayerNorm(6, bias=False, placement=pl).bias is None

@@ -258,6 +258,7 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
     "sigmoid": lambda n, g, x: ops.mul(g, ops.mul(n.out, ops.sub(1, n.out))),
     "erf": lambda n, g, x: ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), _TWO_OVER_SQRT_PI)),
     "gelu": lambda n, g, x: ops.gelu_backward(g, x, n.param(1, "approximate", "none")),
+    "normalize": lambda n, g, x: ops.normalize_backward(g, x, n.param(1, "eps", 1e-5)),
     "astype": lambda n, g, x: g,  # the engine casts to x's dtype
     "reshape": lambda n, g, x: ops.reshape(g, x.shape),
 }

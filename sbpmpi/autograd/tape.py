@@ -69,7 +69,7 @@ SAVES: dict[str, Saves] = {
     "relu": Saves(False, True),
     "mul": Saves(True, False), "where": Saves(True, False), "maximum": Saves(True, False),
     "minimum": Saves(True, False), "matmul": Saves(True, False),
-    "cross_entropy": Saves(True, False),
+    "cross_entropy": Saves(True, False), "normalize": Saves(True, False),
 }
 
 

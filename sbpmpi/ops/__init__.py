@@ -40,6 +40,7 @@ from .elementwise import (
 from .embedding import embedding, embedding_backward
 from .inference import Candidate, Inference, infer
 from .linalg import matmul
+from .normalization import normalize, normalize_backward
 from .op import GlobalOp, execute
 from .reduction import log_softmax, mean, softmax, softmax_finish, sum_exp, var
 from .reduction import max_ as max
@@ -56,7 +57,7 @@ __all__ = [
     "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid",
     "sum", "mean", "max", "min", "softmax", "log_softmax",
     "transpose", "reshape", "getitem", "getitem_arrays", "setitem", "astype", "cat", "embedding", "embedding_backward",
-    "erf", "gelu", "gelu_backward", "var", "tril", "triu", "sum_exp", "softmax_finish",
+    "erf", "gelu", "gelu_backward", "normalize", "normalize_backward", "var", "tril", "triu", "sum_exp", "softmax_finish",
     "OPS", "GlobalOp", "OpCall", "Signature", "AnySplit", "DimMatch", "Resolved",
     "Candidate", "Inference", "infer", "execute",
 ]
