@@ -27,6 +27,8 @@ from .core.placement import Placement
 from .core.sbp import PARTIALS, SBP, Broadcast, Partial, Split, broadcast, split
 from .creation import arange, ones, rand, randn, tensor, zeros
 from .env import get_rank
+from .ops.call import check_eps
+from .ops.reduction import reduced
 from .tensor import GlobalTensor
 
 __all__ = ["Module", "ModuleList", "Sequential", "Linear", "Embedding", "LayerNorm", "Dropout",
@@ -549,35 +551,24 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
         if t is not None and (not isinstance(t, GlobalTensor) or t.shape != x.shape[-1:]):
             raise ValueError(f"layer_norm: {what} must be None or a GlobalTensor of shape "
                              f"{x.shape[-1:]}, got {getattr(t, 'shape', type(t).__name__)}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating)) \
-            or not eps >= 0:
-        raise ValueError(f"layer_norm: eps must be a number >= 0, got {eps!r}")
+    eps = check_eps("layer_norm", eps)
     last = x.ndim - 1
     if not any(isinstance(s, Split) and s.dim == last for s in x.sbp):
-        y = ops.normalize(x, float(eps))
+        y = ops.normalize(x, eps)
     else:
-        centered = ops.sub(x, _all_reduced(ops.mean(x, -1, keepdim=True)))
-        var = _all_reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
+        # the moments reduced here rather than left to inference: a partial mean could
+        # also be consumed by making x partial too (free), which would then box
+        # full-size tensors instead of the small moments
+        centered = ops.sub(x, reduced(ops.mean(x, -1, keepdim=True)))
+        var = reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
         # the reciprocal on the small reduced shape, then a product: a full-size div
         # costs more forward and three more full-size passes backward
-        y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, float(eps)))))
+        y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, eps))))
     if weight is not None:
         y = ops.mul(y, weight)
     if bias is not None:
         y = ops.add(y, bias)
     return y  # type: ignore[no-any-return]
-
-
-def _all_reduced(t: GlobalTensor) -> GlobalTensor:
-    """``t`` made broadcast on its partial mesh axes.
-
-    Done here rather than left to inference: a partial mean could also be consumed by
-    making ``x`` partial too (free), which would then box full-size tensors instead of
-    the small moments.
-    """
-    if not any(isinstance(s, Partial) for s in t.sbp):
-        return t
-    return t.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s for s in t.sbp))
 
 
 class LayerNorm(Module):
@@ -679,11 +670,7 @@ def clip_grad_norm_(parameters: GlobalTensor | Iterable[GlobalTensor], max_norm:
     norm_type = float(norm_type)
     grads = []
     for p in params:
-        g = p.grad
-        if g is not None and any(isinstance(s, Partial) for s in g.sbp):
-            g = g.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s
-                                      for s in g.sbp))
-        grads.append(g)
+        grads.append(None if p.grad is None else reduced(p.grad))
     present = [g for g in grads if g is not None]
     dtype = np.result_type(*[g.dtype for g in present]) if present else params[0].dtype
     places = {p.placement for p in params}

@@ -17,7 +17,7 @@ import numpy as np
 from ..tensor import GlobalTensor
 from ._dtypes import bool as bool_
 from ._dtypes import result_type
-from ._local import elementwise
+from ._local import array_arg, elementwise
 
 #: The standard's name -> NumPy's ufunc name, for the unary functions.
 UNARY: dict[str, str] = {
@@ -48,12 +48,6 @@ BINARY: dict[str, str] = {
 }
 
 __all__ = [*UNARY, *ROUNDING, *BINARY, "clip", "where", "ELEMENTWISE"]
-
-
-def _array(name: str, x: Any) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    return x
 
 
 def _complex_cases(xp: ModuleType, a: Any, out: Any,
@@ -108,7 +102,7 @@ def _unary(name: str, ufunc: str) -> Callable[[GlobalTensor], GlobalTensor]:
     kernel = UNARY_KERNELS.get(name) or (lambda xp, a: getattr(xp, ufunc)(a))
 
     def f(x: GlobalTensor, /) -> GlobalTensor:
-        _array(name, x)
+        array_arg(name, x)
         return elementwise(name, kernel, x)
 
     f.__name__ = f.__qualname__ = name
@@ -121,7 +115,7 @@ def _rounding(name: str, fn: str) -> Callable[[GlobalTensor], GlobalTensor]:
         return a.copy() if a.dtype.kind in "biu" else getattr(xp, fn)(a)
 
     def f(x: GlobalTensor, /) -> GlobalTensor:
-        _array(name, x)
+        array_arg(name, x)
         return elementwise(name, kernel, x, dtype=x.dtype)
 
     f.__name__ = f.__qualname__ = name
@@ -233,7 +227,7 @@ ELEMENTWISE: dict[str, Callable[..., GlobalTensor]] = {
 def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor:  # noqa: A002
     """``x`` limited to ``[min, max]`` (either may be None, a Python scalar or a global
     array); the result has the dtype of ``x``."""
-    _array("clip", x)
+    array_arg("clip", x)
     bounds = [b for b in (min, max) if b is not None]
     lo, hi = min is not None, max is not None
 
@@ -258,7 +252,7 @@ def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor: 
 def where(condition: GlobalTensor, x1: Any, x2: Any, /) -> GlobalTensor:
     """Elements of ``x1`` where ``condition`` is true, else of ``x2`` (global arrays or
     Python scalars), with broadcasting."""
-    _array("where", condition)
+    array_arg("where", condition)
     if condition.dtype != bool_:
         raise TypeError(f"where: condition must be a bool array, got dtype {condition.dtype}")
     dt = result_type(x1, x2)

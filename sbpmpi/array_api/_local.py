@@ -92,6 +92,13 @@ def elementwise(name: str, f: Callable[..., Any], *args: Any,
                      broadcast_matches(shapes, out_shape))
 
 
+def array_arg(name: str, x: Any) -> GlobalTensor:
+    """``x`` if it is a global array, else a TypeError naming ``name``."""
+    if not isinstance(x, GlobalTensor):
+        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
+    return x
+
+
 def norm_axes(name: str, axis: Any, ndim: int) -> tuple[int, ...]:
     """``axis`` (None: all, an int, or a tuple of ints) as sorted non-negative axes."""
     if axis is None:

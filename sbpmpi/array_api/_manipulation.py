@@ -15,21 +15,15 @@ import numpy as np
 from .. import ops
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
-from ._local import axis_op, norm_axes, run_local
+from ._local import array_arg, axis_op, norm_axes, run_local
 
 __all__ = ["take", "take_along_axis", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
            "roll", "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack"]
 
 
-def _x(name: str, x: Any) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    return x
-
-
 def reshape(x: GlobalTensor, /, shape: tuple[int, ...], *, copy: Any = None) -> GlobalTensor:
     """``x`` with a new ``shape`` (row-major; one ``-1`` allowed); always a new array."""
-    _x("reshape", x)
+    array_arg("reshape", x)
     if copy is False:
         raise ValueError("reshape: copy=False is not supported (a global array is reshaped "
                          "into a new array)")
@@ -38,7 +32,7 @@ def reshape(x: GlobalTensor, /, shape: tuple[int, ...], *, copy: Any = None) -> 
 
 def permute_dims(x: GlobalTensor, /, axes: tuple[int, ...]) -> GlobalTensor:
     """``x`` with its axes in the order ``axes``."""
-    _x("permute_dims", x)
+    array_arg("permute_dims", x)
     if x.ndim == 0:
         if tuple(axes) != ():
             raise ValueError(f"permute_dims: axes {axes} for a 0-d array")
@@ -48,7 +42,7 @@ def permute_dims(x: GlobalTensor, /, axes: tuple[int, ...]) -> GlobalTensor:
 
 def expand_dims(x: GlobalTensor, /, axis: int = 0) -> GlobalTensor:
     """``x`` with a new axis of size 1 at ``axis`` (in ``[-ndim - 1, ndim]``)."""
-    _x("expand_dims", x)
+    array_arg("expand_dims", x)
     n = x.ndim
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"expand_dims: axis must be an int, got {axis!r}")
@@ -60,7 +54,7 @@ def expand_dims(x: GlobalTensor, /, axis: int = 0) -> GlobalTensor:
 
 def squeeze(x: GlobalTensor, /, axis: int | tuple[int, ...]) -> GlobalTensor:
     """``x`` without the axes ``axis`` (each of size 1)."""
-    _x("squeeze", x)
+    array_arg("squeeze", x)
     axes = norm_axes("squeeze", axis, x.ndim)
     for d in axes:
         if x.shape[d] != 1:
@@ -72,7 +66,7 @@ def squeeze(x: GlobalTensor, /, axis: int | tuple[int, ...]) -> GlobalTensor:
 def _arrays(name: str, arrays: Any) -> list[GlobalTensor]:
     if not isinstance(arrays, (list, tuple)) or not arrays:
         raise TypeError(f"{name}: arrays must be a non-empty list or tuple of global arrays")
-    return [_x(name, a) for a in arrays]
+    return [array_arg(name, a) for a in arrays]
 
 
 def concat(arrays: Any, /, *, axis: int | None = 0) -> GlobalTensor:
@@ -103,7 +97,7 @@ def stack(arrays: Any, /, *, axis: int = 0) -> GlobalTensor:
 
 def flip(x: GlobalTensor, /, *, axis: Any = None) -> GlobalTensor:
     """``x`` with the order of elements along ``axis`` (all axes when None) reversed."""
-    _x("flip", x)
+    array_arg("flip", x)
     axes = norm_axes("flip", axis, x.ndim) if x.ndim else ()
     return axis_op("flip", x, axes, lambda xp, a: xp.flip(a, axis=axes), x.shape, x.dtype,
                    {d: d for d in range(x.ndim)})
@@ -112,7 +106,7 @@ def flip(x: GlobalTensor, /, *, axis: Any = None) -> GlobalTensor:
 def roll(x: GlobalTensor, /, shift: Any, *, axis: Any = None) -> GlobalTensor:
     """``x`` with elements shifted by ``shift`` along ``axis`` (the flattened array when
     None), wrapping around."""
-    _x("roll", x)
+    array_arg("roll", x)
     if axis is None:
         axes = tuple(range(x.ndim))
         return axis_op("roll", x, axes,
@@ -126,7 +120,7 @@ def roll(x: GlobalTensor, /, shift: Any, *, axis: Any = None) -> GlobalTensor:
 
 def broadcast_to(x: GlobalTensor, /, shape: tuple[int, ...]) -> GlobalTensor:
     """``x`` broadcast to ``shape`` (NumPy's rules)."""
-    _x("broadcast_to", x)
+    array_arg("broadcast_to", x)
     shape = tuple(int(n) for n in shape)
     try:
         out = tuple(int(n) for n in np.broadcast_shapes(x.shape, shape))
@@ -144,7 +138,7 @@ def broadcast_to(x: GlobalTensor, /, shape: tuple[int, ...]) -> GlobalTensor:
 
 def broadcast_arrays(*arrays: GlobalTensor) -> list[GlobalTensor]:
     """The arrays broadcast to their common shape."""
-    xs = [_x("broadcast_arrays", a) for a in arrays]
+    xs = [array_arg("broadcast_arrays", a) for a in arrays]
     try:
         shape = tuple(int(n) for n in np.broadcast_shapes(*(a.shape for a in xs)))
     except ValueError:
@@ -155,7 +149,7 @@ def broadcast_arrays(*arrays: GlobalTensor) -> list[GlobalTensor]:
 
 def moveaxis(x: GlobalTensor, source: Any, destination: Any, /) -> GlobalTensor:
     """``x`` with the axes ``source`` moved to ``destination`` (the others keep order)."""
-    _x("moveaxis", x)
+    array_arg("moveaxis", x)
     src = source if isinstance(source, tuple) else (source,)
     dst = destination if isinstance(destination, tuple) else (destination,)
     if len(src) != len(dst):
@@ -174,7 +168,7 @@ def moveaxis(x: GlobalTensor, source: Any, destination: Any, /) -> GlobalTensor:
 def repeat(x: GlobalTensor, repeats: Any, /, *, axis: int | None = None) -> GlobalTensor:
     """Each element of ``x`` repeated ``repeats`` times (an int, or a global array of one
     count per element along ``axis``; its values are gathered on every rank)."""
-    _x("repeat", x)
+    array_arg("repeat", x)
     counts = repeats.numpy() if isinstance(repeats, GlobalTensor) else repeats
     if isinstance(counts, (bool, np.bool_)) or not (
             isinstance(counts, (int, np.integer)) or np.asarray(counts).dtype.kind in "iu"):
@@ -191,7 +185,7 @@ def repeat(x: GlobalTensor, repeats: Any, /, *, axis: int | None = None) -> Glob
 
 def tile(x: GlobalTensor, repetitions: tuple[int, ...], /) -> GlobalTensor:
     """``x`` repeated ``repetitions`` times along each axis."""
-    _x("tile", x)
+    array_arg("tile", x)
     reps = tuple(int(r) for r in repetitions)
     n = max(len(reps), x.ndim)
     full_shape = (1,) * (n - x.ndim) + x.shape
@@ -205,7 +199,7 @@ def tile(x: GlobalTensor, repetitions: tuple[int, ...], /) -> GlobalTensor:
 
 def unstack(x: GlobalTensor, /, *, axis: int = 0) -> tuple[GlobalTensor, ...]:
     """The slices of ``x`` along ``axis``, as a tuple."""
-    _x("unstack", x)
+    array_arg("unstack", x)
     if x.ndim == 0:
         raise ValueError("unstack: x must have at least one dim")
     (d,) = norm_axes("unstack", axis, x.ndim)
@@ -216,7 +210,7 @@ def unstack(x: GlobalTensor, /, *, axis: int = 0) -> tuple[GlobalTensor, ...]:
 def take(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int | None = None) -> GlobalTensor:
     """The elements of ``x`` at ``indices`` (1-D integers, gathered on every rank) along
     ``axis`` (optional for 1-D ``x``); ``axis`` is held whole on each rank."""
-    _x("take", x)
+    array_arg("take", x)
     if not isinstance(indices, GlobalTensor) or indices.ndim != 1 or \
             indices.dtype.kind not in "iu":
         raise TypeError("take: indices must be a 1-D global array of integers")
@@ -239,7 +233,7 @@ def take_along_axis(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int = -1
     """The elements of ``x`` at ``indices`` along ``axis`` (NumPy's ``take_along_axis``;
     the other axes broadcast); ``axis`` is held whole on each rank, the others keep their
     split."""
-    _x("take_along_axis", x)
+    array_arg("take_along_axis", x)
     if not isinstance(indices, GlobalTensor) or indices.dtype.kind not in "iu" \
             or indices.ndim != x.ndim:
         raise TypeError("take_along_axis: indices must be a global array of integers with "
@@ -267,7 +261,7 @@ def take_along_axis(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int = -1
 def diff(x: GlobalTensor, /, *, axis: int = -1, n: int = 1, prepend: GlobalTensor | None = None,
          append: GlobalTensor | None = None) -> GlobalTensor:
     """The ``n``-th differences along ``axis`` (after joining ``prepend`` and ``append``)."""
-    _x("diff", x)
+    array_arg("diff", x)
     if x.ndim == 0:
         raise ValueError("diff: x must have at least one dim")
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:

@@ -16,25 +16,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.sbp import Partial, Split, broadcast
+from ..core.sbp import Split
+from ..ops.reduction import reduced
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._device import from_value
-from ._local import axis_op, norm_axes, run_local
+from ._local import array_arg, axis_op, norm_axes, run_local
 from ._sort import merge_split_sort, taking_dim
 
 __all__ = ["argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
 
 
-def _x(name: str, x: Any) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    return x
-
-
 def _arg(name: str, x: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
-    _x(name, x)
+    array_arg(name, x)
     if x.size == 0:
         raise ValueError(f"{name}: x is empty")
     if axis is None:
@@ -65,7 +60,7 @@ def argmin(x: GlobalTensor, /, *, axis: int | None = None, keepdims: bool = Fals
 def nonzero(x: GlobalTensor, /) -> tuple[GlobalTensor, ...]:
     """The indices of the nonzero elements, one int64 array per axis (the value of ``x``
     is gathered on every rank; the results have the namespace's default layout)."""
-    _x("nonzero", x)
+    array_arg("nonzero", x)
     if x.ndim == 0:
         raise ValueError("nonzero: x must have at least one dim")
     return tuple(from_value(i.astype(np.int64), x.placement) for i in np.nonzero(x.numpy()))
@@ -75,8 +70,8 @@ def searchsorted(x1: GlobalTensor, x2: GlobalTensor, /, *, side: str = "left",
                  sorter: GlobalTensor | None = None) -> GlobalTensor:
     """Indices where the elements of ``x2`` go in the sorted 1-D ``x1`` (held whole on
     each rank); the result has the layout of ``x2``."""
-    _x("searchsorted", x1)
-    _x("searchsorted", x2)
+    array_arg("searchsorted", x1)
+    array_arg("searchsorted", x2)
     if x1.ndim != 1:
         raise ValueError(f"searchsorted: x1 must be 1-D, got shape {x1.shape}")
     if side not in ("left", "right"):
@@ -95,7 +90,7 @@ def take_sorted(x1: GlobalTensor, sorter: GlobalTensor) -> GlobalTensor:
 
 def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
           ) -> GlobalTensor:
-    _x(name, x)
+    array_arg(name, x)
     if x.ndim == 0:
         raise ValueError(f"{name}: x must have at least one dim")
     (d,) = norm_axes(name, axis, x.ndim)
@@ -103,8 +98,7 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
     for flag, arg in ((descending, "descending"), (stable, "stable")):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: {arg} must be a bool, got {flag!r}")
-    if any(isinstance(s, Partial) for s in x.sbp):  # reduced first, as every local op
-        x = x.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s for s in x.sbp))
+    x = reduced(x)  # reduced first, as every local op
     if any(isinstance(s, Split) and s.dim == d for s in x.sbp):
         k = taking_dim(x.shape, x.layout, d)
         if k is not None:  # an all-to-all moves the split off the sorted axis; it stays on k
@@ -167,26 +161,26 @@ def _unique(x: GlobalTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 def unique_values(x: GlobalTensor, /) -> GlobalTensor:
     """The distinct values of ``x``, sorted, 1-D (gathered on every rank)."""
-    _x("unique_values", x)
+    array_arg("unique_values", x)
     return from_value(_unique(x)[0], x.placement)
 
 
 def unique_counts(x: GlobalTensor, /) -> UniqueCounts:
     """The distinct values of ``x`` and how often each occurs."""
-    _x("unique_counts", x)
+    array_arg("unique_counts", x)
     v, _, _, c = _unique(x)
     return UniqueCounts(from_value(v, x.placement), from_value(c, x.placement))
 
 
 def unique_inverse(x: GlobalTensor, /) -> UniqueInverse:
     """The distinct values of ``x`` and, for each element, the index of its value."""
-    _x("unique_inverse", x)
+    array_arg("unique_inverse", x)
     v, _, inv, _ = _unique(x)
     return UniqueInverse(from_value(v, x.placement), from_value(inv, x.placement))
 
 
 def unique_all(x: GlobalTensor, /) -> UniqueAll:
     """The distinct values of ``x``, the first index of each, the inverse and the counts."""
-    _x("unique_all", x)
+    array_arg("unique_all", x)
     v, i, inv, c = _unique(x)
     return UniqueAll(*(from_value(a, x.placement) for a in (v, i, inv, c)))

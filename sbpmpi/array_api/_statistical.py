@@ -17,16 +17,10 @@ import numpy as np
 from .. import ops
 from ..tensor import GlobalTensor
 from ._dtypes import dtype_arg
-from ._local import axis_op, norm_axes
+from ._local import array_arg, axis_op, norm_axes
 
 __all__ = ["sum", "prod", "mean", "var", "std", "max", "min", "cumulative_sum",
            "cumulative_prod", "all", "any", "count_nonzero"]
-
-
-def _x(name: str, x: Any) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    return x
 
 
 def _accumulator(name: str, x: GlobalTensor, dtype: Any) -> np.dtype:
@@ -64,7 +58,7 @@ def _numpy_reduction(name: str, x: GlobalTensor, axis: Any, keepdims: bool, dtyp
 def sum(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,  # noqa: A001
         keepdims: bool = False) -> GlobalTensor:
     """Sum over ``axis`` (all axes when None); integers sum in (u)int64 by default."""
-    _x("sum", x)
+    array_arg("sum", x)
     axes = norm_axes("sum", axis, x.ndim)
     acc = _accumulator("sum", x, dtype)
     src = x if x.dtype == acc else ops.astype(x, acc)
@@ -75,7 +69,7 @@ def sum(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,  # noqa: A00
 def prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
          keepdims: bool = False) -> GlobalTensor:
     """Product over ``axis``; integers multiply in (u)int64 by default."""
-    _x("prod", x)
+    array_arg("prod", x)
     acc = _accumulator("prod", x, dtype)
     return _numpy_reduction("prod", x, axis, keepdims, acc,
                             lambda xp, a, ax, k: xp.prod(a, axis=ax, keepdims=k, dtype=acc))
@@ -83,7 +77,7 @@ def prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
 
 def mean(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False) -> GlobalTensor:
     """Arithmetic mean over ``axis`` (floating dtypes); NaN over an empty axis."""
-    _x("mean", x)
+    array_arg("mean", x)
     if x.dtype.kind not in "fc":
         raise TypeError(f"mean: x must have a floating dtype, got {x.dtype}")
     axes = norm_axes("mean", axis, x.ndim)
@@ -95,7 +89,7 @@ def mean(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False) -> Glo
 
 def _moment(name: str, x: GlobalTensor, axis: Any, correction: Any, keepdims: bool,
             root: bool) -> GlobalTensor:
-    _x(name, x)
+    array_arg(name, x)
     if x.dtype.kind not in "fc":
         raise TypeError(f"{name}: x must have a floating dtype, got {x.dtype}")
     if isinstance(correction, bool) or not isinstance(correction, (int, float)):
@@ -122,7 +116,7 @@ def std(x: GlobalTensor, /, *, axis: Any = None, correction: Any = 0.0,
 
 
 def _extreme(name: str, x: GlobalTensor, axis: Any, keepdims: bool) -> GlobalTensor:
-    _x(name, x)
+    array_arg(name, x)
     axes = norm_axes(name, axis, x.ndim)
     if builtins.any(x.shape[d] == 0 for d in axes):
         raise ValueError(f"{name}: cannot reduce over axis {axis!r} of size 0 in an array of "
@@ -151,7 +145,7 @@ def min(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False  # noqa:
 
 def _cumulative(name: str, x: GlobalTensor, axis: Any, dtype: Any, include_initial: bool
                 ) -> GlobalTensor:
-    _x(name, x)
+    array_arg(name, x)
     if axis is None:
         if x.ndim > 1:
             raise ValueError(f"{name}: axis is required for an array of {x.ndim} dims")
@@ -190,7 +184,7 @@ def cumulative_prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
 def all(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False  # noqa: A001
         ) -> GlobalTensor:
     """Whether every element over ``axis`` is true (nonzero; NaN counts as true)."""
-    _x("all", x)
+    array_arg("all", x)
     return _numpy_reduction("all", x, axis, keepdims, np.bool_,
                             lambda xp, a, ax, k: xp.all(a, axis=ax, keepdims=k))
 
@@ -198,7 +192,7 @@ def all(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False  # noqa:
 def any(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False  # noqa: A001
         ) -> GlobalTensor:
     """Whether some element over ``axis`` is true (nonzero; NaN counts as true)."""
-    _x("any", x)
+    array_arg("any", x)
     return _numpy_reduction("any", x, axis, keepdims, np.bool_,
                             lambda xp, a, ax, k: xp.any(a, axis=ax, keepdims=k))
 
@@ -206,7 +200,7 @@ def any(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False  # noqa:
 def count_nonzero(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False
                   ) -> GlobalTensor:
     """The number of nonzero elements over ``axis`` (int64)."""
-    _x("count_nonzero", x)
+    array_arg("count_nonzero", x)
     axes = norm_axes("count_nonzero", axis, x.ndim)
     nz = ops.astype(ops.ne(x, 0), np.int64) if x.dtype.kind != "b" else ops.astype(x, np.int64)
     return ops.sum(nz, axes, keepdim=bool(keepdims))

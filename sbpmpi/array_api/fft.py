@@ -35,7 +35,7 @@ from ..core.sbp import SBP, Split, broadcast
 from ..tensor import GlobalTensor
 from ._device import from_value
 from ._dtypes import dtype_arg
-from ._local import axis_op
+from ._local import array_arg, axis_op
 from ._manipulation import roll
 
 __all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft",
@@ -71,9 +71,7 @@ class AxisLength(NamedTuple):
 
 
 def _x(name: str, x: Any) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    if x.ndim == 0:
+    if array_arg(name, x).ndim == 0:
         raise ValueError(f"{name}: x must have at least one dim, got a 0-d array")
     return x
 

@@ -116,9 +116,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     collectives in the same order, as for blocking ones. Returns None otherwise.
     """
     c = call("all_reduce", group)
-    if type(async_op) is not bool:
-        c.refuse(TypeError(f"all_reduce: async_op must be a bool, got "
-                           f"{type(async_op).__name__} {async_op!r}"))
+    _check_async(c, async_op)
     try:
         m = output_array_meta(arr, "arr", c.name)
         info = dtype_info(m.dtype)
@@ -139,6 +137,13 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         if red.average:
             average(buf, c.g.size)
     return None
+
+
+def _check_async(c: Call, async_op: Any) -> None:
+    """Refuse an ``async_op`` that is not a bool (before any communication)."""
+    if type(async_op) is not bool:
+        c.refuse(TypeError(f"{c.name}: async_op must be a bool, got "
+                           f"{type(async_op).__name__} {async_op!r}"))
 
 
 def _start_all_reduce(c: Call, arr: Any, m: ArrayMeta, t: MPI.Datatype,
@@ -276,9 +281,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
     c = call("all_gather", group)
     op = c.name
     out = out_list_or_array
-    if type(async_op) is not bool:
-        c.refuse(TypeError(f"all_gather: async_op must be a bool, got "
-                           f"{type(async_op).__name__} {async_op!r}"))
+    _check_async(c, async_op)
     if async_op and _is_list(out):
         c.refuse(TypeError("all_gather: async_op=True needs one output array, got a list"))
     try:

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from ..backend.special import erf as _erf_of
-from .call import OpCall, probe_dtype, tensor_arg
+from .call import OpCall, as_dtype, float_dtype, tensor_arg
 from .elementwise import LINEAR, UNARY, Pointwise, broadcast_matches
 from .op import GlobalOp
 from .signature import DimMatch, Signature
@@ -37,10 +37,6 @@ def _check(name: str, approximate: Any) -> str:
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"{name}: approximate must be 'none' or 'tanh', got {approximate!r}")
     return str(approximate)
-
-
-def _float(xp: ModuleType, a: Any, dtype: Any) -> Any:
-    return a if a.dtype == dtype else a.astype(dtype)
 
 
 def _square(xp: ModuleType, x: Any) -> Any:
@@ -102,22 +98,14 @@ def _gelu_grad(xp: ModuleType, g: Any, x: Any, approximate: str) -> Any:
     return t
 
 
-def _float_dtype(name: str, *xs: Any) -> Any:
-    dtype = probe_dtype(name, lambda *z: sum(z) * 0.5, *xs)
-    if dtype.kind != "f":
-        raise TypeError(f"{name}: needs real values, got dtype "
-                        f"{', '.join(str(x.dtype) for x in xs)}")
-    return dtype
-
-
 def _build(x: Any, approximate: str = "none") -> OpCall:
     """Build the OpCall of ``gelu``."""
     x = tensor_arg("gelu", x)
     how = _check("gelu", approximate)
-    dtype = _float_dtype("gelu", x)
+    dtype = float_dtype("gelu", x)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return _gelu(xp, _float(xp, local[0], dtype), how)
+        return _gelu(xp, as_dtype(local[0], dtype), how)
 
     dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
     return OpCall("gelu", (x,), GELU, dims, x.shape, dtype, kernel,
@@ -130,10 +118,10 @@ def _build_backward(g: Any, x: Any, approximate: str = "none") -> OpCall:
     how = _check("gelu_backward", approximate)
     if g.shape != x.shape:
         raise ValueError(f"gelu_backward: g has shape {g.shape}, x {x.shape}: they must match")
-    dtype = _float_dtype("gelu_backward", g, x)
+    dtype = float_dtype("gelu_backward", g, x)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        gl, xl = (_float(xp, a, dtype) for a in local)
+        gl, xl = (as_dtype(a, dtype) for a in local)
         return _gelu_grad(xp, gl, xl, how)
 
     return OpCall("gelu_backward", (g, x), GELU_BACKWARD,

@@ -29,7 +29,7 @@ from .call import OpCall, arg_summary, tensor_arg
 from .op import execute
 from .signature import S_D, B, DimMatch, Signature
 
-__all__ = ["getitem_arrays", "is_array_key", "ARRAY_INDEX"]
+__all__ = ["getitem_arrays", "is_array_key", "mask_of", "ARRAY_INDEX"]
 
 #: The indexed dims are held whole; the others keep their split or are broadcast.
 ARRAY_INDEX = (Signature((S_D,), S_D), Signature((B,), B))
@@ -39,6 +39,19 @@ def is_array_key(key: Any) -> bool:
     """True when ``key`` holds a global array (a mask or an integer array)."""
     items = key if isinstance(key, tuple) else (key,)
     return any(isinstance(k, GlobalTensor) for k in items)
+
+
+def mask_of(op: str, key: Any) -> GlobalTensor | None:
+    """The boolean global array of ``key``, None if it has none; an IndexError naming
+    ``op`` when a mask comes with other indices."""
+    items = key if isinstance(key, tuple) else (key,)
+    masks = [k for k in items if isinstance(k, GlobalTensor) and k.dtype == np.bool_]
+    if not masks:
+        return None
+    if len(items) != 1:
+        raise IndexError(f"{op}: a boolean array index must be the only index, got "
+                         f"{arg_summary(key)}")
+    return masks[0]
 
 
 def _mask_shape(x: GlobalTensor, mask: GlobalTensor) -> None:
@@ -73,12 +86,8 @@ def getitem_arrays(x: GlobalTensor, key: Any) -> GlobalTensor:
     arrays are gathered on every rank."""
     x = tensor_arg("getitem", x)
     items = key if isinstance(key, tuple) else (key,)
-    masks = [k for k in items if isinstance(k, GlobalTensor) and k.dtype == np.bool_]
-    if masks:
-        if len(items) != 1:
-            raise IndexError(f"getitem: a boolean array index must be the only index, got "
-                             f"{arg_summary(key)}")
-        mask = masks[0]
+    mask = mask_of("getitem", key)
+    if mask is not None:
         _mask_shape(x, mask)
         m = mask.numpy()  # the values decide the result's shape
         k = mask.ndim

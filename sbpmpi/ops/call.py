@@ -124,6 +124,29 @@ def probe_dtype(op: str, fn: Callable[..., Any], *args: Any) -> np.dtype:
         raise type(e)(f"{op}: not defined for operands of dtype {dts}: {e}") from None
 
 
+def float_dtype(op: str, *xs: Any) -> np.dtype:
+    """The floating result dtype of ``xs`` promoted together (integers give float64); a
+    TypeError naming ``op`` for complex or other non-real values."""
+    dtype = probe_dtype(op, lambda *z: sum(z) * 0.5, *xs)
+    if dtype.kind != "f":
+        raise TypeError(f"{op}: needs real values, got dtype "
+                        f"{', '.join(str(x.dtype) for x in xs)}")
+    return dtype
+
+
+def as_dtype(a: Any, dtype: Any) -> Any:
+    """``a`` itself when it has ``dtype``, else a copy in it (a kernel's input cast)."""
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+def check_eps(op: str, eps: Any) -> float:
+    """``eps`` as a float; a ValueError naming ``op`` unless it is a number >= 0."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating)) \
+            or not eps >= 0:
+        raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
+    return float(eps)
+
+
 def norm_dim(op: str, dim: Any, ndim: int, what: str = "dim") -> int:
     """``dim`` made non-negative; errors name ``op`` and say what was expected."""
     if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):

@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from .call import OpCall, probe_dtype, tensor_arg
+from .call import OpCall, as_dtype, check_eps, float_dtype, tensor_arg
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
 
@@ -34,17 +32,11 @@ NORMALIZE_BACKWARD = (           # (g, x) alike
 )
 
 
-def _check(name: str, x: Any, eps: Any) -> tuple[Any, float]:
-    """The result dtype and ``eps``, validated alike on every rank (metadata only)."""
+def _check(name: str, x: Any, eps: Any) -> float:
+    """``eps``, validated alike on every rank with ``x``'s shape (metadata only)."""
     if x.ndim < 1 or x.shape[-1] == 0:
         raise ValueError(f"{name}: x must have a non-empty last dim, got shape {x.shape}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating)) \
-            or not eps >= 0:
-        raise ValueError(f"{name}: eps must be a number >= 0, got {eps!r}")
-    dtype = probe_dtype(name, lambda z: z * 0.5, x)
-    if dtype.kind != "f":
-        raise TypeError(f"{name}: needs real values, got dtype {x.dtype}")
-    return dtype, float(eps)
+    return check_eps(name, eps)
 
 
 def _moments(xp: ModuleType, x: Any, eps: float) -> tuple[Any, Any]:
@@ -79,17 +71,14 @@ def _normalize_grad(xp: ModuleType, g: Any, x: Any, eps: float) -> Any:
     return dx
 
 
-def _cast(a: Any, dtype: Any) -> Any:
-    return a if a.dtype == dtype else a.astype(dtype)
-
-
 def _build(x: Any, eps: Any = 1e-5) -> OpCall:
     """Build the OpCall of ``normalize``."""
     x = tensor_arg("normalize", x)
-    dtype, e = _check("normalize", x, eps)
+    e = _check("normalize", x, eps)
+    dtype = float_dtype("normalize", x)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return _normalize(xp, _cast(local[0], dtype), e)
+        return _normalize(xp, as_dtype(local[0], dtype), e)
 
     dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim - 1))}
     return OpCall("normalize", (x,), NORMALIZE, dims, x.shape, dtype, kernel,
@@ -102,11 +91,11 @@ def _build_backward(g: Any, x: Any, eps: Any = 1e-5) -> OpCall:
     if g.shape != x.shape:
         raise ValueError(f"normalize_backward: g has shape {g.shape}, x {x.shape}: "
                          f"they must match")
-    dtype, e = _check("normalize_backward", x, eps)
-    dtype = np.promote_types(dtype, probe_dtype("normalize_backward", lambda z: z * 0.5, g))
+    e = _check("normalize_backward", x, eps)
+    dtype = float_dtype("normalize_backward", g, x)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        gl, xl = (_cast(a, dtype) for a in local)
+        gl, xl = (as_dtype(a, dtype) for a in local)
         return _normalize_grad(xp, gl, xl, e)
 
     dims = {"d": tuple(DimMatch((k, k), k) for k in range(x.ndim - 1))}

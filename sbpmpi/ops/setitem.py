@@ -17,11 +17,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.sbp import Partial, broadcast
+from ..core.sbp import broadcast
 from ..env import get_rank
 from ..tensor import GlobalTensor
+from .array_index import mask_of
 from .call import OpCall, arg_summary, is_scalar, tensor_arg
 from .op import execute
+from .reduction import reduced
 from .shape import _index_key
 from .signature import S_D, B, DimMatch, Signature
 
@@ -40,20 +42,9 @@ class Selection(NamedTuple):
     shape: tuple[int, ...]
 
 
-def _mask_of(key: Any) -> GlobalTensor | None:
-    items = key if isinstance(key, tuple) else (key,)
-    masks = [k for k in items if isinstance(k, GlobalTensor) and k.dtype == np.bool_]
-    if not masks:
-        return None
-    if len(items) != 1:
-        raise IndexError(f"setitem: a boolean array index must be the only index, got "
-                         f"{arg_summary(key)}")
-    return masks[0]
-
-
 def _selection(x: GlobalTensor, key: Any) -> Selection:
     """The key checked against the shape of ``x`` (metadata only: the same on every rank)."""
-    mask = _mask_of(key)
+    mask = mask_of("setitem", key)
     if mask is not None:
         if mask.ndim > x.ndim or mask.shape != x.shape[:mask.ndim]:
             raise IndexError(f"setitem: boolean index of shape {mask.shape} does not match "
@@ -133,8 +124,7 @@ def setitem(x: GlobalTensor, key: Any, value: Any) -> GlobalTensor:
     vshape = val.shape if isinstance(val, GlobalTensor) else ()
     # the count of a mask is known after its gather; check what does not depend on it now
     _broadcast_value(vshape, sel.shape, None)
-    if any(isinstance(s, Partial) for s in x.sbp):
-        x = x.to_global(sbp=tuple(broadcast if isinstance(s, Partial) else s for s in x.sbp))
+    x = reduced(x)
     operands: list[Any] = [x, val, sel.mask if sel.mask is not None else np.bool_(True)]
     for i in (1, 2):
         o = operands[i]
