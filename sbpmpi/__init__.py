@@ -12,9 +12,9 @@ from typing import Any
 from . import autograd as _autograd
 from . import comm, config, env, ops, protocols
 from . import conversion as _conversion
+from . import tape as _tape
 from . import tensor as _tensor
 from ._version import __version__
-from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import node as _node
 from .comm import abort as _abort
 from .comm import exit_agreement as _exit_agreement
@@ -26,12 +26,13 @@ from .core.layout import Layout
 from .core.placement import Placement, placement
 from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
+from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
-_tensor.bind_layers_above(ops, _autograd, protocols, _conversion)  # GlobalTensor's methods
+_tensor.bind_layers_above(ops, _autograd, protocols, _conversion, _tape)  # GlobalTensor's methods
 _tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit

@@ -17,20 +17,24 @@ from .runtime.consistency import check_collective
 __all__ = ["GlobalTensor", "bind_layers_above", "bind_array_api"]
 
 # The modules GlobalTensor's methods delegate to: the layers above (the ops for
-# operators and methods, autograd for requires_grad and backward, the NumPy protocols)
-# and conversion (x.to_global, x.numpy), beside this one. They import this module, so
-# they are bound here by ``sbpmpi/__init__`` at import (:func:`bind_layers_above`)
-# instead of being imported from here.
+# operators and methods, autograd for backward, the NumPy protocols), and beside this
+# one the tape (requires_grad, grad, the record of x.to_global) and conversion
+# (x.to_global, x.numpy). They import this module, so they are bound here by
+# ``sbpmpi/__init__`` at import (:func:`bind_layers_above`) instead of being imported
+# from here.
 _ops: Any = None
 _autograd: Any = None
 _protocols: Any = None
 _conversion: Any = None
+_tape: Any = None
 
 
-def bind_layers_above(ops: Any, autograd: Any, protocols: Any, conversion: Any) -> None:
+def bind_layers_above(ops: Any, autograd: Any, protocols: Any, conversion: Any,
+                      tape: Any) -> None:
     """Bind the modules GlobalTensor's methods delegate to (called once by ``sbpmpi``)."""
-    global _ops, _autograd, _protocols, _conversion
+    global _ops, _autograd, _protocols, _conversion, _tape
     _ops, _autograd, _protocols, _conversion = ops, autograd, protocols, conversion
+    _tape = tape
 
 
 # The Array API namespace (sbpmpi.array_api, above this layer): a loader bound by
@@ -67,7 +71,8 @@ def _inplace(name: str) -> Any:
         if out.shape != self.shape:
             raise ValueError(f"x {name}= y: y broadcasts x of shape {self.shape} to "
                              f"{out.shape} (in-place operators keep the shape of x)")
-        self._local, self._layout, self._node = out._local, out._layout, None
+        self._set_data(out._local, out._layout)
+        self._set_node(None)
         return self
 
     return method
@@ -118,6 +123,31 @@ class GlobalTensor:
         self._requires_grad = False  # autograd state: see the block "autograd" below
         self._grad: GlobalTensor | None = None
         self._node: Any = None
+
+    # -- the writers of the shard, the gradient and the tape node ---------------------
+    # The only code that assigns ``_local``, ``_layout``, ``_grad`` and ``_node`` after
+    # construction (tests/test_layers.py checks it): the layers that change a tensor in
+    # place (setitem, in-place operators, the optimizers, ZeRO's gathers and frees, the
+    # gradient buckets, the tape) call these.
+    def _set_data(self, local: Any, layout: Layout | None = None) -> None:
+        """Replace this rank's shard (and the layout, when given) in place: ``x[k] = v``,
+        ``x += y``, a ZeRO parameter gathered or freed. The value's dtype is unchanged."""
+        self._local = local
+        if layout is not None:
+            self._layout = layout
+
+    def _set_grad(self, grad: GlobalTensor | None) -> None:
+        """Store ``grad`` as ``.grad`` without the user-facing checks of the ``grad``
+        setter: the engine and the data-parallel reducers have made it in the leaf's
+        layout, or in the layout their stage keeps it in (ZeRO 1: unreduced)."""
+        self._grad = grad
+
+    def _set_node(self, node: Any) -> None:
+        """Attach the tape node that computed this tensor (it then requires grad); None
+        cuts it from the tape and keeps ``requires_grad`` as it is."""
+        self._node = node
+        if node is not None:
+            self._requires_grad = True
 
     # -- metadata ---------------------------------------------------------------
     @property
@@ -203,7 +233,7 @@ class GlobalTensor:
         out = _conversion.convert(self, placement, sbp, grad_sbp)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
             grad = None if grad_sbp is None else _conversion.grad_destination(self, grad_sbp)
-            out = _autograd.tape.record_conversion(self, out, grad)
+            out = _tape.record_conversion(self, out, grad)
         return out
 
     def item(self) -> Any:
@@ -256,7 +286,7 @@ class GlobalTensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> GlobalTensor:
         """Set ``requires_grad`` on a leaf (floating dtypes only); returns ``self``."""
-        _autograd.tape.set_requires_grad(self, requires_grad)
+        self._requires_grad = _tape.check_requires_grad(self, requires_grad)
         return self
 
     @property
@@ -266,7 +296,7 @@ class GlobalTensor:
 
     @grad.setter
     def grad(self, value: GlobalTensor | None) -> None:
-        self._grad = _autograd.tape.check_grad_value(self, value)
+        self._set_grad(_tape.check_grad_value(self, value))
 
     @property
     def is_leaf(self) -> bool:
@@ -324,7 +354,7 @@ class GlobalTensor:
         layout (a partial ``x`` is reduced first) and gets a new shard buffer; it must not
         require grad (see :func:`sbpmpi.ops.setitem`)."""
         out = self._op("setitem", self, _integer_scalars(key), value)
-        self._local, self._layout = out._local, out._layout
+        self._set_data(out._local, out._layout)
 
     @property
     def T(self) -> Any:

@@ -405,8 +405,8 @@ def check_grad(op: Callable[..., Any], reference: Callable[..., Any],
     of relu/abs), where finite differences and any rule disagree. Returns the
     :class:`CheckReport`; raises AssertionError on every rank if a gradient is wrong.
     """
-    from .autograd.tape import differentiable
     from .creation import tensor as make_tensor
+    from .tape import differentiable
 
     kwargs = dict(kwargs or {})
     name = name or str(getattr(op, "__name__", repr(op)))

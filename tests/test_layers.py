@@ -1,6 +1,7 @@
 """The import graph of ``sbpmpi`` follows the layer order and has no circle, walked with ``ast``.
 
-Data flows one way: API -> ops -> runtime.redistribute -> comm -> MPI. A module may import
+Data flows one way: API -> autograd -> ops -> tensor (and its tape) ->
+runtime.redistribute -> comm -> MPI. A module may import
 modules of its own layer or of a layer below, never above (every ``import``/``from``
 statement counts, also those inside functions, and ``importlib.import_module`` of an
 ``sbpmpi`` name written as a string). Only ``comm/`` and ``tools/`` import mpi4py
@@ -38,10 +39,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("platform", ("sbpmpi.backend",)),
     ("comm", ("sbpmpi.comm", "sbpmpi.env")),  # sm.env shows comm.world's rank and size
     ("runtime", ("sbpmpi.runtime",)),
-    ("tensor", ("sbpmpi.tensor", "sbpmpi.creation", "sbpmpi.conversion")),
-    ("ops", ("sbpmpi.ops", "sbpmpi.autograd")),
+    # the tape and grad mode sit beside the tensor, under the ops that write to them
+    ("tensor", ("sbpmpi.tensor", "sbpmpi.tape", "sbpmpi.grad_mode", "sbpmpi.creation",
+                "sbpmpi.conversion")),
+    ("ops", ("sbpmpi.ops",)),
+    ("autograd", ("sbpmpi.autograd",)),
     ("api", ("sbpmpi", "sbpmpi.protocols", "sbpmpi.explain", "sbpmpi.visualize",
-             "sbpmpi.testing", "sbpmpi.checkpoint", "sbpmpi.nn", "sbpmpi.optim")),
+             "sbpmpi.testing", "sbpmpi.checkpoint", "sbpmpi.nn", "sbpmpi.optim",
+             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api")),
     ("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort")),
 )
 
@@ -314,3 +319,171 @@ def test_the_circle_walk_sees_nested_dynamic_and_package_imports() -> None:
                      ["sbpmpi.made_up.c", "sbpmpi.made_up.d.k"]], found
     assert circle_path(graph, frozenset({"sbpmpi.made_up", "sbpmpi.made_up.b"})) == \
         "sbpmpi.made_up:2 -> sbpmpi.made_up.b:2 -> sbpmpi.made_up"
+
+
+# ---- package-level arrows --------------------------------------------------------------------
+
+def package_of(module: str) -> str:
+    """The unit of the package-level picture: ``sbpmpi.<first part>`` (a subpackage or a
+    top-level module); ``sbpmpi`` itself for its ``__init__``."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
+    """package -> {imported package: one 'module:line' that makes the arrow} of ``graph``,
+    without the composition root ``sbpmpi`` (its ``__init__`` wires the layers together)."""
+    out: dict[str, dict[str, str]] = {}
+    for m, edges in graph.items():
+        a = package_of(m)
+        if a == "sbpmpi":
+            continue
+        for t, line in edges.items():
+            b = package_of(t)
+            if b != a and b != "sbpmpi":
+                out.setdefault(a, {}).setdefault(b, f"{m}:{line}")
+    return out
+
+
+def arrows_up(pgraph: dict[str, dict[str, str]]) -> list[str]:
+    """Package-level arrows from a lower layer to a higher one, not in UPWARD_ALLOWED."""
+    bad = []
+    for a, edges in sorted(pgraph.items()):
+        for b, where in sorted(edges.items()):
+            if layer_of(b) > layer_of(a) and (a, b) not in UPWARD_ALLOWED:
+                bad.append(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]}) "
+                           f"at {where}")
+    return bad
+
+
+def test_package_arrows_point_down() -> None:
+    """Each package imports only packages of its own layer or below (ops never imports
+    autograd: the tape sits under the ops), and the package-level graph has no circle
+    (the lookups of UPWARD_ALLOWED aside)."""
+    pgraph = package_graph(_package_graph())
+    bad = arrows_up(pgraph)
+    assert not bad, "package-level arrows that run back up:\n" + "\n".join(bad)
+    as_lines = {a: {b: 0 for b in edges if (a, b) not in UPWARD_ALLOWED}
+                for a, edges in pgraph.items()}
+    for b in {b for edges in pgraph.values() for b in edges}:
+        as_lines.setdefault(b, {})
+    found = circles(as_lines)
+    assert not found, "package-level circles: " + "; ".join(
+        " <-> ".join(sorted(c)) for c in found)
+
+
+def test_the_package_walk_sees_an_arrow_up() -> None:
+    """The checker itself: an ops module importing the engine is an arrow up."""
+    root = PKG / "ops"
+    sources = {
+        "sbpmpi.ops.x": (root / "x.py", "def f():\n    from ..autograd import engine\n"),
+        "sbpmpi.autograd": (PKG / "autograd" / "__init__.py", ""),
+        "sbpmpi.autograd.engine": (PKG / "autograd" / "engine.py", "from ..ops import x\n"),
+    }
+    pgraph = package_graph(import_graph(sources))
+    assert pgraph == {"sbpmpi.ops": {"sbpmpi.autograd": "sbpmpi.ops.x:2"},
+                      "sbpmpi.autograd": {"sbpmpi.ops": "sbpmpi.autograd.engine:1"}}
+    assert arrows_up(pgraph) == ["sbpmpi.ops (ops) -> sbpmpi.autograd (autograd) at "
+                                 "sbpmpi.ops.x:2"]
+
+
+# ---- GlobalTensor owns its fields -------------------------------------------------------------
+
+#: The fields of GlobalTensor that only tensor.py assigns (others call its mutators:
+#: ``_set_data``, ``_set_grad``, ``_set_node``).
+TENSOR_FIELDS = frozenset({"_local", "_layout", "_dtype", "_grad", "_node", "_requires_grad"})
+
+
+def field_writes(path: pathlib.Path, source: str) -> list[str]:
+    """``path:line .field`` for each assignment to a :data:`TENSOR_FIELDS` attribute of
+    any object (plain, augmented, annotated, in a tuple target, or by ``setattr`` with the
+    name as a string)."""
+    found = []
+
+    def targets(t: ast.AST) -> list[ast.AST]:
+        if isinstance(t, (ast.Tuple, ast.List)):
+            return [x for e in t.elts for x in targets(e)]
+        if isinstance(t, ast.Starred):
+            return targets(t.value)
+        return [t]
+
+    for node in ast.walk(ast.parse(source, str(path))):
+        written: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            written = [x for t in node.targets for x in targets(t)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            written = targets(node.target)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
+              and getattr(node.func, "id", getattr(node.func, "attr", None)) in
+              ("setattr", "__setattr__") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value in TENSOR_FIELDS):
+            found.append(f"{path.name}:{node.lineno} .{node.args[1].value}")
+        for t in written:
+            if isinstance(t, ast.Attribute) and t.attr in TENSOR_FIELDS:
+                found.append(f"{path.name}:{node.lineno} .{t.attr}")
+    return found
+
+
+def test_only_tensor_py_assigns_the_tensor_fields() -> None:
+    bad = []
+    for m, path in sorted(MODULES.items()):
+        if m != "sbpmpi.tensor":
+            bad += [f"{m}: {w}" for w in field_writes(path, path.read_text())]
+    assert not bad, ("GlobalTensor fields assigned outside tensor.py (use x._set_data, "
+                     "x._set_grad, x._set_node):\n" + "\n".join(bad))
+
+
+def test_the_field_walk_sees_every_kind_of_write() -> None:
+    src = ("def f(x, y, g):\n    x._local = 1\n    y._grad += g\n    a, x._node = 1, 2\n"
+           "    setattr(x, '_layout', 3)\n    x.local = 4\n    x._local[0] = 5\n")
+    found = field_writes(PKG / "made_up.py", src)
+    assert found == ["made_up.py:2 ._local", "made_up.py:3 ._grad", "made_up.py:4 ._node",
+                     "made_up.py:5 ._layout"], found
+
+
+# ---- no private names across modules ----------------------------------------------------------
+
+def private_imports(module: str, path: pathlib.Path, source: str,
+                    modules: Collection[str] = MODULES) -> list[str]:
+    """``module:line name`` for each ``from X import _name`` that takes a private name
+    (one leading underscore, not a dunder) defined in another module. Private submodules
+    (``from . import _sort``) may be imported by their own package."""
+    found = []
+    for node in ast.walk(ast.parse(source, str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for a in node.names:
+            if not a.name.startswith("_") or a.name.startswith("__"):
+                continue
+            target = _resolve(module, path, ast.ImportFrom(module=node.module,
+                                                           names=[a], level=node.level),
+                              modules)[0]
+            if target.endswith("." + a.name) and target in modules:
+                parent = target.rsplit(".", 1)[0]
+                own = module == parent or module.startswith(parent + ".")
+                if own:
+                    continue
+            found.append(f"{module}:{node.lineno} {a.name}")
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    bad = []
+    for m, path in sorted(MODULES.items()):
+        bad += private_imports(m, path, path.read_text())
+    assert not bad, ("private names imported from another module (make them public in "
+                     "their module, or move the code):\n" + "\n".join(bad))
+
+
+def test_the_private_walk_sees_a_private_name() -> None:
+    mods = {"sbpmpi.ops", "sbpmpi.ops.shape", "sbpmpi.ops.setitem", "sbpmpi.array_api",
+            "sbpmpi.array_api._sort"}
+    root = PKG / "ops"
+    assert private_imports("sbpmpi.ops.setitem", root / "setitem.py",
+                           "from .shape import _index_key, index_key\n", mods) == \
+        ["sbpmpi.ops.setitem:1 _index_key"]
+    assert private_imports("sbpmpi.array_api", PKG / "array_api" / "__init__.py",
+                           "from . import _sort\nfrom ._sort import sort\n", mods) == []
+    assert private_imports("sbpmpi.ops.setitem", root / "setitem.py",
+                           "from ..array_api import _sort\n", mods) == \
+        ["sbpmpi.ops.setitem:1 _sort"]

@@ -294,12 +294,12 @@ def test_training_state_resumes_in_another_layout(shared_dir):
     opt = sm.optim.SGD(a.parameters(), lr=0.2, momentum=0.9)
     for k in range(2):
         run(a, opt, k)
-    sm.nn.save_training_state(os.path.join(shared_dir, "s"), a, opt)
+    sm.checkpoint.save_training_state(os.path.join(shared_dir, "s"), a, opt)
     want = [run(a, opt, 2), run(a, opt, 3)]
     for pl, w1, w2 in [(world(), S(1), S(0)), (sm.placement("cpu", [0]), B, B)]:
         b = Net(pl, w1, w2, 5)
         opt_b = sm.optim.SGD(b.parameters(), lr=0.5, momentum=0.1)
-        sm.nn.load_training_state(os.path.join(shared_dir, "s"), b, opt_b)
+        sm.checkpoint.load_training_state(os.path.join(shared_dir, "s"), b, opt_b)
         assert b.layers[0].weight.sbp == (w1,)
         got = [run(b, opt_b, 2), run(b, opt_b, 3)]
         np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -259,9 +259,9 @@ def test_a_checkpoint_saved_under_one_stage_resumes_under_another(shared_dir, sa
     ref = steps(ref_model, ref_opt, 0, 5)
     model, o = make(saved, "adam")
     steps(model, o, 0, 2)
-    sm.nn.save_training_state(shared_dir, model, o)
+    sm.checkpoint.save_training_state(shared_dir, model, o)
     model2, o2 = make(loaded, "adam")
-    sm.nn.load_training_state(shared_dir, model2, o2)
+    sm.checkpoint.load_training_state(shared_dir, model2, o2)
     np.testing.assert_allclose(steps(model2, o2, 2, 3), ref[2:], rtol=1e-10)
 
 

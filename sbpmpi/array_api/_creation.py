@@ -210,7 +210,7 @@ def linspace(start: Any, stop: Any, /, num: int, *, dtype: Any = None, device: A
     return elementwise("linspace", kernel, idx, dtype=dt)
 
 
-def _index(n: int, dev: Placement, column: bool) -> GlobalTensor:
+def index_along(n: int, dev: Placement, column: bool) -> GlobalTensor:
     """Global index arrays ``0..n-1``, as a column ``(n, 1)`` or a row ``(1, n)``."""
     from .. import ops
 
@@ -224,15 +224,15 @@ def eye(n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = N
     m = n_rows if n_cols is None else n_cols
     dt = np.dtype(np.float64) if dtype is None else dtype_arg(dtype)
     dev = device_arg(device)
-    return elementwise("eye", lambda xp, r, c: (c - r == k), _index(n_rows, dev, True),
-                       _index(m, dev, False), dtype=dt)
+    return elementwise("eye", lambda xp, r, c: (c - r == k), index_along(n_rows, dev, True),
+                       index_along(m, dev, False), dtype=dt)
 
 
 def _triangle(name: str, x: GlobalTensor, k: int, lower: bool) -> GlobalTensor:
     if not isinstance(x, GlobalTensor) or x.ndim < 2:
         raise ValueError(f"{name}: x must be a global array of at least 2 dims")
-    r = _index(x.shape[-2], x.placement, True)
-    c = _index(x.shape[-1], x.placement, False)
+    r = index_along(x.shape[-2], x.placement, True)
+    c = index_along(x.shape[-1], x.placement, False)
 
     def kernel(xp: ModuleType, a: Any, i: Any, j: Any) -> Any:
         keep = (j - i <= k) if lower else (j - i >= k)

@@ -37,7 +37,7 @@ import numpy as np
 from ..ops.elementwise import broadcast_matches
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
-from ._creation import _index
+from ._creation import index_along
 from ._dtypes import astype, result_type
 from ._elementwise import abs as abs_
 from ._elementwise import multiply, not_equal, real
@@ -456,7 +456,7 @@ def trace(x: GlobalTensor, /, *, offset: int = 0, dtype: Any = None) -> GlobalTe
 
     # the diagonal masked in place (elementwise, with index vectors), so a split matrix
     # dim stays split and the sum over the matrix dims adds partial sums
-    rows, cols = _index(x.shape[-2], x.placement, True), _index(x.shape[-1], x.placement, False)
+    rows, cols = index_along(x.shape[-2], x.placement, True), index_along(x.shape[-1], x.placement, False)
     on_diagonal = elementwise("linalg.trace", kernel, x, rows, cols, dtype=x.dtype)
     return sum_(on_diagonal, axis=(-2, -1), dtype=dtype)
 

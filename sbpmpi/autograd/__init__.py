@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .tape import Node
+from ..grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from ..tape import Node
 
 __all__ = ["no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "Node", "backward"]
 

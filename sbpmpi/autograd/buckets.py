@@ -319,7 +319,7 @@ class Reducer:
         if cur is not None and cur is slot.reduced:
             # the last reduced gradient lives in the bucket: copy it out before overwriting
             cur = GlobalTensor(cur.to_local().copy(), cur.layout, cur.dtype)
-            p._grad = cur
+            p._set_grad(cur)
         slot.prev = cur
         return False
 
@@ -344,7 +344,7 @@ class Reducer:
             slot.local = True
             return
         if p._grad is not None and p._grad is slot.reduced:
-            p._grad = GlobalTensor(slot.view.copy(), slot.reduced.layout, p.dtype)
+            p._set_grad(GlobalTensor(slot.view.copy(), slot.reduced.layout, p.dtype))
         slot.view[...] = 0
 
     def _start_ready(self) -> None:
@@ -406,9 +406,9 @@ class Reducer:
         r = GlobalTensor(s.view, p.layout, p.dtype) if s.local else None
         s.reduced, s.local_grad = r, None
         if s.prev is None and s.extra is None:
-            p._grad = r
+            p._set_grad(r)
         else:
-            p._grad = s.prev
+            p._set_grad(s.prev)
             for g in (r, s.extra):
                 if g is not None:
                     accumulate(p, g)
@@ -418,9 +418,10 @@ class Reducer:
         p = s.param
         loc = GlobalTensor(s.view, s.partial, p.dtype) if s.local else None
         if s.prev is None and s.extra is None:
-            s.local_grad = p._grad = loc
+            s.local_grad = loc
+            p._set_grad(loc)
         else:  # add to the kept .grad now (boxed to the parameter's layout)
-            p._grad = s.prev
+            p._set_grad(s.prev)
             for g in (None if loc is None else GlobalTensor(s.view.copy(), s.partial, p.dtype),
                       s.extra):
                 if g is not None:
@@ -446,7 +447,7 @@ class Reducer:
             for b in self.buckets:
                 for s in b.slots:
                     if s.filled and s.prev is not None:
-                        s.param._grad = s.prev
+                        s.param._set_grad(s.prev)
                     s.prev = s.extra = None
                 self._reset(b)
 

@@ -24,12 +24,12 @@ from .. import ops
 from ..comm.trace import ACTIVE, mark
 from ..core.sbp import broadcast
 from ..creation import full
+from ..grad_mode import no_grad
+from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
 from . import buckets
 from .gradients import accumulate
-from .mode import no_grad
 from .rules import RULES
-from .tape import Node, differentiable
 
 __all__ = ["backward", "accumulate"]
 

@@ -15,7 +15,7 @@ def accumulate(leaf: GlobalTensor, g: GlobalTensor) -> None:
     if g.dtype != leaf.dtype:
         g = ops.astype(g, leaf.dtype)
     g = _in_layout_of(leaf, g)
-    leaf._grad = g if leaf._grad is None else _in_layout_of(leaf, ops.add(leaf._grad, g))
+    leaf._set_grad(g if leaf._grad is None else _in_layout_of(leaf, ops.add(leaf._grad, g)))
 
 
 def _in_layout_of(leaf: GlobalTensor, g: GlobalTensor) -> GlobalTensor:

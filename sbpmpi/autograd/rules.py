@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from .. import ops
-from ..core.sbp import SBP, Broadcast, Partial, Split, broadcast, partial_sum
+from ..core.sbp import SBP, Broadcast, Partial, broadcast, partial_sum
 from ..creation import zeros
-from ..ops.call import OpCall, norm_dim, norm_dims
+from ..ops.call import norm_dim, norm_dims
 from ..ops.embedding import embedding_backward
-from ..ops.linalg import MATMUL, batch_matches, local_matmul
+from ..ops.linalg import matmul_nt, matmul_tn
+from ..ops.losses import cross_entropy_grad, vocab_cross_entropy_grad
 from ..ops.op import GlobalOp
-from ..ops.shape import _index_key
-from ..ops.signature import S_D, B, DimMatch, P, Signature
+from ..ops.shape import scatter
+from ..tape import Node
 from ..tensor import GlobalTensor
-from .losses import cross_entropy_grad, vocab_cross_entropy_grad
-from .tape import Node
 
-__all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "scatter", "matmul_tn",
-           "matmul_nt", "register_rules"]
+__all__ = ["RULES", "Rule", "unbroadcast", "expand_as", "conjugate_sbp", "register_rules"]
 
 Grads = Sequence[GlobalTensor | None]
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -94,83 +89,6 @@ def _reduced_shape(x: GlobalTensor, node: Node) -> tuple[tuple[int, ...], tuple[
     """(reduced dims, x's shape with them as 1) of a reduction node."""
     axes = norm_dims(node.name, node.param(1, "dim"), x.ndim)
     return axes, tuple(1 if d in axes else n for d, n in enumerate(x.shape))
-
-
-# ---- scatter: the backward of getitem ---------------------------------------------------------
-
-
-SCATTER = (  # as getitem's table, without partial max/min (zeros are not their identity)
-    Signature((S_D,), S_D),
-    Signature((B,), B),
-    Signature((P,), P),
-)
-
-
-def _scatter_build(g: GlobalTensor, shape: tuple[int, ...], key: Any) -> OpCall:
-    k, matches = _index_key(key, shape)
-    dtype = g.dtype
-
-    def kernel(xp: ModuleType, local: Sequence[Any], out_shape: tuple[int, ...]) -> Any:
-        z = xp.zeros(out_shape, dtype=dtype)
-        z[k] = local[0]
-        return z
-
-    dims = {"d": tuple(DimMatch((m.output,), m.inputs[0]) for m in matches)}
-    return OpCall("scatter", (g,), SCATTER, dims, tuple(shape), dtype, kernel,
-                  params=f"shape={tuple(shape)}, key={key!r}", labels=("g",))
-
-
-scatter = GlobalOp("scatter", _scatter_build, SCATTER, doc=(
-    "``scatter(g, shape, key)``: zeros of ``shape`` with ``g`` written at ``[key]`` (the "
-    "backward of getitem). A dim the key keeps whole keeps its split."))
-
-
-# ---- matmul with one operand transposed: the backward of matmul, without copies --------------
-
-def _swap_split(p: Any) -> Any:
-    """split(-1) <-> split(-2): the pattern of an operand seen through a transpose."""
-    if isinstance(p, Split) and p.dim in (-1, -2):
-        return Split(-3 - p.dim)
-    return p
-
-
-def _transposed_matmul(name: str, which: int) -> GlobalOp:
-    """``a^T @ b`` (which=0) or ``a @ b^T`` (which=1), transposing the last two dims.
-
-    The table is matmul's, with the transposed operand's row/column splits swapped, so
-    inference sees exactly the choices of ``matmul(transpose(a), b)``; the kernel hands
-    BLAS the transposed view instead of copying it.
-    """
-    table = tuple(Signature(tuple(_swap_split(q) if i == which else q
-                                  for i, q in enumerate(sig.inputs)), sig.output, sig.when)
-                  for sig in MATMUL)
-
-    def build(a: GlobalTensor, b: GlobalTensor) -> OpCall:
-        shapes = [list(a.shape), list(b.shape)]
-        shapes[which][-2:] = shapes[which][-2:][::-1]
-        sa, sb = shapes
-        if sa[-1] != sb[-2]:
-            raise ValueError(f"{name}: contracted dims differ: {a.shape} and {b.shape}")
-        batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
-        dtype = np.result_type(a.dtype, b.dtype)
-
-        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-            x, y = local
-            if which == 0:
-                x = xp.swapaxes(x, -1, -2)
-            else:
-                y = xp.swapaxes(y, -1, -2)
-            return local_matmul(xp, x, y)
-
-        return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
-                      batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))
-
-    return GlobalOp(name, build, table, doc=f"``{name}(a, b)``: " + (
-        "``a^T @ b``" if which == 0 else "``a @ b^T``") + " over the last two dims.")
-
-
-matmul_tn = _transposed_matmul("matmul_tn", 0)
-matmul_nt = _transposed_matmul("matmul_nt", 1)
 
 
 # ---- rules ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import CostTable
-from .plan import Plan, PlanChoice, _fmt_time, _ranks_str, _sbp_str
+from .plan import Plan, PlanChoice, format_seconds, ranks_text, sbp_text
 
 __all__ = ["Explanation"]
 
@@ -47,17 +47,17 @@ class Explanation:
         p = self.plan
         src, dst = p.src, p.dst
         lines = [
-            f"boxing {src.shape} {np.dtype(self.dtype)}: {_sbp_str(src.sbp)} on "
-            f"{_ranks_str(src.placement)} -> {_sbp_str(dst.sbp)} on {_ranks_str(dst.placement)}",
+            f"boxing {src.shape} {np.dtype(self.dtype)}: {sbp_text(src.sbp)} on "
+            f"{ranks_text(src.placement)} -> {sbp_text(dst.sbp)} on {ranks_text(dst.placement)}",
             f"chosen plan ({len(p.steps)} step{'s' if len(p.steps) != 1 else ''}, "
-            f"est. {_fmt_time(p.seconds)}):",
+            f"est. {format_seconds(p.seconds)}):",
             p.table(),
         ]
         if self.rejected:
             lines.append(f"rejected candidates ({len(self.rejected)}):")
             lines.append(f"  {'est. time':>10}  steps")
             for r in self.rejected:
-                lines.append(f"  {_fmt_time(r.seconds):>10}  {r.summary()}")
+                lines.append(f"  {format_seconds(r.seconds):>10}  {r.summary()}")
         else:
             lines.append("rejected candidates: none")
         lines.append(f"cost model: {self.table.source} (sm.boxing.calibrate() measures this "
@@ -65,4 +65,4 @@ class Explanation:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"<Explanation {self.plan.summary()} est. {_fmt_time(self.seconds)}>"
+        return f"<Explanation {self.plan.summary()} est. {format_seconds(self.seconds)}>"

@@ -89,7 +89,7 @@ def _inner_ops_match(sbp: NdSbp, axis: int, op: str) -> bool:
     return all(s.op == op for s in sbp[axis + 1:] if isinstance(s, Partial))
 
 
-def _ops(sbp: NdSbp) -> set[str]:
+def reduce_ops(sbp: NdSbp) -> set[str]:
     return {s.op for s in sbp if isinstance(s, Partial)}
 
 
@@ -162,7 +162,7 @@ def why_meaningless(src: Layout, dst: Layout) -> str | None:
     one side are fine when the other side has no partial axis, or when the destination
     (on the same placement) only reduces some of the source's partial axes.
     """
-    so, do = _ops(src.sbp), _ops(dst.sbp)
+    so, do = reduce_ops(src.sbp), reduce_ops(dst.sbp)
     if not so or not do or len(so | do) == 1:
         return None
     if src.placement == dst.placement and all(
@@ -246,13 +246,13 @@ class Step:
         a, b = self.axis, self.axis + self.span
         if any(x != self.frm for x in layout.sbp[a:b]):
             raise ValueError(f"{self.kind} step expects {self.frm} on mesh axes "
-                             f"{self.axis_label}, got {_sbp_str(layout.sbp[a:b])}")
+                             f"{self.axis_label}, got {sbp_text(layout.sbp[a:b])}")
         h = layout.placement.hierarchy
         kind = (transition_kind(layout.sbp, h, a, self.to) if self.span == 1
                 else span_kind(layout.sbp, h, a, b - 1, self.to))
         if kind != self.kind:
             raise ValueError(f"{self.frm} -> {self.to} on mesh axes {self.axis_label} of "
-                             f"{_sbp_str(layout.sbp)} is a {kind} step, not {self.kind}")
+                             f"{sbp_text(layout.sbp)} is a {kind} step, not {self.kind}")
         sbp = layout.sbp[:a] + (self.to,) * self.span + layout.sbp[b:]
         return Layout(layout.shape, layout.placement, sbp)
 
@@ -278,8 +278,8 @@ class Step:
     def change_text(self) -> str:
         """What changes, e.g. ``S(0) -> B`` or the two layouts of a cross-placement step."""
         if self.kind in CROSS_KINDS:
-            return (f"{_sbp_str(self.src.sbp)} on {_ranks_str(self.src.placement)} -> "
-                    f"{_sbp_str(self.dst.sbp)} on {_ranks_str(self.dst.placement)}")
+            return (f"{sbp_text(self.src.sbp)} on {ranks_text(self.src.placement)} -> "
+                    f"{sbp_text(self.dst.sbp)} on {ranks_text(self.dst.placement)}")
         return f"{self.frm} -> {self.to}"
 
     def short(self) -> str:
@@ -289,11 +289,11 @@ class Step:
         return f"{self.name}({word} {self.axis_label}: {self.change_text()})"
 
 
-def _sbp_str(sbp: NdSbp) -> str:
+def sbp_text(sbp: NdSbp) -> str:
     return "(" + ", ".join(str(s) for s in sbp) + ")"
 
 
-def _ranks_str(pl: Placement) -> str:
+def ranks_text(pl: Placement) -> str:
     return f"{pl.type}{pl.ranks.tolist()}"
 
 
@@ -304,7 +304,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _fmt_time(s: float) -> str:
+def format_seconds(s: float) -> str:
     if s == 0:
         return "0"
     if s < 1e-3:
@@ -340,15 +340,15 @@ class Plan:
         for i, s in enumerate(self.steps, 1):
             if s.kind == "send_recv":
                 comms = f"{len(s.groups)} p2p pair{'s' if len(s.groups) != 1 else ''}"
-                change = (f"{_sbp_str(s.src.sbp)} -> {_sbp_str(s.dst.sbp)} on "
-                          f"{_ranks_str(s.dst.placement)}")
+                change = (f"{sbp_text(s.src.sbp)} -> {sbp_text(s.dst.sbp)} on "
+                          f"{ranks_text(s.dst.placement)}")
             else:
                 comms = " ".join(str(list(g)) for g in s.groups) or "-"
                 change = s.change_text() if s.kind != "broadcast" else (
-                    f"from rank {s.root} to {_ranks_str(s.dst.placement)}")
+                    f"from rank {s.root} to {ranks_text(s.dst.placement)}")
             rows.append((str(i), s.name, s.axis_label, change, comms,
                          _fmt_bytes(s.send_bytes), _fmt_bytes(s.recv_bytes),
-                         _fmt_time(s.seconds)))
+                         format_seconds(s.seconds)))
         if not self.steps:
             return "  (nothing to do: the layouts are equal)"
         widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
@@ -358,9 +358,9 @@ class Plan:
                          for r in rows)
 
     def __str__(self) -> str:
-        return (f"boxing plan {self.src} -> {_sbp_str(self.dst.sbp)} on "
-                f"{_ranks_str(self.dst.placement)}, {self.itemsize}-byte items, est. "
-                f"{_fmt_time(self.seconds)}\n{self.table()}")
+        return (f"boxing plan {self.src} -> {sbp_text(self.dst.sbp)} on "
+                f"{ranks_text(self.dst.placement)}, {self.itemsize}-byte items, est. "
+                f"{format_seconds(self.seconds)}\n{self.table()}")
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from .plan import (
     Plan,
     PlanChoice,
     Step,
-    _ops,
     check_conversion,
     max_local_extents,
+    reduce_ops,
     span_kind,
     transition_kind,
 )
@@ -139,7 +139,7 @@ def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) ->
         if not is_contiguous_box(relative(t.box, r2), [b - a for a, b in r2]):
             copied[t.dst] = copied.get(t.dst, 0) + n
     reduce_op = None
-    src_ops = _ops(src.sbp)
+    src_ops = reduce_ops(src.sbp)
     if src_ops:
         reduce_op = next(iter(src_ops))
         for r in dst.placement.rank_list:
@@ -256,7 +256,7 @@ def _search(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> PlanCh
     same = src.placement == dst.placement
     sides = [src.placement] if same else [src.placement, dst.placement]
     dims = _split_dims(src, dst)
-    ops = _ops(src.sbp) | _ops(dst.sbp)
+    ops = reduce_ops(src.sbp) | reduce_ops(dst.sbp)
     last = len(sides) - 1
     start: Node = (0, src.sbp)
     goal: Node = (last, dst.sbp)
@@ -281,7 +281,7 @@ def _search(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> PlanCh
         pairs = [(src.sbp, s2) for s2 in graphs[last].adj] + \
                 [(s1, dst.sbp) for s1 in graphs[0].adj if s1 != src.sbp]
     for s1, s2 in pairs:
-        o1, o2 = _ops(s1), _ops(s2)
+        o1, o2 = reduce_ops(s1), reduce_ops(s2)
         if len(o1) > 1 or len(o2) > 1 or (o1 and o2 and o1 != o2):
             continue
         l1 = Layout(src.shape, sides[0], s1)

@@ -20,13 +20,18 @@ reports each tensor as it is written or read (name, shape, dtype, size, time, ra
 stderr, as a progress bar when stderr is a terminal and tqdm is installed (the
 ``progress`` extra).
 
-All four are collective over the world: every rank calls them with the same
+``sm.checkpoint.save_training_state(directory, model, optimizer)`` and
+``load_training_state`` keep a model's parameters and an optimizer's state in one such
+directory.
+
+All of them are collective over the world: every rank calls them with the same
 arguments.
 
 Modules: :mod:`.header` (the ``.npy`` header), :mod:`.atomic_write` (temporary
 name, rename once every rank succeeded), :mod:`.tensor_file` (one tensor: save, load),
 :mod:`.state_directory` (save_state, load_state) with :mod:`.state_index`
-(``index.json``) and :mod:`.progress` (``verbose=True``), :mod:`.arguments`.
+(``index.json``) and :mod:`.progress` (``verbose=True``), :mod:`.arguments`;
+:mod:`.training_state` (a model's and an optimizer's state in one directory).
 """
 
 from __future__ import annotations
@@ -36,5 +41,7 @@ from .header import read_header
 from .state_directory import load_state, save_state
 from .state_index import INDEX_NAME
 from .tensor_file import load, save
+from .training_state import load_training_state, save_training_state
 
-__all__ = ["save", "load", "save_state", "load_state", "read_header", "INDEX_NAME"]
+__all__ = ["save", "load", "save_state", "load_state", "save_training_state",
+           "load_training_state", "read_header", "INDEX_NAME"]

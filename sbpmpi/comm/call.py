@@ -7,7 +7,7 @@ A buffer call is written as::
         m = output_array_meta(arr, "arr", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)                       #    (checked mode: raised on every rank)
-    if checks._enabled:
+    if checks.checking():
         c.agree(sig)                      # 3. ranks agree on the signature (checked mode)
     if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
         return                            #    GPU transports (CUDA IPC)
@@ -33,7 +33,7 @@ from .. import backend
 from . import checks
 from .buffers import ArrayMeta
 from .gpu import route as _gpu
-from .group import _WORLD_COMM, WORLD, Group, resolve
+from .group import WORLD, WORLD_COMM, Group, resolve
 from .nan_reduction import nan_safe
 from .reduce_op import ORDERED, MPIReduction, ReduceOp
 from .tracing import ACTIVE, note
@@ -50,7 +50,7 @@ class Call:
     def __init__(self, name: str, group: Group | None) -> None:
         self.name = name
         if group is None:
-            self.g, self.comm = WORLD, _WORLD_COMM
+            self.g, self.comm = WORLD, WORLD_COMM
         else:
             self.g, self.comm = resolve(group, name)
         self.ranks = self.g.ranks
@@ -58,13 +58,13 @@ class Call:
     def refuse(self, e: TypeError | ValueError) -> NoReturn:
         """Raise the argument error ``e``; in checked mode every rank of the group raises
         it (see :func:`.checks.agree`)."""
-        if checks._enabled:
+        if checks.checking():
             checks.agree(self.g, self.name, e)
         raise e
 
     def agree(self, sig: Sequence[tuple[str, Any]], extra: Any = None) -> list[tuple[Any, Any]]:
         """Checked mode: every rank of the group passed the same ``sig`` (callers test
-        ``checks._enabled`` first, so the signature is built only when checking)."""
+        ``checks.checking()`` first, so the signature is built only when checking)."""
         return checks.agree(self.g, self.name, None, sig, extra)
 
     def gpu(self, route: Callable[..., bool], *args: Any) -> bool:

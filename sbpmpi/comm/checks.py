@@ -29,7 +29,7 @@ from .mismatch import mismatch_message
 
 __all__ = ["checking", "agree", "agreed", "disagreement"]
 
-# The calls test this flag first (one global read): the setting, off inside agreed().
+# The calls test this flag first (through checking()): the setting, off inside agreed().
 _enabled: bool = config.comm_check.value
 _agreed_depth = 0
 

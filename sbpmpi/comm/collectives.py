@@ -48,7 +48,7 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
         root = root_rank(c.g, src, "src", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, src=src))
     if m.on_gpu and c.gpu(_gpu.broadcast, arr, m, root):
         return
@@ -72,7 +72,7 @@ def reduce(arr: Any, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group | None 
         root = root_rank(c.g, dst, "dst", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, op=op.name, dst=dst))
     red = c.nan_safe(red, op, m.dtype, arr)
     me = c.comm.Get_rank()
@@ -123,7 +123,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, op=op.name, **({"async_op": True} if async_op else {})))
     if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
         return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
@@ -224,7 +224,7 @@ def _gather_scatter(name: str, arr: Any, x: Any, arg: str, root_arg: str, root_w
     to_root = name == "gather"
     c = call(name, group)
     m, t, root, me, p, metas, mx = _rooted(c, arr, x, arg, root_arg, root_world, to_root)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, **{root_arg: root_world}))
     with stager(m.on_gpu or (mx is not None and mx.on_gpu)) as st:
         whole: Any = None  # the root's blocks as one flat buffer; None elsewhere
@@ -291,7 +291,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
         metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, **({"async_op": True} if async_op else {})))
     if m.on_gpu and mo is not None and mo.on_gpu and c.gpu(_gpu.all_gather, out, arr, m):
         return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
@@ -351,7 +351,7 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, size=m.size, op=op.name))
     if m.on_gpu and mi is not None and mi.on_gpu and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
         return
@@ -398,7 +398,7 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree(_sig(m, block=m.size))
     if (mo is not None and mi is not None and mo.on_gpu and mi.on_gpu
             and c.gpu(_gpu.all_to_all, out, in_, m, mi)):

@@ -53,7 +53,7 @@ class Group:
 
 
 WORLD = Group(tuple(range(MPI.COMM_WORLD.Get_size())), MPI.COMM_WORLD)
-_WORLD_COMM: MPI.Intracomm = MPI.COMM_WORLD
+WORLD_COMM: MPI.Intracomm = MPI.COMM_WORLD
 
 
 @functools.cache
@@ -106,7 +106,7 @@ def mesh_groups(placement: Placement) -> tuple[Group | None, ...]:
 def resolve(group: Group | None, op: str) -> tuple[Group, MPI.Intracomm]:
     """The group (WORLD for None) and its communicator; errors if this rank is not a member."""
     if group is None:
-        return WORLD, _WORLD_COMM
+        return WORLD, WORLD_COMM
     g = group
     comm = getattr(g, "comm", None)
     if comm is None:

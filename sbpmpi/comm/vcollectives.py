@@ -107,7 +107,7 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d)])
     if m.on_gpu and mo.on_gpu and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
         return
@@ -144,7 +144,7 @@ def _gather_scatter_v(name: str, arr: Any, x: Any, counts: Any, displs: Any, roo
     c = call(name, group)
     m, root, cs, d, need, mx, t = _rooted_v(c, arr, x, counts, displs, root_arg, root_world,
                                            to_root)
-    if checks._enabled:
+    if checks.checking():
         c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d), (root_arg, root_world)])
     with stager(m.on_gpu or (mx is not None and mx.on_gpu)) as st:
         if to_root:
@@ -182,7 +182,7 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         c.agree([("dtype", m.dtype.str), ("counts", cs), ("op", op.name)])
     if m.on_gpu and mi.on_gpu and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
         return
@@ -215,7 +215,7 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks._enabled:
+    if checks.checking():
         sigs = c.agree([("dtype", m.dtype.str)], extra=(ic, oc))
         for i, (_, (ici, _)) in enumerate(sigs):
             for j, (_, (_, ocj)) in enumerate(sigs):

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.tape import record_op
 from ..core.layout import Layout
 from ..runtime.consistency import StepCheck, check_enabled, debug_enabled, note_known_step
+from ..tape import record_op
 from ..tensor import GlobalTensor
 from .kernel import Kernel, local_result
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from ..core.sbp import Split
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, probe_dtype
 from .op import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
-__all__ = ["MATMUL", "matmul", "batch_matches", "local_matmul"]
+__all__ = ["MATMUL", "matmul", "matmul_tn", "matmul_nt", "batch_matches", "local_matmul"]
 
 S_BATCH = AnySplit("batch")
 
@@ -88,3 +89,51 @@ def batch_matches(a: GlobalTensor, b: GlobalTensor, batch: tuple[int, ...]
 matmul = GlobalOp("matmul", _build, MATMUL, doc=(
     "Matrix product ``a @ b`` of global tensors (2-D, or batched with broadcast batch "
     "dims); the output SBP follows from the cheapest signature in ``matmul.table``."))
+
+
+# ---- matmul with one operand transposed: the backward of matmul, without copies --------------
+
+def _swap_split(p: Any) -> Any:
+    """split(-1) <-> split(-2): the pattern of an operand seen through a transpose."""
+    if isinstance(p, Split) and p.dim in (-1, -2):
+        return Split(-3 - p.dim)
+    return p
+
+
+def _transposed_matmul(name: str, which: int) -> GlobalOp:
+    """``a^T @ b`` (which=0) or ``a @ b^T`` (which=1), transposing the last two dims.
+
+    The table is matmul's, with the transposed operand's row/column splits swapped, so
+    inference sees exactly the choices of ``matmul(transpose(a), b)``; the kernel hands
+    BLAS the transposed view instead of copying it.
+    """
+    table = tuple(Signature(tuple(_swap_split(q) if i == which else q
+                                  for i, q in enumerate(sig.inputs)), sig.output, sig.when)
+                  for sig in MATMUL)
+
+    def build(a: GlobalTensor, b: GlobalTensor) -> OpCall:
+        shapes = [list(a.shape), list(b.shape)]
+        shapes[which][-2:] = shapes[which][-2:][::-1]
+        sa, sb = shapes
+        if sa[-1] != sb[-2]:
+            raise ValueError(f"{name}: contracted dims differ: {a.shape} and {b.shape}")
+        batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+        dtype = np.result_type(a.dtype, b.dtype)
+
+        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+            x, y = local
+            if which == 0:
+                x = xp.swapaxes(x, -1, -2)
+            else:
+                y = xp.swapaxes(y, -1, -2)
+            return local_matmul(xp, x, y)
+
+        return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
+                      batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))
+
+    return GlobalOp(name, build, table, doc=f"``{name}(a, b)``: " + (
+        "``a^T @ b``" if which == 0 else "``a @ b^T``") + " over the last two dims.")
+
+
+matmul_tn = _transposed_matmul("matmul_tn", 0)
+matmul_nt = _transposed_matmul("matmul_nt", 1)

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..autograd.tape import record_op
 from ..comm.agreement import all_ok
 from ..env import get_rank
 from ..runtime import redistribute
@@ -29,6 +28,7 @@ from ..runtime.consistency import (
     note_step,
     step_check,
 )
+from ..tape import record_op
 from ..tensor import GlobalTensor
 from . import dispatch
 from .call import OpCall

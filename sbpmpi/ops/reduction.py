@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.mode import no_grad
-from ..autograd.tape import record_op
 from ..core.reduction import REDUCTIONS, identity_value
 from ..core.sbp import PARTIALS, Partial, Split
+from ..grad_mode import no_grad
+from ..tape import record_op
 from ..tensor import GlobalTensor
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
 from .elementwise import broadcast_matches, mul, sub

@@ -24,7 +24,7 @@ from .array_index import mask_of
 from .call import OpCall, arg_summary, is_scalar, tensor_arg
 from .op import execute
 from .reduction import reduced
-from .shape import _index_key
+from .shape import index_key
 from .signature import S_D, B, DimMatch, Signature
 
 __all__ = ["setitem", "SETITEM"]
@@ -55,7 +55,7 @@ def _selection(x: GlobalTensor, key: Any) -> Selection:
         if isinstance(k, GlobalTensor):
             raise IndexError(f"setitem: array index {arg_summary(k)} is not supported (ints, "
                              f"slices, None, ... or one boolean array)")
-    norm, _ = _index_key(key, x.shape)
+    norm, _ = index_key(key, x.shape)
     indices = []
     d = 0
     for k in norm:

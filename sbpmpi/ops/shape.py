@@ -19,8 +19,8 @@ from .call import OpCall, arg_summary, norm_dim, tensor_arg
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
-__all__ = ["MOVE", "ASTYPE", "CAT", "transpose", "reshape", "getitem", "astype", "cat",
-           "reshape_matches"]
+__all__ = ["MOVE", "ASTYPE", "CAT", "SCATTER", "transpose", "reshape", "getitem", "astype",
+           "cat", "scatter", "reshape_matches"]
 
 def _carried(ordered_when: str = "") -> tuple[Signature, ...]:
     """Each SBP kind carried through as it is: S(d) -> S(d), B -> B, each partial to itself
@@ -152,7 +152,7 @@ reshape = GlobalOp("reshape", _reshape, MOVE, doc=(
 
 # ---- getitem -------------------------------------------------------------------------------
 
-def _index_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[DimMatch, ...]]:
+def index_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[DimMatch, ...]]:
     """Normalised key (ints, slices, None) and the dims it keeps whole."""
     items = key if isinstance(key, tuple) else (key,)
     for k in items:
@@ -204,7 +204,7 @@ def _index_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple
 def _getitem(x: Any, key: Any) -> OpCall:
     """Build the OpCall of ``getitem``."""
     x = tensor_arg("getitem", x)
-    k, matches = _index_key(key, x.shape)
+    k, matches = index_key(key, x.shape)
     out_shape = tuple(np.broadcast_to(np.empty((), dtype=np.int8), x.shape)[k].shape)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
@@ -278,3 +278,32 @@ def _cat(tensors: Any, dim: Any = 0) -> OpCall:
 cat = GlobalOp("cat", _cat, CAT, doc=(
     "Concatenate global tensors along ``dim``; splits of other dims pass through, a "
     "split of ``dim`` is boxed first (each input row of ``cat.table`` applies to all)."))
+
+
+# ---- scatter: the backward of getitem ---------------------------------------------------------
+
+
+SCATTER = (  # as getitem's table, without partial max/min (zeros are not their identity)
+    Signature((S_D,), S_D),
+    Signature((B,), B),
+    Signature((P,), P),
+)
+
+
+def _scatter_build(g: GlobalTensor, shape: tuple[int, ...], key: Any) -> OpCall:
+    k, matches = index_key(key, shape)
+    dtype = g.dtype
+
+    def kernel(xp: ModuleType, local: Sequence[Any], out_shape: tuple[int, ...]) -> Any:
+        z = xp.zeros(out_shape, dtype=dtype)
+        z[k] = local[0]
+        return z
+
+    dims = {"d": tuple(DimMatch((m.output,), m.inputs[0]) for m in matches)}
+    return OpCall("scatter", (g,), SCATTER, dims, tuple(shape), dtype, kernel,
+                  params=f"shape={tuple(shape)}, key={key!r}", labels=("g",))
+
+
+scatter = GlobalOp("scatter", _scatter_build, SCATTER, doc=(
+    "``scatter(g, shape, key)``: zeros of ``shape`` with ``g`` written at ``[key]`` (the "
+    "backward of getitem). A dim the key keeps whole keeps its split."))

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..autograd.mode import no_grad
 from ..core.sbp import Partial, broadcast
 from ..creation import full, tensor
+from ..grad_mode import no_grad
 from ..tensor import GlobalTensor
 from . import lr_scheduler
 
@@ -149,8 +149,8 @@ class Optimizer:
         """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
         (never in place: a gradient may be shared by several leaves)."""
         for p in self.params:
-            p._grad = None if set_to_none or p.grad is None else \
-                full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
+            p._set_grad(None if set_to_none or p.grad is None else
+                        full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype))
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local to each rank's shards)."""

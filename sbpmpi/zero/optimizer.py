@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import backend
-from ..autograd.mode import no_grad
 from ..core.layout import Layout
 from ..core.sbp import SBP, partial_sum
+from ..grad_mode import no_grad
 from ..tensor import GlobalTensor
 from .layouts import owned, split_sbp
 from .sharded_module import ShardedModule

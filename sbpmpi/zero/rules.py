@@ -8,10 +8,10 @@ import numpy as np
 
 from .. import backend
 from ..autograd.rules import Rule
-from ..autograd.tape import Node
 from ..core.layout import Layout, empty_shape
 from ..core.sbp import Broadcast, partial_sum
 from ..env import get_rank
+from ..tape import Node
 from ..tensor import GlobalTensor
 
 __all__ = ["RULES"]
@@ -41,8 +41,8 @@ def unreduced_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor | None]:
     old = p._grad
     if old is not None and old.layout != g.layout:  # a .grad set by hand
         old = old.to_global(placement=p.placement, sbp=sbp)
-    p._grad = g if old is None else GlobalTensor(old.to_local() + g.to_local(), g.layout,
-                                                 p.dtype)
+    p._set_grad(g if old is None else GlobalTensor(old.to_local() + g.to_local(), g.layout,
+                                                   p.dtype))
     return [None]
 
 

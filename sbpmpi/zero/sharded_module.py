@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..autograd.mode import no_grad
-from ..autograd.tape import detached, record_conversion, record_op
 from ..core.layout import Layout
 from ..env import get_rank
+from ..grad_mode import no_grad
 from ..runtime import redistribute
+from ..tape import detached, record_conversion, record_op
 from ..tensor import GlobalTensor
 from .flat import FlatGather, PendingGather, flat_gather, start_flat
 from .layouts import owned, owner_of, split_sbp, view_of, whole_sbp
@@ -284,7 +284,7 @@ class ShardedModule:
                 freed += int(local.nbytes)
                 empty = local[:0].copy()  # no reference to the buffer; a use fails (wrong shape)
                 for w in ws:
-                    w._local = empty
+                    w._set_data(empty)
         self.gathered_bytes -= freed
         if only is None or all(ws[0].to_local().size == 0 for _, ws in g.copies):
             g.held = False
@@ -300,7 +300,7 @@ class ShardedModule:
             self._start_prefetch(self._order[k - 1] if k > 0 else None)
         for (_, ws), local in zip(g.copies, wholes):
             for w in ws:
-                w._local = local
+                w._set_data(local)
 
     # -- the module's names ---------------------------------------------------------------
 

@@ -64,13 +64,13 @@ def main() -> None:
     if mode == "save":
         for k in range(3):
             step(net, opt, k)
-        sm.nn.save_training_state(state, net, opt)
+        sm.checkpoint.save_training_state(state, net, opt)
         losses = [step(net, opt, 3), step(net, opt, 4)]
         if sm.env.get_rank() == 0:
             with open(os.path.join(directory, "expected.json"), "w") as f:
                 json.dump(losses, f)
     else:
-        sm.nn.load_training_state(state, net, opt)
+        sm.checkpoint.load_training_state(state, net, opt)
         losses = [step(net, opt, 3), step(net, opt, 4)]
         with open(os.path.join(directory, "expected.json")) as f:
             want = json.load(f)

@@ -57,13 +57,13 @@ def main() -> None:
     if mode == "save":
         for k in range(3):
             step(model, opt, pl, k)
-        sm.nn.save_training_state(state, net if stage == "b" else model, opt)
+        sm.checkpoint.save_training_state(state, net if stage == "b" else model, opt)
         losses = [step(model, opt, pl, 3), step(model, opt, pl, 4)]
         if sm.env.get_rank() == 0:
             with open(os.path.join(directory, "expected.json"), "w") as f:
                 json.dump(losses, f)
     else:
-        sm.nn.load_training_state(state, net if stage == "b" else model, opt)
+        sm.checkpoint.load_training_state(state, net if stage == "b" else model, opt)
         losses = [step(model, opt, pl, 3), step(model, opt, pl, 4)]
         with open(os.path.join(directory, "expected.json")) as f:
             want = json.load(f)

@@ -20,11 +20,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.layout import Layout
-from ..tensor import GlobalTensor
-from .mode import is_grad_enabled
+from .core.layout import Layout
+from .grad_mode import is_grad_enabled
+from .tensor import GlobalTensor
 
-__all__ = ["Node", "Saves", "SAVES", "record_op", "record_conversion", "differentiable", "detached"]
+__all__ = ["Node", "Saves", "SAVES", "record_op", "record_conversion", "differentiable", "detached",
+           "check_requires_grad", "check_grad_value"]
 
 
 @dataclass(eq=False)
@@ -77,7 +78,7 @@ def _metadata(x: GlobalTensor) -> GlobalTensor:
     """``x``'s layout, dtype and place in the graph without its array (a kernel handed it
     fails: no rule may read it)."""
     m = GlobalTensor(None, x._layout, x._dtype)
-    m._node, m._requires_grad = x._node, x._requires_grad
+    m._set_node(x._node)
     return m
 
 
@@ -118,8 +119,7 @@ def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
         return out
     needs = tuple(_needs(o) for o in operands)
     operands, args, kept = _saved(name, operands, args, out)
-    out._node = Node(name, operands, args, kwargs, kept, needs)
-    out._requires_grad = True
+    out._set_node(Node(name, operands, args, kwargs, kept, needs))
     return out
 
 
@@ -135,8 +135,7 @@ def record_conversion(src: GlobalTensor, out: GlobalTensor,
     if out is src:
         out = detached(src)
     kwargs = {} if grad is None else {"grad_sbp": grad.sbp}
-    out._node = Node("to_global", (src,), (), kwargs, detached(out), (True,))
-    out._requires_grad = True
+    out._set_node(Node("to_global", (src,), (), kwargs, detached(out), (True,)))
     return out
 
 
@@ -145,8 +144,8 @@ def _enabled_for(operands: tuple[Any, ...], out: GlobalTensor) -> bool:
             and any(_needs(o) for o in operands))
 
 
-def set_requires_grad(x: GlobalTensor, flag: Any) -> None:
-    """``x.requires_grad_(flag)``, checked: a bool, a floating dtype, a leaf."""
+def check_requires_grad(x: GlobalTensor, flag: Any) -> bool:
+    """The value of ``x.requires_grad_(flag)``, checked: a bool, a floating dtype, a leaf."""
     if not isinstance(flag, (bool, np.bool_)):
         raise TypeError(f"requires_grad must be a bool, got {type(flag).__name__} {flag!r}")
     if flag and not differentiable(x.dtype):
@@ -154,7 +153,7 @@ def set_requires_grad(x: GlobalTensor, flag: Any) -> None:
                         f"{x.dtype} has no gradient (cast it with x.astype(np.float32))")
     if x._node is not None and not flag:
         raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use x.detach()")
-    x._requires_grad = bool(flag)
+    return bool(flag)
 
 
 def check_grad_value(x: GlobalTensor, g: Any) -> GlobalTensor | None:

@@ -22,16 +22,15 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from .. import ops
 from ..core.sbp import Split
-from ..ops.call import OpCall
-from ..ops.op import GlobalOp
-from ..ops.reduction import reduced
-from ..ops.signature import S_D, AnySplit, B, DimMatch, P, S, Signature
-from ..ops.triangle import global_index
+from ..grad_mode import no_grad
+from ..tape import record_op
 from ..tensor import GlobalTensor
-from .mode import no_grad
-from .tape import record_op
+from .call import OpCall
+from .op import GlobalOp
+from .reduction import max_, reduced
+from .signature import S_D, AnySplit, B, DimMatch, P, S, Signature
+from .triangle import global_index
 
 __all__ = ["CROSS_ENTROPY", "CROSS_ENTROPY_GRAD", "VOCAB_STATS", "VOCAB_LOSS", "VOCAB_GRAD",
            "cross_entropy", "cross_entropy_grad", "vocab_stats", "vocab_loss", "vocab_grad",
@@ -215,7 +214,7 @@ def cross_entropy_loss(logits: GlobalTensor, labels: GlobalTensor, ignore_index:
     if not any(isinstance(s, Split) and s.dim == 1 for s in logits.sbp):
         return cross_entropy(logits, labels, ignore_index, scale)  # type: ignore[no-any-return]
     with no_grad():
-        m = reduced(ops.max(logits, 1, keepdim=True))
+        m = reduced(max_(logits, 1, keepdim=True))
         cols = global_index(logits, 1)
         stats = reduced(vocab_stats(logits, labels, m, cols, ignore_index))
         out = vocab_loss(stats, m, labels, logits.shape[1], ignore_index, scale)

@@ -1,0 +1,91 @@
+"""Data parallelism with gradient buckets (``DataParallel``, ``no_sync``) and ZeRO's entry
+point (``shard``)."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..autograd import buckets
+from .module import Module
+
+__all__ = ["DataParallel", "no_sync", "shard"]
+
+
+no_sync = buckets.no_sync
+
+
+
+class DataParallel(Module):
+    """Data parallelism whose gradient all-reduces overlap backward (as torch's DDP).
+
+    ``DataParallel(model)`` wraps a module whose parameters are broadcast along the
+    data-parallel mesh axis ``axis`` (the axis the batch is split along): their gradients
+    arrive ``partial_sum`` there and are reduced in flat buckets, each started as soon as
+    backward has produced all its gradients, while backward computes the earlier layers
+    (see :mod:`sbpmpi.autograd.buckets`). Parameters split along ``axis`` keep the
+    unbucketed path. ``.grad`` is set, in the parameter's layout, before ``backward``
+    returns; its local shard is a view into its bucket. The results equal the unbucketed
+    ones (bit for bit, as each gradient all-reduced on its own).
+
+    Use :meth:`no_sync` (or :func:`sbpmpi.nn.no_sync` for every DataParallel) to
+    accumulate gradients over several backwards and reduce the sum once.
+
+    Parameters
+    ----------
+    module : Module
+        The model; ``forward`` calls it, ``parameters()`` are its parameters (named
+        ``"module.<name>"``, as torch's DDP names them).
+    axis : int
+        The data-parallel mesh axis of the parameters' placement (default 0).
+    bucket_cap_mb, first_bucket_mb : float
+        Bucket sizes in MiB, counted over whole gradients in reverse parameter order:
+        PyTorch DDP's 25 and 1 by default (the first bucket small, to start early).
+    """
+
+    def __init__(self, module: Module, *, axis: int = 0, bucket_cap_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"DataParallel: module must be an sm.nn.Module, got "
+                            f"{type(module).__name__}")
+        caps = []
+        for name, v in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(
+                    v, (int, float, np.integer, np.floating)) or not v >= 0 or math.isinf(v):
+                raise ValueError(f"DataParallel: {name} must be a non-negative number of MiB, "
+                                 f"got {v!r}")
+            caps.append(int(v * buckets.MIB))
+        self.module = module
+        self.reducer = buckets.Reducer(module.parameters(), axis, caps[0], caps[1])
+        weakref.finalize(self, self.reducer.close)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> Any:
+        """``with model.no_sync():`` backward accumulates this model's gradients without
+        reducing them; the next backward outside reduces the sum."""
+        return self.reducer.no_sync()
+
+    def __repr__(self) -> str:
+        return f"DataParallel({self.module!r}, buckets={self.reducer.layout()})"
+
+
+
+def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0,
+          bucketed: bool = True, prefetch: bool = True) -> tuple[Any, Any]:
+    """ZeRO on the data-parallel mesh axis ``axis``: ``model, opt = sm.nn.shard(model, opt,
+    stage=1)`` splits the optimizer state over that axis, ``stage=2`` the gradients too
+    (reduce-scattered into the split), ``stage=3`` the parameters too (each layer's
+    all-gathered around its forward and backward, in one call when ``bucketed``, the next
+    layer's started early when ``prefetch``). Use the
+    returned pair from then on. See :mod:`sbpmpi.zero`."""
+    from ..zero import shard as shard_layouts
+
+    if not isinstance(module, Module):
+        raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
+    return shard_layouts(module, optimizer, stage=stage, axis=axis, bucketed=bucketed,
+                         prefetch=prefetch)
