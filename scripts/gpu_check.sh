@@ -42,9 +42,9 @@ LOGS=${LOGS:-/tmp/gpu-check-logs}  # rank logs and JUnit files (not in OUTDIR: f
 PY=${PYTHON:-python3}
 LIMIT=540  # seconds per step: the run tool allows 600 per command, with the start around it
 
-COMM_TESTS="tests/test_comm_collectives.py tests/test_comm_vcollectives.py tests/test_comm_p2p.py"
-GPU_TESTS="tests/test_gpu_transport_cuda.py tests/test_gpu_transport_mpi.py"
-BOXING_TESTS="tests/test_boxing.py tests/test_ops.py"
+COMM_TESTS="tests/comm/test_comm_collectives.py tests/comm/test_comm_vcollectives.py tests/comm/test_comm_p2p.py"
+GPU_TESTS="tests/comm/gpu/test_gpu_transport_cuda.py tests/comm/gpu/test_gpu_transport_mpi.py"
+BOXING_TESTS="tests/boxing/test_every_conversion.py tests/ops/test_every_op.py"
 
 # name|seconds|commands: one line per step; each step runs under `timeout seconds`
 steps() {
@@ -61,8 +61,8 @@ steps() {
   for n in 2 4; do
     echo "ipc-boxing-n$n|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/ipc-boxing-n$n -- $BOXING_TESTS"
   done
-  echo "ipc-unit|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY -m pytest -q -m 'not mpi' tests/test_gpu_transport_unit.py tests/test_gpu_costs.py tests/test_comm_unit.py"
-  echo "ipc-hier|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2 \$PY scripts/run_tests.py --no-serial --sizes 3,4 --timeout 250 --logs \$LOGS/ipc-hier -- $GPU_TESTS tests/test_comm_collectives.py tests/test_boxing.py"
+  echo "ipc-unit|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY -m pytest -q -m 'not mpi' tests/comm/gpu/test_gpu_transport_unit.py tests/comm/gpu/test_gpu_costs.py tests/comm/test_comm_unit.py"
+  echo "ipc-hier|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2 \$PY scripts/run_tests.py --no-serial --sizes 3,4 --timeout 250 --logs \$LOGS/ipc-hier -- $GPU_TESTS tests/comm/test_comm_collectives.py tests/boxing/test_every_conversion.py"
   echo "calibrate|$LIMIT|for t in staged ipc; do SBPMPI_GPU_TRANSPORT=\$t mpiexec -n 2 \$PY -m sbpmpi info --calibrate; done"
   for n in 2 4; do
     for t in staged ipc; do
@@ -71,7 +71,7 @@ steps() {
   done
   echo "aware-check|300|aware; \$PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; ompi_info --parsable --all | grep mpi_built_with_cuda_support:value; mpiexec -n 2 \$PY -m sbpmpi info"
   for n in 2 4; do
-    echo "aware-n$n|$LIMIT|aware; SBPMPI_GPU_TRANSPORT=mpi \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/aware-n$n -- $COMM_TESTS tests/test_boxing.py"
+    echo "aware-n$n|$LIMIT|aware; SBPMPI_GPU_TRANSPORT=mpi \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/aware-n$n -- $COMM_TESTS tests/boxing/test_every_conversion.py"
   done
   for n in 2 4; do
     for t in mpi ipc; do
@@ -82,8 +82,9 @@ steps() {
 
 # -- what the step commands use ---------------------------------------------------------------
 
-half() {  # the first (a) or second (b) half of the test files, in name order
-  local files=(tests/test_*.py) n
+half() {  # the first (a) or second (b) half of the test files, in path order
+  local files n
+  mapfile -t files < <(find tests -name 'test_*.py' | LC_ALL=C sort)
   n=$(( (${#files[@]} + 1) / 2 ))
   if [ "$1" = a ]; then echo "${files[@]:0:$n}"; else echo "${files[@]:$n}"; fi
 }

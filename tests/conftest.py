@@ -90,6 +90,15 @@ def errors_of(fn) -> tuple[str, str]:
     return got
 
 
+@pytest.fixture(scope="module")
+def bad_input_ctx():
+    """What the rows of the bad input matrix (bad_input.py) call on: a placement over all
+    ranks, a tensor, local shards, checkpoint files."""
+    from bad_input import context
+
+    yield from context()
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

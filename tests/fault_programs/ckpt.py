@@ -1,4 +1,4 @@
-"""Checkpoint programs for the serial tests in tests/test_checkpoint.py.
+"""Checkpoint programs for the serial tests in tests/checkpoint/test_save_and_load.py.
 
     mpiexec -n 4 python ckpt.py save DIR        # (S(0), S(1)) on a 2x2 mesh, plus a state
     mpiexec -n N python ckpt.py load DIR        # any N: every SBP checked against NumPy

@@ -1,8 +1,9 @@
 """Run a fault program under its own ``mpiexec`` with a hard time limit.
 
-Used by the serial tests in tests/test_faults.py and tests/test_checkpoint.py: the job
-must end by itself; if it does not within ``timeout`` seconds, MPIEXEC_TIMEOUT makes
-the launcher kill it, and failing that the whole process group is killed here.
+Used by the serial tests in tests/faults/test_faults.py and
+tests/checkpoint/test_save_and_load.py (and others): the job must end by itself; if it
+does not within ``timeout`` seconds, MPIEXEC_TIMEOUT makes the launcher kill it, and
+failing that the whole process group is killed here.
 """
 
 from __future__ import annotations

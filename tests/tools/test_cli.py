@@ -14,7 +14,7 @@ from mpirun import job_env, mpiexec
 
 from sbpmpi.tools import benchplot, cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
 

@@ -17,7 +17,7 @@ import sbpmpi as sm
 S, B, P = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240
 
 

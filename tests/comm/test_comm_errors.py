@@ -2,18 +2,22 @@
 
 After each error every rank runs a barrier and a checked all_reduce: if any rank had
 entered MPI with the bad call, the ranks would be out of step and the test would hang
-(ended by the per-test timeout) or fail.
+(ended by the per-test timeout) or fail. In checked mode, ranks that call different
+collectives get one error naming what differs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from bad_input import Row, check_row, comm_checked
+from conftest import errors_of
 from mpi4py import MPI
 
+import sbpmpi as sm
 from sbpmpi import comm as C
 from sbpmpi import config
-from sbpmpi.comm import ReduceOp
+from sbpmpi.comm import ReduceOp, checks
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -160,3 +164,60 @@ def test_checked_mode_turns_one_rank_errors_into_errors_everywhere():
         x = np.arange(3.0) + rank
         C.all_reduce(x)
         assert (x == sum(np.arange(3.0) + r for r in range(size))).all()
+
+
+# -- checked mode: ranks that call different collectives --------------------------------------
+
+def test_comm_check_message_names_the_differing_fields():
+    msg = checks.disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
+                               2, (("call", "all_to_all_v"), ("dtype", "<f8"),
+                                   ("counts", (0, 0))))
+    assert msg.startswith("all_to_all_v: ranks disagree on counts: ")
+    msg = checks.disagreement((("call", "all_to_all_v"), ("dtype", "<f8"), ("counts", (1, 2))),
+                               2, (("call", "all_to_all"), ("dtype", "<f8"), ("block", 0)))
+    assert "ranks called different collectives" in msg
+    assert "group rank 0 called all_to_all_v(dtype=<f8, counts=(1, 2))" in msg
+    assert "group rank 2 called all_to_all(dtype=<f8, block=0)" in msg
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_calling_different_collectives_get_one_clear_error_in_checked_mode():
+    with sm.config.override(comm_check=True):
+        out = np.zeros(size)
+        src = np.ones(size)
+        if rank == 0:
+            fn = lambda: sm.comm.all_to_all_v(out, [1] * size, src, [1] * size)  # noqa: E731
+        else:
+            fn = lambda: sm.comm.all_to_all(out, src)  # noqa: E731
+        kind, msg = errors_of(fn)
+        assert kind == "ValueError" and "ranks called different collectives" in msg, msg
+
+
+# -- bad arguments: the rows of the bad input matrix (bad_input.py) ---------------------------
+
+BAD_INPUTS = [
+    Row("comm-broadcast-src", lambda c: sm.comm.broadcast(np.zeros(2), src=size), ValueError,
+        f"src={size} is not a rank of the group"),
+    Row("comm-broadcast-list", lambda c: sm.comm.broadcast([1.0], src=0), TypeError,
+        "arr must be a NumPy or CuPy array, got list"),
+    Row("comm-all_reduce-op-str", lambda c: sm.comm.all_reduce(np.zeros(2), op="sum"),
+        TypeError, "op must be a ReduceOp"),
+    Row("comm-send-out-of-range", lambda c: sm.comm.send(np.zeros(2), dst=size), ValueError,
+        f"dst={size} is not a rank of the group", needs="sbpmpi.comm:send"),
+    Row("comm-all_reduce-noncontiguous",
+        lambda c: sm.comm.all_reduce(np.zeros((4, 4))[:, 0]), ValueError, "C-contiguous"),
+    Row("comm-new_group-duplicate", lambda c: sm.comm.new_group([0, 0]), ValueError,
+        "group ranks must be distinct"),
+    Row("comm-get_group-out-of-range", lambda c: sm.comm.get_group([size]), ValueError,
+        f"group ranks [{size}] are out of range for a world of {size}"),
+    Row("comm-gather-list-length-checked",
+        lambda c: comm_checked(lambda: sm.comm.gather(np.zeros(2), [np.zeros(2)] * (size + 1),
+                                                      dst=0)),
+        ValueError, f"gather_list has {size + 1} arrays", needs="sbpmpi.comm:gather"),
+]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("row", BAD_INPUTS, ids=[r.id for r in BAD_INPUTS])
+def test_bad_comm_input_raises_the_same_error_on_every_rank(bad_input_ctx, row, request):
+    check_row(row, bad_input_ctx, request)

@@ -1,13 +1,16 @@
 """DLPack interop: shards go to other array libraries without copies, and sm.to_global
 takes any DLPack array (NumPy's own, PyTorch's, JAX's where installed).
 
-Each test compares with the same global value built by plain NumPy.
+Each test compares with the same global value built by plain NumPy. Read-only and
+memory-mapped arrays are valid sources too, and ``sm.to_global`` never writes into the
+caller's array.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import backend
@@ -124,3 +127,78 @@ def test_jax_dlpack_round_trip():
     np.testing.assert_array_equal(np.asarray(j), x.to_local())
     y = sm.to_global(jnp.asarray(j) * 3, placement=pl, sbp=sm.sbp.split(0))
     np.testing.assert_array_equal(y.numpy(), ref * 3)
+
+
+# -- read-only, memory-mapped and foreign inputs ----------------------------------------------
+
+rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def _meshes():
+    out = [sm.placement("cpu", list(range(size)))]
+    if size == 4:
+        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
+    return out
+
+
+@pytest.mark.mpi(min_size=1)
+def test_read_only_array_is_a_valid_broadcast_source_and_split_shard():
+    ref = np.arange(6.0).reshape(2, 3)
+    for pl in _meshes():
+        sbps = [(sm.sbp.broadcast,) * pl.ndim]
+        if pl.ndim == 2:
+            sbps.append((sm.sbp.broadcast, sm.sbp.split(0)))
+        for sbp in sbps:
+            a = ref.copy()
+            a.setflags(write=False)
+            local = a if sbp[-1] == sm.sbp.broadcast else a[rank % 2:rank % 2 + 1]
+            x = sm.to_global(local, placement=pl, sbp=sbp)
+            np.testing.assert_array_equal(x.numpy(), ref)
+            np.testing.assert_array_equal(a, ref)
+        a = np.arange(3.0) + 3 * rank
+        a.setflags(write=False)
+        x = sm.to_global(a, placement=pl, sbp=(sm.sbp.split(0),) * pl.ndim) if pl.ndim == 1 \
+            else None
+        if x is not None:
+            np.testing.assert_array_equal(x.numpy(), np.arange(3.0 * size))
+            y = x * 2  # the shard is usable by ops
+            np.testing.assert_array_equal(y.numpy(), 2 * np.arange(3.0 * size))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_memory_mapped_weights_are_a_valid_broadcast_source(tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"mmap{rank}")
+    ref = np.arange(12.0).reshape(3, 4)
+    np.save(d / "w.npy", ref)
+    w = np.load(d / "w.npy", mmap_mode="r")
+    pl = sm.placement("cpu", list(range(size)))
+    x = sm.to_global(w, placement=pl, sbp=sm.sbp.broadcast)
+    np.testing.assert_array_equal(x.numpy(), ref)
+    np.testing.assert_array_equal(np.load(d / "w.npy"), ref)
+
+
+class _Foreign:
+    """A non-NumPy array type seen only through DLPack (as a torch tensor would be)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_to_global_never_writes_into_the_callers_dlpack_array():
+    for pl in _meshes():
+        mine = np.full((2, 3), float(rank))
+        obj = _Foreign(mine)
+        x = sm.to_global(obj, placement=pl, sbp=(sm.sbp.broadcast,) * pl.ndim)
+        np.testing.assert_array_equal(mine, np.full((2, 3), float(rank)))  # unchanged
+        first = pl.rank_list[0]
+        np.testing.assert_array_equal(x.numpy(), np.full((2, 3), float(first)))
+        mine2 = np.full((2, 3), float(rank))
+        x = sm.to_global(mine2, placement=pl, sbp=(sm.sbp.broadcast,) * pl.ndim)
+        np.testing.assert_array_equal(mine2, np.full((2, 3), float(rank)))

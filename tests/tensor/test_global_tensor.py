@@ -1,6 +1,7 @@
 """Global tensors under MPI: creation, local <-> global, global -> global, 2-D SBP, to_local.
 
-Each test builds the expected global value with NumPy and compares.
+Each test builds the expected global value with NumPy and compares. Bad arguments are
+the bad input matrix's rows for creation and conversion (bad_input.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import itertools
 
 import numpy as np
 import pytest
+from bad_input import Row, check_row, no_cupy, rank_dependent
+from conftest import assert_same_on_all_ranks, errors_of
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -221,3 +224,137 @@ def test_bad_inputs_raise_same_error_everywhere():
                      placement=pl, sbp=sm.sbp.split(0))
         if size == 1:
             raise TypeError("dtype (n=1 has nothing to mismatch)")
+
+
+# -- rand in [0, 1) ---------------------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.longdouble])
+def test_rand_is_below_one_for_every_float_dtype(dtype):
+    pl = sm.placement("cpu", list(range(size)))
+    sm.manual_seed(0)
+    x = sm.rand(100_000, placement=pl, sbp=sm.sbp.split(0), dtype=dtype)
+    v = x.numpy()
+    assert v.dtype == np.dtype(dtype)
+    assert v.min() >= 0 and v.max() < 1, (dtype, int((v >= 1).sum()))
+    assert_same_on_all_ranks(v.tobytes())
+    # the same values whatever the layout, and as NumPy casts the float64 draw (but < 1)
+    sm.manual_seed(0)
+    u = sm.rand(100_000, placement=pl, sbp=sm.sbp.broadcast, dtype=np.float64).numpy()
+    below = np.nextafter(np.ones((), dtype), np.zeros((), dtype))
+    np.testing.assert_array_equal(v, np.minimum(u.astype(dtype), below))
+    assert 0.49 < float(v.astype(np.float64).mean()) < 0.51
+
+
+# -- creation-time dtype check ----------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", ["partial_max", "partial_min"])
+def test_to_global_refuses_complex_partial_max_min_at_creation(kind):
+    pl = sm.placement("cpu", list(range(size)))
+    sbp = getattr(sm.sbp, kind)
+    want = errors_of(lambda: sm.tensor(np.ones(3, dtype=np.complex128), placement=pl, sbp=sbp))
+    got = errors_of(lambda: sm.to_global(np.ones(3, dtype=np.complex128), placement=pl, sbp=sbp))
+    assert got[0] == want[0] == "TypeError", got
+    assert "complex" in got[1] and kind in got[1]
+
+
+# -- bad arguments: the rows of the bad input matrix (bad_input.py) ---------------------------
+
+S, B = sm.sbp.split, sm.sbp.broadcast
+
+BAD_INPUTS = [
+    # -- creation -----------------------------------------------------------------------------
+    Row("create-split-dim-out-of-range", lambda c: sm.zeros(2, 3, placement=c.pl, sbp=S(2)),
+        ValueError, "split dim 2 is out of range for a tensor of 2 dims"),
+    Row("create-too-many-sbps", lambda c: sm.zeros(2, 3, placement=c.pl, sbp=(S(0), B)),
+        ValueError, "give one SBP per mesh axis"),
+    Row("create-no-placement", lambda c: sm.zeros(2, 3, sbp=B), TypeError,
+        "placement= is required"),
+    Row("create-no-sbp", lambda c: sm.ones(2, 3, placement=c.pl), TypeError, "sbp= is required"),
+    Row("create-placement-not-placement", lambda c: sm.zeros(2, placement="cpu", sbp=B),
+        TypeError, "placement must be an sm.placement, got str"),
+    Row("create-sbp-string", lambda c: sm.zeros(2, placement=c.pl, sbp="split"), TypeError,
+        "sbp must be an SBP"),
+    Row("create-sbp-entry-int", lambda c: sm.zeros(2, placement=c.pl, sbp=[0]), TypeError,
+        "sbp entry 0 is not an SBP"),
+    Row("create-negative-size", lambda c: sm.zeros(2, -1, placement=c.pl, sbp=B), ValueError,
+        "has a negative size -1"),
+    Row("create-float-size", lambda c: sm.randn(2.5, placement=c.pl, sbp=B), TypeError,
+        "shape entries must be ints, got float 2.5"),
+    Row("randn-int-dtype", lambda c: sm.randn(3, placement=c.pl, sbp=B, dtype=np.int32),
+        TypeError, "randn needs a floating dtype, got int32"),
+    Row("rand-bad-dtype", lambda c: sm.rand(3, placement=c.pl, sbp=B, dtype="nodtype"),
+        TypeError, "dtype 'nodtype' is not a NumPy dtype"),
+    Row("arange-zero-step", lambda c: sm.arange(0, 5, 0, placement=c.pl, sbp=B), ValueError,
+        "arange step must not be zero"),
+    Row("tensor-of-global", lambda c: sm.tensor(c.x, placement=c.pl, sbp=B), TypeError,
+        "sm.tensor takes the whole global value"),
+    Row("full-partial-max-complex",
+        lambda c: sm.full((2,), 1j, placement=c.pl, sbp=sm.sbp.partial_max), TypeError,
+        "partial_max is not defined for dtype complex64"),
+    Row("full-value-shape",
+        lambda c: sm.full((2,), [1.0, 2.0, 3.0], placement=c.pl0, sbp=B), TypeError, "(3,)"),
+    Row("tensor-unconvertible-data",
+        lambda c: sm.tensor(np.array(["a", "b"]), placement=c.pl0, sbp=B, dtype=np.float32),
+        ValueError, "could not convert string to float"),
+    Row("create-cuda-without-gpu",
+        lambda c: no_cupy() or sm.zeros(3, placement=sm.placement("cuda", [0]), sbp=B),
+        RuntimeError, "placement type 'cuda' needs CuPy and a GPU"),
+    Row("arange-infinite", lambda c: sm.arange(0, float("inf"), placement=c.pl, sbp=B),
+        ValueError, "arange"),
+    Row("seed-str", lambda c: sm.manual_seed("1"), TypeError, "seed must be an int"),
+    # -- local -> global ----------------------------------------------------------------------
+    Row("to_global-no-placement", lambda c: sm.to_global(c.local, sbp=S(0)), TypeError,
+        "placement= must be an sm.placement"),
+    Row("to_global-no-sbp", lambda c: sm.to_global(c.local, placement=c.pl), TypeError,
+        "sbp= is required"),
+    Row("to_global-split-dim", lambda c: sm.to_global(c.local, placement=c.pl, sbp=S(2)),
+        ValueError, "split dim 2 is out of range for a tensor of 2 dims"),
+    Row("to_global-shapes-differ",
+        lambda c: sm.to_global(np.zeros((2, rank_dependent(c, 3, 4))), placement=c.pl,
+                               sbp=S(0)),
+        ValueError, "cannot form one global tensor", min_size=2),
+    Row("to_global-dtypes-differ",
+        lambda c: sm.to_global(np.zeros(2, dtype=rank_dependent(c, np.float64, np.float32)),
+                               placement=c.pl, sbp=S(0)),
+        TypeError, "local arrays must share one dtype", min_size=2),
+    Row("to_global-ndims-differ",
+        lambda c: sm.to_global(np.zeros(rank_dependent(c, (2, 3), (6,))), placement=c.pl,
+                               sbp=S(0)),
+        ValueError, "must have the same number of dims", min_size=2),
+    Row("to_global-missing-local",
+        lambda c: sm.to_global(rank_dependent(c, c.local, None), placement=c.pl, sbp=S(0)),
+        TypeError, "passed no local array", min_size=2),
+    Row("to_global-unusable-local",
+        lambda c: sm.to_global(rank_dependent(c, c.local, [[1], [1, 2]]), placement=c.pl,
+                               sbp=S(0)),
+        TypeError, f"to_global: rank {size - 1} could not use its local array", min_size=2),
+    Row("to_global-string", lambda c: sm.to_global("abc", placement=c.pl, sbp=B), TypeError,
+        "got str"),
+    # -- global -> global ---------------------------------------------------------------------
+    Row("x.to_global-cuda-without-gpu",
+        lambda c: no_cupy() or c.x.to_global(placement=sm.placement("cuda", [0])),
+        RuntimeError, "placement type 'cuda' needs CuPy and a GPU"),
+    Row("x.to_global-placement-str", lambda c: c.x.to_global(placement="cpu"), TypeError,
+        "placement must be an sm.placement, got str"),
+    Row("x.to_global-split-dim", lambda c: c.x.to_global(sbp=S(5)), ValueError,
+        "split dim 5 is out of range for a tensor of 2 dims"),
+    Row("x.to_global-mesh-change-needs-sbp",
+        lambda c: c.x.to_global(placement=sm.placement("cpu", [[r] for r in range(size)])),
+        ValueError, "sbp is required when the mesh changes from 1-d to 2-d"),
+    Row("x.to_global-partial-max-complex",
+        lambda c: sm.tensor(np.ones(3, np.complex64), placement=c.pl, sbp=B).to_global(
+            sbp=sm.sbp.partial_max),
+        TypeError, "partial_max is not defined for dtype complex64"),
+    Row("item-many-elements", lambda c: c.x.item(), ValueError,
+        "item() needs a tensor of one element, got shape (4, 6)"),
+    Row("len-0d", lambda c: len(sm.zeros((), placement=c.pl, sbp=B)), TypeError,
+        "len() of a 0-d global tensor"),
+]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("row", BAD_INPUTS, ids=[r.id for r in BAD_INPUTS])
+def test_bad_tensor_input_raises_the_same_error_on_every_rank(bad_input_ctx, row, request):
+    check_row(row, bad_input_ctx, request)

@@ -1,5 +1,5 @@
 """Batch jobs on a real Slurm: the shipped sbatch scripts, srun and the launcher, run on a
-private one-node cluster (tests/slurm_cluster.py) started for this test session.
+private one-node cluster (tests/tools/slurm_cluster.py) started for this test session.
 
 Skipped, with the reason, where Slurm is not installed or the user is not root. The
 commands are the docs' (docs/running.md, "Batch jobs"), typed as shown there, from a directory where
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import slurm_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT = 120  # seconds any one job may take here; each runs in a few seconds
 
 # the commands, as docs/running.md's "Batch jobs" shows them

@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 LIMIT = 540
 PATH_RE = re.compile(r"(?<![\w./-])((?:tests|scripts)/[\w./-]+\.(?:py|sh))")
@@ -49,8 +49,8 @@ def test_every_path_it_names_exists():
         out = _gpu_check(name, "/tmp/sbpmpi-gpu-check-dry")
         assert out.returncode == 0 and f"== {name} " in out.stdout, (name, out.stdout, out.stderr)
         named |= set(PATH_RE.findall(out.stdout))
-    assert {"tests/test_gpu_transport_cuda.py", "tests/test_gpu_transport_mpi.py",
-            "scripts/run_tests.py"} <= named, named
+    assert {"tests/comm/gpu/test_gpu_transport_cuda.py",
+            "tests/comm/gpu/test_gpu_transport_mpi.py", "scripts/run_tests.py"} <= named, named
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert not missing, f"gpu_check.sh names files that do not exist: {missing}"
     if (ROOT.parent / "shared" / "gpu").is_dir():  # beside a developer's checkout

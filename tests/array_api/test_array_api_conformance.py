@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
     "array_api_conformance", ROOT / "scripts" / "array_api_conformance.py")
 assert _spec is not None and _spec.loader is not None

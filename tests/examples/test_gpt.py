@@ -5,7 +5,7 @@ not depend on the layout, and the communication of a Megatron step.
 "Fits": dp, tp and sp run on every world size (splits may be uneven: 97 tokens, heads
 split 2/1/1 on 3 ranks); 2d needs an even world (a (world / 2) x 2 mesh). The example's
 own command (``mpiexec -n N python examples/train_gpt.py --layout L --check``, 50 steps
-at its default size) runs in tests/test_examples.py at small sizes and in the docs.
+at its default size) runs in tests/examples/test_every_example.py at small sizes and in the docs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi.comm.trace import Trace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gpt_reference  # noqa: E402
 import train_gpt  # noqa: E402
 

@@ -14,7 +14,7 @@ import pytest
 
 from sbpmpi.tools import launcher_family
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OMPI5 = "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
 MPICH = "HYDRA build details:\n    Version:                                 5.0.2\n"
 
@@ -48,7 +48,7 @@ def run_tests(tmp_path, text, args, extra_env=None):
 def test_open_mpi_gets_its_environment_and_the_mpiexec_args(tmp_path):
     r, calls = run_tests(tmp_path, OMPI5, ["--sizes", "1,3", "--mpiexec-args", "--bind-to none",
                                            "--mpiexec-args=--report-bindings", "--",
-                                           "tests/test_layout.py"],
+                                           "tests/core/test_layout.py"],
                          {"SBPMPI_MPIEXEC_ARGS": "--display-map"})
     assert r.returncode != 0  # the stand-in ran no tests: never reported green
     assert "Open MPI 5.0.11 (prterun)" in r.stdout
@@ -56,7 +56,7 @@ def test_open_mpi_gets_its_environment_and_the_mpiexec_args(tmp_path):
         ["-n", str(n), "--display-map", "--bind-to", "none", "--report-bindings",
          sys.executable] for n in (1, 3)]
     for c in calls:
-        assert c["argv"][-1] == "tests/test_layout.py"  # only the files given
+        assert c["argv"][-1] == "tests/core/test_layout.py"  # only the files given
         assert "tests" not in c["argv"]
         env = c["env"]
         assert env["SBPMPI_MPIEXEC_ARGS"] == "--display-map --bind-to none --report-bindings"

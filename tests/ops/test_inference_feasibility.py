@@ -5,6 +5,8 @@ the rule ``boxing.plan.check_conversion`` applies). Here random op calls (and ch
 two) on random placements of up to 3-D meshes, with inputs whose SBPs mix partial kinds,
 run on every rank and are compared with NumPy on the whole arrays. Hypothesis draws the
 same examples on every rank (derandomized, no database), and every check is collective.
+Operands on different placements move to the one inference picks, partial inputs stay
+partial only where that is exact, and ``sm.explain`` prints the same on every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import assert_same_on_all_ranks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -195,3 +198,65 @@ def test_refusal_is_the_rule_boxing_applies():
     assert why is not None and "partial_max/partial_min to partial_max" in why
     with pytest.raises(ValueError, match="partial_max/partial_min to partial_max"):
         sm.boxing.plan_conversion(src, Layout.make((4,), pl, (PMAX, PMAX)), 8)
+
+
+# -- operands on different placements, partial inputs, explain under MPI ----------------------
+
+S0, S1 = sm.sbp.split(0), sm.sbp.split(1)
+
+
+def full():
+    return sm.placement("cpu", list(range(size)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_operands_on_different_placements():
+    rng = np.random.default_rng(2)
+    a_val, b_val = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    pls = [full(), sm.placement("cpu", list(range(size))[::-1]), sm.placement("cpu", [size - 1]),
+           sm.placement("cpu", list(range(1, size)))]
+    for pa in pls:
+        for pb in pls:
+            a = sm.tensor(a_val, placement=pa, sbp=S0)
+            b = sm.tensor(b_val, placement=pb, sbp=sm.sbp.broadcast)
+            inf = sm.explain(sm.matmul, a, b)
+            y = sm.matmul(a, b)
+            assert y.placement in (pa, pb) and y.placement == inf.best.placement
+            np.testing.assert_allclose(y.numpy(), a_val @ b_val, rtol=1e-12)
+            z = sm.add(a, sm.tensor(a_val, placement=pb, sbp=S1))
+            np.testing.assert_allclose(z.numpy(), 2 * a_val, rtol=1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_partial_inputs_are_never_wrong():
+    pl = full()
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((4, 6))
+    parts = [rng.standard_normal((4, 6)) for _ in range(size)]
+    parts[0] = v - sum(parts[1:])
+    x = sm.to_global(parts[rank], placement=pl, sbp=sm.sbp.partial_sum)
+    with sm.trace() as t:
+        y = x * 2.0                    # linear: stays partial, nothing moves
+    assert y.sbp == (sm.sbp.partial_sum,) and len(t) == 0, str(t)
+    np.testing.assert_allclose(y.numpy(), 2 * v, rtol=1e-12)
+    for f, ref in [(lambda a: a + 1.0, lambda a: a + 1.0), (sm.exp, np.exp),
+                   (sm.relu, lambda a: np.maximum(a, 0)),
+                   (lambda a: a.softmax(0), lambda a: np.exp(a) / np.exp(a).sum(0))]:
+        out = f(x)                     # not linear: the partial input is boxed first
+        assert sm.sbp.partial_sum not in out.sbp
+        np.testing.assert_allclose(out.numpy(), ref(v), rtol=1e-12)
+    # x * x is linear in one factor: (x1 + x2) * x may stay partial
+    np.testing.assert_allclose((x * x).numpy(), v * v, rtol=1e-12)
+    s = (x * 3.0).sum()                # a sum of a partial sum: one small reduction at the end
+    np.testing.assert_allclose(s.item(), 3 * v.sum(), rtol=1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_explain_is_the_same_on_every_rank():
+    pl = full()
+    y0 = sm.randn(4, 8, placement=pl, sbp=S1)
+    w1 = sm.randn(8, 6, placement=pl, sbp=S1)
+    text = str(sm.explain(sm.matmul, y0, w1))
+    assert_same_on_all_ranks(text)
+    assert text.count("\n*") == 1
+    assert_same_on_all_ranks(str(sm.explain(y0, sbp=sm.sbp.broadcast)))

@@ -16,7 +16,7 @@ import pytest
 from sbpmpi import config
 from sbpmpi.tools import launch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # seconds for any launched job; MPIEXEC_TIMEOUT ends it a little earlier
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mpirun import job_env, mpiexec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TIMEOUT = 180
 

@@ -2,7 +2,8 @@
 
 MPI tests (n = 1..4) round-trip every SBP and placement and check the files with
 numpy.load; serial tests run the cross-size cases (save on 4 ranks, load on 2 and 1)
-and the crash cases under their own mpiexec.
+and the crash cases under their own mpiexec. Bad arguments are the bad input matrix's
+rows for checkpoints (bad_input.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 
 import numpy as np
 import pytest
+from bad_input import Row, check_row
 from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 from mpi4py import MPI
@@ -391,3 +393,48 @@ def test_crash_before_rename_keeps_the_old_file(tmp_path):
     tmps = [f for f in os.listdir(tmp_path) if f != "x.npy"]
     assert len(tmps) == 1 and tmps[0].startswith(".x.npy.sbpmpi-tmp-"), tmps
     np.testing.assert_array_equal(np.load(tmp_path / tmps[0]), reference((5, 7), 5))
+
+
+# -- bad arguments: the rows of the bad input matrix (bad_input.py) ---------------------------
+
+S, B = sm.sbp.split, sm.sbp.broadcast
+
+BAD_INPUTS = [
+    Row("save-not-global", lambda c: sm.save(np.zeros(3), c.path("a.npy")), TypeError,
+        "sm.save needs a GlobalTensor, got ndarray"),
+    Row("save-path-int", lambda c: sm.save(c.x, 123), TypeError,
+        "path must be a str or os.PathLike, got int 123"),
+    Row("save-missing-directory", lambda c: sm.save(c.x, c.path("no/such/dir/a.npy")),
+        FileNotFoundError, "does not exist"),
+    Row("tensor-object-dtype",
+        lambda c: sm.save(sm.tensor(np.array([None, 1], dtype=object), placement=c.pl, sbp=B),
+                          c.path("o.npy")),
+        TypeError, "data must be numeric"),
+    Row("load-missing-file", lambda c: sm.load(c.path("nope.npy"), placement=c.pl, sbp=B),
+        FileNotFoundError, "sm.load: no such file"),
+    Row("load-truncated", lambda c: sm.load(c.truncated, placement=c.pl, sbp=S(0)),
+        CheckpointError, "is truncated: the header says shape (4, 6) float64"),
+    Row("load-no-placement", lambda c: sm.load(c.good, sbp=B), TypeError,
+        "sm.load: placement= is required"),
+    Row("load-no-sbp", lambda c: sm.load(c.good, placement=c.pl), TypeError,
+        "sm.load: sbp= is required"),
+    Row("load-split-dim", lambda c: sm.load(c.good, placement=c.pl, sbp=S(3)), ValueError,
+        "split dim 3 is out of range for a tensor of 2 dims"),
+    Row("load-partial-max-complex",
+        lambda c: sm.load(c.complex, placement=c.pl, sbp=sm.sbp.partial_max), TypeError,
+        "cannot lay out dtype complex128 as partial_max"),
+    Row("save_state-not-dict", lambda c: sm.save_state([c.x], c.path("st")), TypeError,
+        "sm.save_state needs a dict of name -> GlobalTensor, got list"),
+    Row("save_state-int-name", lambda c: sm.save_state({1: c.x}, c.path("st")), TypeError,
+        "tensor names must be non-empty str, got 1"),
+    Row("save_state-local-value", lambda c: sm.save_state({"w": np.zeros(2)}, c.path("st")),
+        TypeError, "sm.save_state: tensor 'w' needs a GlobalTensor"),
+    Row("load_state-missing", lambda c: sm.load_state(c.path("none")), FileNotFoundError,
+        "sm.load_state: no such state directory"),
+]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("row", BAD_INPUTS, ids=[r.id for r in BAD_INPUTS])
+def test_bad_checkpoint_input_raises_the_same_error_on_every_rank(bad_input_ctx, row, request):
+    check_row(row, bad_input_ctx, request)

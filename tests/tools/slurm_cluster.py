@@ -16,7 +16,7 @@ Slurm already on the machine, nor with a second test run at the same time.
 
 By hand (prints the environment to use, stops on Ctrl-C)::
 
-    python tests/slurm_cluster.py
+    python tests/tools/slurm_cluster.py
 
 Oversubscription: the node declares ``max(CPUs, 4)`` CPUs (``SlurmdParameters=
 config_overrides`` makes slurmd accept more than it counts), so ``sbatch -n 4`` runs on a
@@ -179,7 +179,7 @@ def _conf(root: Path, node: str, cpus: int, gpus: int, mem_mb: int, ports: list[
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     first_job_id = random.SystemRandom().randrange(1_000_000, 60_000_000, 1000)
     return f"""\
-# one-node cluster written by tests/slurm_cluster.py
+# one-node cluster written by tests/tools/slurm_cluster.py
 ClusterName=sbpmpitest
 # job ids unlike an earlier cluster's: MPICH names its shared memory after the PMI job id
 # and an aborted job leaves it in /dev/shm, which would break a later job of the same id

@@ -1,7 +1,8 @@
 """Signature tables, their resolution, inference and argument checks: metadata only, no MPI.
 
 Tensors here are GlobalTensors with empty shards on placements of a pretend world of
-4 ranks: inference and validation never look at data or communicate.
+4 ranks: inference and validation never look at data or communicate. Large searches
+(3-D meshes, 4-D tensors) are pruned and still choose well.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from sbpmpi.ops.signature import (
     resolve,
 )
 from sbpmpi.tensor import GlobalTensor
-from sbpmpi.testing import input_sbps, make_shards, sbp_combos, tolerance
+from sbpmpi.testing import (
+    SMALL_SEARCH,
+    input_sbps,
+    make_shards,
+    sbp_combos,
+    signature_search_cases,
+    tolerance,
+)
 
 W = 4  # pretend world size
 
@@ -407,3 +415,37 @@ def test_splits_in_tables_are_concrete_or_wildcards():
                 assert isinstance(p, (Split, Broadcast, Partial)) or p == S_D or \
                     type(p).__name__ == "AnySplit"
     assert S(-1) == Split(-1)
+
+
+# -- signature choice on large meshes ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", [n for n in signature_search_cases() if n != SMALL_SEARCH])
+def test_large_signature_searches_are_pruned_and_choose_well(name):
+    from sbpmpi.ops import inference
+
+    call = signature_search_cases()[name]()
+    inference.clear_cache()
+    pruned = inference.infer(call)
+    assert pruned.estimated and len(pruned.candidates) <= inference.PRUNE_KEEP
+    assert "large search" in str(pruned)
+    # against the exhaustive search (every combination planned exactly)
+    saved = inference.PRUNE_ABOVE
+    inference.PRUNE_ABOVE = 10**9
+    try:
+        inference.clear_cache()
+        full = inference.infer(call)
+    finally:
+        inference.PRUNE_ABOVE = saved
+        inference.clear_cache()
+    assert not full.estimated and len(full.candidates) > inference.PRUNE_ABOVE
+    exact = {c.signature: c.total for c in full.candidates}
+    assert exact[pruned.best.signature] <= 1.5 * full.best.total + 1e-12
+
+
+def test_small_searches_stay_exhaustive():
+    from sbpmpi.ops import inference
+
+    call = signature_search_cases()[SMALL_SEARCH]()
+    inference.clear_cache()
+    inf = inference.infer(call)
+    assert not inf.estimated and "large search" not in str(inf)

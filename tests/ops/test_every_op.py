@@ -10,7 +10,8 @@ placements, which test rank order and ranks outside the placement, run ``VARIANT
 sampled combinations; on the 2x2 mesh the cases of ``MESH_FULL`` run ``MESH_COMBOS``,
 which keeps every 2-D SBP of every input, the others ``MESH_VARIANT``. Samples always
 keep every SBP of every input when they are at least as large as its list of SBPs.
-``SBPMPI_TEST_FULL=1`` runs every combination on every placement instead.
+``SBPMPI_TEST_FULL=1`` runs every combination on every placement instead. The harness
+itself must catch a wrong signature table and a wrong broadcast copy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pytest
 from mpi4py import MPI
 
 import sbpmpi as sm
+from sbpmpi.ops import GlobalOp, OpCall
+from sbpmpi.ops.signature import S_D, B, DimMatch, P, Signature
 from sbpmpi.testing import Input, check_op, default_placements
 
 size = MPI.COMM_WORLD.Get_size()
@@ -238,3 +241,61 @@ def test_op_on_device(case, device_type):
     name, op, ref, inputs, kwargs, cap = case
     check_op(op, ref, inputs, kwargs=kwargs, device_type=device_type, name=name,
              max_combos=24, seed=1)
+
+
+# -- the harness catches wrong ops ------------------------------------------------------------
+
+rank = MPI.COMM_WORLD.Get_rank()
+S0 = sm.sbp.split(0)
+
+
+def full():
+    return sm.placement("cpu", list(range(size)))
+
+
+def _unary_op(name, table, kernel):
+    """A custom op built the way sbpmpi's own are (a user could do the same)."""
+    def build(x):
+        dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
+        return OpCall(name, (x,), table, dims, x.shape, x.dtype,
+                      lambda xp, local, shape: kernel(xp, local[0]), labels=("x",))
+    return GlobalOp(name, build, table)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_harness_catches_a_wrong_signature():
+    # exp is not linear: a table claiming (P,) -> P gives wrong values for partial inputs
+    bad = _unary_op("bad_exp", (Signature((P,), P), Signature((S_D,), S_D),
+                                Signature((B,), B)), lambda xp, a: xp.exp(a))
+    with pytest.raises(AssertionError, match=r"bad_exp: \d+ failure"):
+        check_op(bad, np.exp, [Input((3, 4))], placements=[full()], sbps=[[sm.sbp.partial_sum]])
+    good = _unary_op("good_exp", (Signature((S_D,), S_D), Signature((B,), B)),
+                     lambda xp, a: xp.exp(a))
+    report = check_op(good, np.exp, [Input((3, 4))], placements=[full()])
+    assert report.cases == 6 and not report.failures
+
+
+@pytest.mark.mpi(min_size=2)
+def test_harness_checks_every_broadcast_copy():
+    # numpy() reads one copy of a broadcast tensor; the harness also checks every rank's shard
+    me = rank
+    bad = _unary_op("bad_copy", (Signature((B,), B),),
+                    lambda xp, a: a + (1.0 if me == size - 1 else 0.0))
+    with pytest.raises(AssertionError, match=f"rank {size - 1} shard"):
+        check_op(bad, lambda a: a, [Input((3, 4))], placements=[full()],
+                 sbps=[[sm.sbp.broadcast]])
+
+
+# -- chained ops ------------------------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_chained_ops_on_uneven_layouts():
+    # 5 rows over 2..4 ranks are uneven; slices of a split dim box correctly
+    pl = full()
+    rng = np.random.default_rng(4)
+    v = rng.standard_normal((5, 7))
+    x = sm.tensor(v, placement=pl, sbp=S0)
+    got = ((x[1:4] * 2.0 - x[0:3]).T @ x[::2, :]).sum(1, keepdim=True).softmax(0)
+    e = ((v[1:4] * 2.0 - v[0:3]).T @ v[::2, :]).sum(1, keepdims=True)
+    ref = np.exp(e - e.max(0)) / np.exp(e - e.max(0)).sum(0)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10)
