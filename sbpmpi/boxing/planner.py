@@ -34,12 +34,13 @@ from .schedule import broadcast_members, is_contiguous_box, relative, slots_of, 
 from .search import Edge, InEdge, Node, ranked_plans
 
 __all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds",
-           "searched_dims", "axis_values", "side_values", "cross_steps", "ConversionGraph"]
+           "AxisTraffic", "axis_traffic", "searched_dims", "axis_values", "side_values",
+           "cross_steps", "ConversionGraph"]
 
 
 # -- steps with their costs ---------------------------------------------------------------------
 
-class _Traffic(NamedTuple):
+class AxisTraffic(NamedTuple):
     """What a per-axis step costs the busiest rank of its group, in bytes."""
 
     #: bytes sent (and received) over the network
@@ -52,8 +53,8 @@ class _Traffic(NamedTuple):
     op: str | None
 
 
-def _traffic(kind: str, frm: SBP, to: SBP, p: int, in_ext: tuple[int, ...],
-             out_ext: tuple[int, ...], itemsize: int) -> _Traffic:
+def axis_traffic(kind: str, frm: SBP, to: SBP, p: int, in_ext: tuple[int, ...],
+                 out_ext: tuple[int, ...], itemsize: int) -> AxisTraffic:
     """The bytes of a ``kind`` step from ``frm`` to ``to`` over ``p`` ranks, from the largest
     local extents before and after it. A block along a dim with a larger dim in front of
     it is packed or unpacked: one copy."""
@@ -62,54 +63,55 @@ def _traffic(kind: str, frm: SBP, to: SBP, p: int, in_ext: tuple[int, ...],
     if kind == "all_gather":
         assert isinstance(frm, Split)
         copy = n_out if math.prod(out_ext[:frm.dim]) > 1 else 0
-        return _Traffic(factor(kind, p) * n_out, copy, n_out, None)
+        return AxisTraffic(factor(kind, p) * n_out, copy, n_out, None)
     if kind == "all_reduce":
         assert isinstance(frm, Partial)
         # the reduction runs in place on a copy of the input
-        return _Traffic(factor(kind, p) * n_in, n_in, n_in, frm.op)
+        return AxisTraffic(factor(kind, p) * n_in, n_in, n_in, frm.op)
     if kind == "reduce_scatter":
         assert isinstance(frm, Partial) and isinstance(to, Split)
         copy = n_in if math.prod(in_ext[:to.dim]) > 1 else 0
-        return _Traffic(factor(kind, p) * n_in, copy, n_in, frm.op)
+        return AxisTraffic(factor(kind, p) * n_in, copy, n_in, frm.op)
     if kind == "all_to_all":
         assert isinstance(frm, Split) and isinstance(to, Split)
         copy = (n_in if math.prod(in_ext[:to.dim]) > 1 else 0) + \
                (n_out if math.prod(out_ext[:frm.dim]) > 1 else 0)
-        return _Traffic(factor(kind, p) * p * n_in, copy, p * n_in, None)
+        return AxisTraffic(factor(kind, p) * p * n_in, copy, p * n_in, None)
     if kind == "local_slice":
         assert isinstance(to, Split)
-        return _Traffic(0.0, n_out if math.prod(in_ext[:to.dim]) > 1 else 0, 0, None)
+        return AxisTraffic(0.0, n_out if math.prod(in_ext[:to.dim]) > 1 else 0, 0, None)
     if kind in ("local_fill", "local_pad"):
         assert isinstance(to, Partial)
-        return _Traffic(0.0, n_out, 0, to.op)
-    return _Traffic(0.0, 0, 0, None)  # relabel
+        return AxisTraffic(0.0, n_out, 0, to.op)
+    return AxisTraffic(0.0, 0, 0, None)  # relabel
+
+
+# kinds that run on each rank alone: charged for their copies and the step, nothing sent
+_LOCAL_KINDS = ("local_slice", "local_fill", "local_pad", "relabel")
 
 
 @functools.lru_cache(maxsize=16384)
 def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
                table: CostTable, span: int = 1) -> Step:
-    """The ``kind`` step changing mesh axes ``axis .. axis + span - 1`` of ``src`` to ``to``."""
+    """The ``kind`` step changing mesh axes ``axis .. axis + span - 1`` of ``src`` to ``to``,
+    with its modelled cost."""
     pl = src.placement
     dst = Layout(src.shape, pl, src.sbp[:axis] + (to,) * span + src.sbp[axis + span:])
     frm = src.sbp[axis]
     dev = pl.type
-    t = _traffic(kind, frm, to, math.prod(pl.hierarchy[axis:axis + span]),
-                 max_local_extents(src), max_local_extents(dst), itemsize)
+    p = math.prod(pl.hierarchy[axis:axis + span])
+    t = axis_traffic(kind, frm, to, p, max_local_extents(src), max_local_extents(dst), itemsize)
     if kind in _LOCAL_KINDS:
         return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
                     groups=pl.axis_groups(axis), copy_bytes=t.copy,
                     seconds=copy_seconds(t.copy, dev, table) + step_seconds(dev, table),
                     span=span)
-    secs = primitive_seconds(kind, math.prod(pl.hierarchy[axis:axis + span]), t.payload, dev,
-                             table)
+    secs = primitive_seconds(kind, p, t.payload, dev, table)
     secs += copy_seconds(t.copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(t.moved))
     return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
                 groups=pl.axis_groups(axis, span), send_bytes=nb, recv_bytes=nb,
                 copy_bytes=t.copy, seconds=secs, span=span)
-
-
-_LOCAL_KINDS = ("local_slice", "local_fill", "local_pad", "relabel")
 
 
 def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
@@ -181,19 +183,22 @@ def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) ->
 
 @functools.lru_cache(maxsize=4096)
 def _broadcast_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> Step | None:
-    root, group = broadcast_members(src, dst)
-    if len(group) < 2:
+    """The broadcast step from ``src`` to ``dst`` (all broadcast), or None when every rank
+    of ``dst`` already holds the value."""
+    members = broadcast_members(src, dst)
+    p = len(members.group)
+    if p < 2:
         return None
     n = math.prod(src.shape) * itemsize
     dev = _cross_device(src, dst)
-    secs = primitive_seconds("broadcast", len(group), n, dev, table) + step_seconds(dev, table)
+    secs = primitive_seconds("broadcast", p, n, dev, table) + step_seconds(dev, table)
     copy = 0
     if src.placement.type != dst.placement.type:
         copy = n
         secs += copy_seconds(n, dev, table)
-    moved = int(math.ceil(factor("broadcast", len(group)) * n))
-    return Step(kind="broadcast", src=src, dst=dst, root=root, groups=(group,), send_bytes=moved,
-                recv_bytes=moved, copy_bytes=copy, seconds=secs)
+    moved = int(math.ceil(factor("broadcast", p) * n))
+    return Step(kind="broadcast", src=src, dst=dst, root=members.root, groups=(members.group,),
+                send_bytes=moved, recv_bytes=moved, copy_bytes=copy, seconds=secs)
 
 
 # -- the graph of a conversion ------------------------------------------------------------------

@@ -488,11 +488,11 @@ class Send(NamedTuple):
 
 
 class LocalCopy(NamedTuple):
-    """A block this rank holds and keeps: input ``src_index`` to slot ``slot`` at ``dst_index``."""
+    """A block this rank holds and keeps: input ``src_at`` to slot ``slot`` at ``dst_at``."""
 
     slot: int
-    src_index: tuple[slice, ...]
-    dst_index: tuple[slice, ...]
+    src_at: tuple[slice, ...]
+    dst_at: tuple[slice, ...]
 
 
 class _Scratch(NamedTuple):
@@ -558,7 +558,7 @@ def run_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: Any
         for piece in _pieces(_contiguous(xp_in, a[sd.at] if sd.at else a), limit):
             works.append(comm.isend(piece, sd.peer, TAG))
     for cp in moves.copies:
-        bufs[cp.slot][cp.dst_index] = _on_device_type(a[cp.src_index], same_type, out_type)
+        bufs[cp.slot][cp.dst_at] = _on_device_type(a[cp.src_at], same_type, out_type)
     for w in works:
         w.wait()
     for sc in later:
