@@ -215,11 +215,12 @@ def tensor(data: Any, *, placement: Placement | None = None,
 
 # -- local arrays -> global tensor ------------------------------------------------------------
 #
-# Three steps: each rank prepares its array (a check and, if needed, a copy to the
-# placement's device, errors kept for the exchange); one small collective tells every
-# rank every array's shape and dtype (or the error a rank met); boxing checks them and
-# plans the data movement from that metadata alone, so a bad input raises the same error
-# on every rank before any data moves; the runtime moves the data.
+# Named steps: the arguments are checked (the same on every rank); each member prepares
+# its array (a check and, if needed, a copy to the placement's device; an error is kept
+# for the exchange); one small collective tells every rank every array's shape and dtype
+# (or the error a rank met); boxing checks them and plans the data movement from that
+# metadata alone, so a bad input raises the same error on every rank before any data
+# moves; the runtime moves the data.
 
 @dataclass(frozen=True)
 class _Prepared:
@@ -229,6 +230,10 @@ class _Prepared:
     array: Any
     owned: bool
 
+    def shard(self) -> LocalShard:
+        """What the metadata exchange tells the other ranks about it."""
+        return LocalShard(tuple(int(n) for n in self.array.shape), np.dtype(self.array.dtype).str)
+
 
 @dataclass(frozen=True)
 class _LocalError:
@@ -237,22 +242,37 @@ class _LocalError:
     message: str
 
 
-def _prepared(local: Any, placement: Placement) -> _Prepared:
-    """This member rank's ``local`` as an array on the placement's device (raises for an
-    input that is not a numeric array)."""
-    if local is None:
-        raise TypeError(f"rank {get_rank()} is in the placement but passed no local array")
-    if not (isinstance(local, np.ndarray) or hasattr(local, "__dlpack__")
-            or hasattr(local, "__cuda_array_interface__")):
-        raise TypeError(
-            f"local must be an array (NumPy, CuPy or any DLPack array), got "
-            f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
-    arr = backend.from_dlpack(local)
-    if np.dtype(arr.dtype).kind not in "biufc":
-        raise TypeError(f"local array dtype {arr.dtype} is not numeric")
-    if backend.device_type_of(arr) != placement.type:
-        return _Prepared(backend.to_device(arr, placement.type), True)  # a new array
-    return _Prepared(arr, False)
+def _check_arguments(local: Any, placement: Any, sbp: Any, grad_sbp: Any) -> None:
+    """TypeError for arguments ``sm.to_global`` of a local array cannot take."""
+    if grad_sbp is not None:
+        raise TypeError("grad_sbp= applies to converting a GlobalTensor (its gradient's "
+                        f"layout); got it with a local {type(local).__name__}")
+    if placement is None or not isinstance(placement, Placement):
+        raise TypeError("placement= must be an sm.placement, e.g. sm.placement('cpu', [0, 1]); "
+                        f"got {placement!r}")
+    if sbp is None:
+        raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
+
+
+def _prepared(local: Any, placement: Placement) -> _Prepared | _LocalError:
+    """A member rank's ``local`` as an array on the placement's device, or the error that
+    makes it unusable (reported to every rank by the exchange)."""
+    try:
+        if local is None:
+            raise TypeError(f"rank {get_rank()} is in the placement but passed no local array")
+        if not (isinstance(local, np.ndarray) or hasattr(local, "__dlpack__")
+                or hasattr(local, "__cuda_array_interface__")):
+            raise TypeError(
+                f"local must be an array (NumPy, CuPy or any DLPack array), got "
+                f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
+        arr = backend.from_dlpack(local)
+        if np.dtype(arr.dtype).kind not in "biufc":
+            raise TypeError(f"local array dtype {arr.dtype} is not numeric")
+        if backend.device_type_of(arr) != placement.type:
+            return _Prepared(backend.to_device(arr, placement.type), True)  # a new array
+        return _Prepared(arr, False)
+    except Exception as e:  # any failure: raised on every rank after the exchange
+        return _LocalError(f"{type(e).__name__}: {e}")
 
 
 def _exchanged_shards(mine: LocalShard | _LocalError | None,
@@ -261,12 +281,15 @@ def _exchanged_shards(mine: LocalShard | _LocalError | None,
     all-gather over the world (collective); the same TypeError on every rank when some
     rank could not use its array, naming the first such rank and its error."""
     everyone = comm.all_gather_object(mine)
+    shards: list[LocalShard] = []
     for r, m in enumerate(everyone):
         if isinstance(m, _LocalError):
             raise TypeError(f"to_global: rank {r} could not use its local array: {m.message}")
-    shards = tuple(everyone[r] for r in placement.rank_list)
-    assert all(isinstance(s, LocalShard) for s in shards)
-    return shards  # type: ignore[return-value]
+    for r in placement.rank_list:
+        m = everyone[r]
+        assert isinstance(m, LocalShard)  # a member sends its shard or its error
+        shards.append(m)
+    return tuple(shards)
 
 
 @_grad_option
@@ -285,32 +308,17 @@ def to_global(local: Any, *, placement: Placement | None = None,
     """
     if isinstance(local, GlobalTensor):
         return local.to_global(placement=placement, sbp=sbp, grad_sbp=grad_sbp)
-    if grad_sbp is not None:
-        raise TypeError("grad_sbp= applies to converting a GlobalTensor (its gradient's "
-                        f"layout); got it with a local {type(local).__name__}")
-    if placement is None or not isinstance(placement, Placement):
-        raise TypeError("placement= must be an sm.placement, e.g. sm.placement('cpu', [0, 1]); "
-                        f"got {placement!r}")
-    if sbp is None:
-        raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
+    _check_arguments(local, placement, sbp, grad_sbp)
+    assert placement is not None and sbp is not None
     from .runtime.assembly import assemble
     from .runtime.consistency import check_collective
 
     check_collective("sm.to_global", (placement, sbp))
     backend.check_device_available(placement)
-    prepared: _Prepared | None = None
-    mine: LocalShard | _LocalError | None = None
-    if get_rank() in placement:
-        try:
-            prepared = _prepared(local, placement)
-            arr = prepared.array
-            mine = LocalShard(tuple(int(n) for n in arr.shape), np.dtype(arr.dtype).str)
-        except Exception as e:  # reported on every rank after the exchange
-            mine = _LocalError(f"{type(e).__name__}: {e}")
+    prepared = _prepared(local, placement) if get_rank() in placement else None
+    mine = prepared.shard() if isinstance(prepared, _Prepared) else prepared
     plan = plan_assembly(placement, sbp, _exchanged_shards(mine, placement))
-    if prepared is None:  # outside the placement
+    if not isinstance(prepared, _Prepared):  # outside the placement
         return GlobalTensor(assemble(None, plan), plan.layout, plan.dtype)
-    arr, owned = prepared.array, prepared.owned
-    if not owned and isinstance(arr, np.ndarray) and not arr.flags.writeable:
-        arr, owned = arr.copy(), True  # read-only or memory-mapped: the shard must be writable
-    return GlobalTensor(assemble(arr, plan, owned=owned), plan.layout, plan.dtype)
+    return GlobalTensor(assemble(prepared.array, plan, owned=prepared.owned), plan.layout,
+                        plan.dtype)

@@ -364,3 +364,25 @@ def test_mismatched_arrays_raise_on_every_rank_naming_ranks_and_values():
             np.zeros(1 + rank % 2) if rank < 4 else None, placement=mesh,
             sbp=(sm.sbp.broadcast, sm.sbp.split(0))))
         assert kind == "ValueError" and "on an N-d mesh shards must be balanced" in msg, msg
+
+
+@pytest.mark.mpi(min_size=1)
+def test_uneven_strided_and_read_only_arrays_move_without_being_written():
+    placement = sm.placement("cpu", list(range(size)))
+    counts = uneven(size, "mixed")
+    shapes = {r: (3, counts[r]) for r in range(size)}  # split(1) of the transposed views
+    arrays = arrays_for([7], {r: (c, 3) for r, (_, c) in shapes.items()}, np.float64)
+    base = arrays[rank].copy()
+    base.setflags(write=False)
+    x = sm.to_global(base.T, placement=placement, sbp=sm.sbp.split(1))
+    want = np.concatenate([arrays[r].T for r in range(size)], axis=1)
+    value = x.numpy()
+
+    def check():
+        np.testing.assert_array_equal(value, want)
+        np.testing.assert_array_equal(base, arrays[rank])
+        local = x.to_local()
+        np.testing.assert_array_equal(local, want[x.layout.local_slice(rank)])
+        assert local.flags.writeable
+
+    agree(check)

@@ -29,7 +29,8 @@ def assemble(local: Any, plan: AssemblyPlan, *, owned: bool = False) -> Any:
     Collective over the ranks of the plan's placement (ranks outside return an empty
     shard at once). ``owned``: ``local`` is this call's to write into (else it is, or
     views, the caller's array, which stays unchanged). A balanced split or partial shard
-    is returned as it is, without a copy.
+    is returned as it is, without a copy, unless it is read-only (a memory-mapped file,
+    say): a shard must be writable.
     """
     layout = plan.layout
     me = get_rank()
@@ -37,6 +38,8 @@ def assemble(local: Any, plan: AssemblyPlan, *, owned: bool = False) -> Any:
         return np.empty(layout.local_shape(me), dtype=plan.dtype)
     if plan.rebalanced:
         return _rebalanced(local, plan, me)
+    if not owned and isinstance(local, np.ndarray) and not local.flags.writeable:
+        local, owned = local.copy(), True
     if plan.broadcast_axes:
         return _broadcast_along_axes(local, plan, me, owned)
     return local
