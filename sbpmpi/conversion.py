@@ -136,7 +136,7 @@ def convert(x: GlobalTensor, placement: Placement | None = None,
     if grad_sbp is None:
         step = conversion_check(x, placement, sbp)
     else:
-        grad_meta = conversion_meta(x, None, grad_sbp)[2]  # normalised against x's mesh
+        grad_meta = conversion_meta(x, None, grad_sbp).sbp  # normalised against x's mesh
         step = step_check(TO_GLOBAL, (*conversion_meta(x, placement, sbp), grad_meta))
     agreed = check_step(TO_GLOBAL, step)
     check_broadcast_shards(x, "x.to_global input")

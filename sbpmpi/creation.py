@@ -1,24 +1,28 @@
 """Creating global tensors: from a generator, from a global value, or from local shards.
 
 Creation computes each rank's shard from global indices: no rank builds the whole
-tensor and nothing is communicated, except in ``to_global`` from local shards.
+tensor and nothing is communicated, except in ``to_global`` from local shards (planned by
+:mod:`sbpmpi.boxing.assembly`, run by :mod:`sbpmpi.runtime.assembly`: each rank
+receives at most its own shard).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from . import backend, comm
+from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
-from .core.sbp import SBP, Broadcast, Split, check_partials, normalize_nd_sbp
-from .env import get_rank, get_world_size
+from .core.sbp import SBP, check_partials
+from .env import get_rank
 from .tensor import GlobalTensor
 
 __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global"]
@@ -209,43 +213,37 @@ def tensor(data: Any, *, placement: Placement | None = None,
     return _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
 
 
-# -- local shards -> global tensor ------------------------------------------------------------
+# -- local arrays -> global tensor ------------------------------------------------------------
+#
+# Named steps: the arguments are checked (the same on every rank); each member prepares
+# its array (a check and, if needed, a copy to the placement's device; an error is kept
+# for the exchange); one small collective tells every rank every array's shape and dtype
+# (or the error a rank met); boxing checks them and plans the data movement from that
+# metadata alone, so a bad input raises the same error on every rank before any data
+# moves; the runtime moves the data.
 
-def _infer_global_shape(layout_pl: Placement, nd_sbp: tuple[SBP, ...],
-                        shapes: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
-    """Global shape from the shard shapes: split dims add up along their mesh axes."""
-    first = shapes[layout_pl.rank_list[0]]
-    out = list(first)
-    for d in range(len(first)):
-        axes = [a for a, s in enumerate(nd_sbp) if isinstance(s, Split) and s.dim == d]
-        if not axes:
-            continue
-        total = 0
-        for r in layout_pl.rank_list:
-            c = layout_pl.coord_of(r)
-            assert c is not None
-            if all(c[a] == 0 for a in range(layout_pl.ndim) if a not in axes):
-                total += shapes[r][d]
-        out[d] = total
-    return tuple(out)
+@dataclass(frozen=True)
+class _Prepared:
+    """This rank's array ready for the exchange: on the placement's device; ``owned``:
+    ours to write into (else it is, or views, the caller's)."""
+
+    array: Any
+    owned: bool
+
+    def shard(self) -> LocalShard:
+        """What the metadata exchange tells the other ranks about it."""
+        return LocalShard(tuple(int(n) for n in self.array.shape), np.dtype(self.array.dtype).str)
 
 
-@_grad_option
-def to_global(local: Any, *, placement: Placement | None = None,
-              sbp: SBP | Sequence[SBP] | None = None, requires_grad: bool = False,
-              grad_sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
-    """Make a global tensor from this rank's shard ``local`` (collective over the world).
+@dataclass(frozen=True)
+class _LocalError:
+    """What a rank reports in the metadata exchange when its local array is unusable."""
 
-    ``split(d)``: the global tensor is the shards concatenated along ``d`` (uneven
-    shards are rebalanced). ``broadcast``: the first rank's shard along each broadcast
-    mesh axis is sent to the others. ``partial_*``: the shards' reduction, no transfer.
-    Shapes and dtypes are exchanged and checked, so a mismatch raises the same error on
-    every rank. A GlobalTensor is converted with ``x.to_global`` (``grad_sbp`` as there);
-    a local array has no gradient to place, so it takes no ``grad_sbp``. Any DLPack array
-    works.
-    """
-    if isinstance(local, GlobalTensor):
-        return local.to_global(placement=placement, sbp=sbp, grad_sbp=grad_sbp)
+    message: str
+
+
+def _check_arguments(local: Any, placement: Any, sbp: Any, grad_sbp: Any) -> None:
+    """TypeError for arguments ``sm.to_global`` of a local array cannot take."""
     if grad_sbp is not None:
         raise TypeError("grad_sbp= applies to converting a GlobalTensor (its gradient's "
                         f"layout); got it with a local {type(local).__name__}")
@@ -254,101 +252,73 @@ def to_global(local: Any, *, placement: Placement | None = None,
                         f"got {placement!r}")
     if sbp is None:
         raise TypeError("sbp= is required, e.g. sm.sbp.split(0)")
+
+
+def _prepared(local: Any, placement: Placement) -> _Prepared | _LocalError:
+    """A member rank's ``local`` as an array on the placement's device, or the error that
+    makes it unusable (reported to every rank by the exchange)."""
+    try:
+        if local is None:
+            raise TypeError(f"rank {get_rank()} is in the placement but passed no local array")
+        if not (isinstance(local, np.ndarray) or hasattr(local, "__dlpack__")
+                or hasattr(local, "__cuda_array_interface__")):
+            raise TypeError(
+                f"local must be an array (NumPy, CuPy or any DLPack array), got "
+                f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
+        arr = backend.from_dlpack(local)
+        if np.dtype(arr.dtype).kind not in "biufc":
+            raise TypeError(f"local array dtype {arr.dtype} is not numeric")
+        if backend.device_type_of(arr) != placement.type:
+            return _Prepared(backend.to_device(arr, placement.type), True)  # a new array
+        return _Prepared(arr, False)
+    except Exception as e:  # any failure: raised on every rank after the exchange
+        return _LocalError(f"{type(e).__name__}: {e}")
+
+
+def _exchanged_shards(mine: LocalShard | _LocalError | None,
+                      placement: Placement) -> tuple[LocalShard, ...]:
+    """Every member's :class:`LocalShard`, in the placement's rank order, from one
+    all-gather over the world (collective); the same TypeError on every rank when some
+    rank could not use its array, naming the first such rank and its error."""
+    everyone = comm.all_gather_object(mine)
+    shards: list[LocalShard] = []
+    for r, m in enumerate(everyone):
+        if isinstance(m, _LocalError):
+            raise TypeError(f"to_global: rank {r} could not use its local array: {m.message}")
+    for r in placement.rank_list:
+        m = everyone[r]
+        assert isinstance(m, LocalShard)  # a member sends its shard or its error
+        shards.append(m)
+    return tuple(shards)
+
+
+@_grad_option
+def to_global(local: Any, *, placement: Placement | None = None,
+              sbp: SBP | Sequence[SBP] | None = None, requires_grad: bool = False,
+              grad_sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+    """Make a global tensor from this rank's shard ``local`` (collective over the world).
+
+    ``split(d)``: the global tensor is the shards concatenated along ``d``; uneven shards
+    move to the balanced split point to point, each rank receiving only the rows it must
+    hold. ``broadcast``: the first rank's shard along each broadcast mesh axis is sent
+    to the others. ``partial_*``: the shards' reduction, no transfer. Shapes and dtypes
+    are exchanged and checked, so a mismatch raises the same error on every rank. A
+    GlobalTensor is converted with ``x.to_global`` (``grad_sbp`` as there); a local array
+    has no gradient to place, so it takes no ``grad_sbp``. Any DLPack array works.
+    """
+    if isinstance(local, GlobalTensor):
+        return local.to_global(placement=placement, sbp=sbp, grad_sbp=grad_sbp)
+    _check_arguments(local, placement, sbp, grad_sbp)
+    assert placement is not None and sbp is not None
+    from .runtime.assembly import assemble
     from .runtime.consistency import check_collective
 
     check_collective("sm.to_global", (placement, sbp))
     backend.check_device_available(placement)
-    me = get_rank()
-    member = me in placement
-    arr = None
-    owned = False  # whether ``arr`` is ours to write into (else it is, or views, the caller's)
-    meta: tuple | None = None
-    if member:
-        try:
-            if local is None:
-                raise TypeError(f"rank {me} is in the placement but passed no local array")
-            if not (isinstance(local, np.ndarray) or hasattr(local, "__dlpack__")
-                    or hasattr(local, "__cuda_array_interface__")):
-                raise TypeError(
-                    f"local must be an array (NumPy, CuPy or any DLPack array), got "
-                    f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
-            arr = backend.from_dlpack(local)
-            if np.dtype(arr.dtype).kind not in "biufc":
-                raise TypeError(f"local array dtype {arr.dtype} is not numeric")
-            if backend.device_type_of(arr) != placement.type:
-                arr = backend.to_device(arr, placement.type)
-                owned = True  # a new array on the placement's device
-            meta = (tuple(int(n) for n in arr.shape), np.dtype(arr.dtype).str)
-        except Exception as e:  # reported on every rank after the exchange
-            meta = ("error", f"{type(e).__name__}: {e}")
-    # one small collective: every rank learns every shard's shape and dtype
-    metas = comm.all_gather_object(meta)
-    errs = [(r, m[1]) for r, m in enumerate(metas) if m is not None and m[0] == "error"]
-    if errs:
-        raise TypeError(f"to_global: rank {errs[0][0]} could not use its local array: {errs[0][1]}")
-    shapes = {r: metas[r][0] for r in placement.rank_list}
-    dtypes = {r: metas[r][1] for r in placement.rank_list}
-    r0 = placement.rank_list[0]
-    bad_dt = [r for r in placement.rank_list if dtypes[r] != dtypes[r0]]
-    if bad_dt:
-        raise TypeError(
-            f"to_global: local arrays must share one dtype, but rank {r0} has "
-            f"{np.dtype(dtypes[r0])} and rank {bad_dt[0]} has {np.dtype(dtypes[bad_dt[0]])}")
-    ndims = {len(s) for s in shapes.values()}
-    if len(ndims) != 1:
-        raise ValueError(f"to_global: local arrays must have the same number of dims, got shapes "
-                         f"{[shapes[r] for r in placement.rank_list]} on ranks "
-                         f"{list(placement.rank_list)}")
-    ndim = ndims.pop()
-    nd_sbp = normalize_nd_sbp(sbp, placement.ndim, ndim)
-    dtype = np.dtype(dtypes[r0])
-    check_partials(nd_sbp, dtype)  # partial_max/min of complex: the same error on every rank
-    split_dims = {s.dim for s in nd_sbp if isinstance(s, Split)}
-    for r in placement.rank_list:
-        for d in range(ndim):
-            if d not in split_dims and shapes[r][d] != shapes[r0][d]:
-                raise ValueError(
-                    f"to_global: shards cannot form one global tensor: rank {r} has shape "
-                    f"{shapes[r]} but rank {r0} has {shapes[r0]} (dim {d} is not split, so "
-                    f"it must be equal on every rank)")
-    gshape = _infer_global_shape(placement, nd_sbp, shapes)
-    layout = Layout(gshape, placement, nd_sbp)
-    balanced = all(layout.local_shape(r) == shapes[r] for r in placement.rank_list)
-    if not balanced:
-        if placement.ndim != 1:
-            raise ValueError(
-                f"to_global: shard shapes {[shapes[r] for r in placement.rank_list]} do not "
-                f"form a balanced {tuple(nd_sbp)} layout of {gshape} on mesh "
-                f"{placement.hierarchy}; on an N-d mesh shards must be balanced")
-        return _rebalance(arr, layout, shapes, dtype)
-    if not member:
-        return GlobalTensor(np.empty(layout.local_shape(me), dtype=dtype), layout, dtype)
-    assert arr is not None
-    if not owned and isinstance(arr, np.ndarray) and not arr.flags.writeable:
-        arr, owned = arr.copy(), True  # read-only or memory-mapped: the shard must be writable
-    groups = comm.mesh_groups(placement)
-    for axis, s in enumerate(nd_sbp):
-        if isinstance(s, Broadcast):
-            g = groups[axis]
-            assert g is not None
-            if (me != g.ranks[0] and not owned) or not arr.flags.c_contiguous:
-                arr, owned = arr.copy(order="C"), True  # the caller's array stays unchanged
-            backend.synchronize(arr)
-            comm.broadcast(arr, src=g.ranks[0], group=g)
-    return GlobalTensor(arr, layout, dtype)
-
-
-def _rebalance(arr: Any, layout: Layout, shapes: dict[int, tuple[int, ...]],
-               dtype: np.dtype) -> GlobalTensor:
-    """Uneven 1-D split shards: concatenate in placement order, then cut balanced."""
-    pl = layout.placement
-    counts = [int(np.prod(shapes[r])) if r in pl else 0 for r in range(get_world_size())]
-    flat_local = (np.ascontiguousarray(backend.asnumpy(arr)).reshape(-1) if arr is not None
-                  else np.empty(0, dtype=dtype))
-    flat = np.empty(sum(counts), dtype=dtype)
-    comm.all_gather_v(flat, flat_local, counts)
-    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    d = next(s.dim for s in layout.sbp if isinstance(s, Split))
-    parts = [flat[offs[r]:offs[r + 1]].reshape(shapes[r]) for r in pl.rank_list]
-    value = np.concatenate(parts, axis=d)
-    return _build(layout, dtype, lambda xp, ranges: value[tuple(slice(a, b) for a, b in ranges)])
+    prepared = _prepared(local, placement) if get_rank() in placement else None
+    mine = prepared.shard() if isinstance(prepared, _Prepared) else prepared
+    plan = plan_assembly(placement, sbp, _exchanged_shards(mine, placement))
+    if not isinstance(prepared, _Prepared):  # outside the placement
+        return GlobalTensor(assemble(None, plan), plan.layout, plan.dtype)
+    return GlobalTensor(assemble(prepared.array, plan, owned=prepared.owned), plan.layout,
+                        plan.dtype)

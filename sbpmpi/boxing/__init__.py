@@ -1,8 +1,11 @@
 """Boxing: how a global tensor's layout is converted, as pure functions of metadata.
 
-The planner (:mod:`.plan`, :mod:`.planner`: steps and candidate plans), the cost model
+The planner (:mod:`.plan`: the steps; :mod:`.planner`: their costs and the graph of a
+conversion; :mod:`.search`: the cheapest path and the candidate plans), the cost model
 (:mod:`.cost`, one alpha-beta table), the transfer schedule of a send/recv step
-(:mod:`.schedule`), the explanation of a choice (:mod:`.explanation`) and the simple
+(:mod:`.schedule`), the plan of ``sm.to_global`` of local arrays (:mod:`.assembly`: the
+checks of the exchanged shard shapes and the point-to-point row moves of uneven
+splits), the explanation of a choice (:mod:`.explanation`) and the simple
 assemble-and-slice oracle the tests compare with (:mod:`.reference`). Nothing here
 communicates or touches array data: :mod:`sbpmpi.runtime` runs the plans.
 

@@ -190,9 +190,10 @@ def check_conversion(src: Layout, dst: Layout) -> None:
 
 # -- steps and plans ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
-    """One primitive of a plan (plain data; see the module docstring for the kinds).
+    """One primitive of a plan (plain data; see the module docstring for the kinds), made
+    with keywords: ``Step(kind="all_gather", src=..., dst=..., axis=0, ...)``.
 
     ``axis``, ``frm`` and ``to``: the mesh axis and its SBP before and after (per-axis
     kinds); ``span`` > 1: the step acts on axes ``axis .. axis + span - 1`` at once, as

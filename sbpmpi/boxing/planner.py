@@ -11,17 +11,16 @@ the same on every rank, without MPI and without arrays.
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 from .cost import DEFAULT_TABLE, CostTable, copy_seconds, factor, primitive_seconds, step_seconds
 from .plan import (
-    AXIS_KINDS,
     Plan,
     PlanChoice,
     Step,
@@ -32,66 +31,87 @@ from .plan import (
     transition_kind,
 )
 from .schedule import broadcast_members, is_contiguous_box, relative, slots_of, transfer_schedule
+from .search import Edge, InEdge, Node, ranked_plans
 
-__all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds"]
+__all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds",
+           "AxisTraffic", "axis_traffic", "searched_dims", "axis_values", "side_values",
+           "cross_steps", "ConversionGraph"]
 
 
 # -- steps with their costs ---------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=16384)
-def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
-               table: CostTable, span: int = 1) -> Step:
-    pl = src.placement
-    sbp = src.sbp[:axis] + (to,) * span + src.sbp[axis + span:]
-    dst = Layout(src.shape, pl, sbp)
-    frm = src.sbp[axis]
-    p = math.prod(pl.hierarchy[axis:axis + span])
-    dev = pl.type
-    in_ext, out_ext = max_local_extents(src), max_local_extents(dst)
+class AxisTraffic(NamedTuple):
+    """What a per-axis step costs the busiest rank of its group, in bytes."""
+
+    #: bytes sent (and received) over the network
+    moved: float
+    #: bytes copied locally (packing, unpacking, a copy to reduce into, a fill)
+    copy: int
+    #: bytes the primitive's modelled time is charged for
+    payload: int
+    #: the reduction (all_reduce, reduce_scatter) or the partial created (local_fill, local_pad)
+    op: str | None
+
+
+def axis_traffic(kind: str, frm: SBP, to: SBP, p: int, in_ext: tuple[int, ...],
+                 out_ext: tuple[int, ...], itemsize: int) -> AxisTraffic:
+    """The bytes of a ``kind`` step from ``frm`` to ``to`` over ``p`` ranks, from the largest
+    local extents before and after it. A block along a dim with a larger dim in front of
+    it is packed or unpacked: one copy."""
     n_in = math.prod(in_ext) * itemsize
     n_out = math.prod(out_ext) * itemsize
-    op = None
-    copy = 0
     if kind == "all_gather":
         assert isinstance(frm, Split)
         copy = n_out if math.prod(out_ext[:frm.dim]) > 1 else 0
-        moved = factor("all_gather", p) * n_out
-        secs = primitive_seconds("all_gather", p, n_out, dev, table)
-    elif kind == "all_reduce":
+        return AxisTraffic(factor(kind, p) * n_out, copy, n_out, None)
+    if kind == "all_reduce":
         assert isinstance(frm, Partial)
-        op = frm.op
-        copy = n_in  # the reduction runs in place on a copy of the input
-        moved = factor("all_reduce", p) * n_in
-        secs = primitive_seconds("all_reduce", p, n_in, dev, table)
-    elif kind == "reduce_scatter":
+        # the reduction runs in place on a copy of the input
+        return AxisTraffic(factor(kind, p) * n_in, n_in, n_in, frm.op)
+    if kind == "reduce_scatter":
         assert isinstance(frm, Partial) and isinstance(to, Split)
-        op = frm.op
         copy = n_in if math.prod(in_ext[:to.dim]) > 1 else 0
-        moved = factor("reduce_scatter", p) * n_in
-        secs = primitive_seconds("reduce_scatter", p, n_in, dev, table)
-    elif kind == "all_to_all":
+        return AxisTraffic(factor(kind, p) * n_in, copy, n_in, frm.op)
+    if kind == "all_to_all":
         assert isinstance(frm, Split) and isinstance(to, Split)
         copy = (n_in if math.prod(in_ext[:to.dim]) > 1 else 0) + \
                (n_out if math.prod(out_ext[:frm.dim]) > 1 else 0)
-        moved = factor("all_to_all", p) * p * n_in
-        secs = primitive_seconds("all_to_all", p, p * n_in, dev, table)
-    else:
-        moved = 0.0
-        secs = 0.0
-        if kind == "local_slice":
-            assert isinstance(to, Split)
-            copy = n_out if math.prod(in_ext[:to.dim]) > 1 else 0
-        elif kind in ("local_fill", "local_pad"):
-            assert isinstance(to, Partial)
-            op = to.op
-            copy = n_out
-        secs = copy_seconds(copy, dev, table) + step_seconds(dev, table)
-        return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis), 0, 0, copy,
-                    0, secs, span)
-    secs += copy_seconds(copy, dev, table, ops=0) + step_seconds(dev, table)
-    nb = int(math.ceil(moved))
-    return Step(kind, src, dst, axis, frm, to, op, None, pl.axis_groups(axis, span), nb, nb,
-                copy, 0, secs, span)
+        return AxisTraffic(factor(kind, p) * p * n_in, copy, p * n_in, None)
+    if kind == "local_slice":
+        assert isinstance(to, Split)
+        return AxisTraffic(0.0, n_out if math.prod(in_ext[:to.dim]) > 1 else 0, 0, None)
+    if kind in ("local_fill", "local_pad"):
+        assert isinstance(to, Partial)
+        return AxisTraffic(0.0, n_out, 0, to.op)
+    return AxisTraffic(0.0, 0, 0, None)  # relabel
+
+
+# kinds that run on each rank alone: charged for their copies and the step, nothing sent
+_LOCAL_KINDS = ("local_slice", "local_fill", "local_pad", "relabel")
+
+
+@functools.lru_cache(maxsize=16384)
+def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
+               table: CostTable, span: int = 1) -> Step:
+    """The ``kind`` step changing mesh axes ``axis .. axis + span - 1`` of ``src`` to ``to``,
+    with its modelled cost."""
+    pl = src.placement
+    dst = Layout(src.shape, pl, src.sbp[:axis] + (to,) * span + src.sbp[axis + span:])
+    frm = src.sbp[axis]
+    dev = pl.type
+    p = math.prod(pl.hierarchy[axis:axis + span])
+    t = axis_traffic(kind, frm, to, p, max_local_extents(src), max_local_extents(dst), itemsize)
+    if kind in _LOCAL_KINDS:
+        return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
+                    groups=pl.axis_groups(axis), copy_bytes=t.copy,
+                    seconds=copy_seconds(t.copy, dev, table) + step_seconds(dev, table),
+                    span=span)
+    secs = primitive_seconds(kind, p, t.payload, dev, table)
+    secs += copy_seconds(t.copy, dev, table, ops=0) + step_seconds(dev, table)
+    nb = int(math.ceil(t.moved))
+    return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
+                groups=pl.axis_groups(axis, span), send_bytes=nb, recv_bytes=nb,
+                copy_bytes=t.copy, seconds=secs, span=span)
 
 
 def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
@@ -156,49 +176,36 @@ def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) ->
                                          for r in dst.placement.rank_list):
         reduce_op = None
     pairs = tuple(sorted({(t.src, t.dst) for t in sched if t.src != t.dst}))
-    return Step("send_recv", src, dst, op=reduce_op, groups=pairs,
+    return Step(kind="send_recv", src=src, dst=dst, op=reduce_op, groups=pairs,
                 send_bytes=max(sent.values(), default=0), recv_bytes=max(recv.values(), default=0),
                 copy_bytes=cb, messages=ms, seconds=secs)
 
 
 @functools.lru_cache(maxsize=4096)
 def _broadcast_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> Step | None:
-    root, group = broadcast_members(src, dst)
-    if len(group) < 2:
+    """The broadcast step from ``src`` to ``dst`` (all broadcast), or None when every rank
+    of ``dst`` already holds the value."""
+    members = broadcast_members(src, dst)
+    p = len(members.group)
+    if p < 2:
         return None
     n = math.prod(src.shape) * itemsize
     dev = _cross_device(src, dst)
-    secs = primitive_seconds("broadcast", len(group), n, dev, table) + step_seconds(dev, table)
+    secs = primitive_seconds("broadcast", p, n, dev, table) + step_seconds(dev, table)
     copy = 0
     if src.placement.type != dst.placement.type:
         copy = n
         secs += copy_seconds(n, dev, table)
-    moved = int(math.ceil(factor("broadcast", len(group)) * n))
-    return Step("broadcast", src, dst, root=root, groups=(group,), send_bytes=moved,
-                recv_bytes=moved, copy_bytes=copy, seconds=secs)
+    moved = int(math.ceil(factor("broadcast", p) * n))
+    return Step(kind="broadcast", src=src, dst=dst, root=members.root, groups=(members.group,),
+                send_bytes=moved, recv_bytes=moved, copy_bytes=copy, seconds=secs)
 
 
-# -- search -----------------------------------------------------------------------------------
+# -- the graph of a conversion ------------------------------------------------------------------
 
-Node = tuple[int, NdSbp]
-
-
-def _values(sbp_side: NdSbp, ndim_mesh: int, ops: set[str],
-            dims: Sequence[int]) -> list[list[SBP]]:
-    vals: list[list[SBP]] = []
-    for a in range(ndim_mesh):
-        v: list[SBP] = [Broadcast(), *(Split(d) for d in dims)]
-        if len(ops) == 1:
-            v.append(Partial(next(iter(ops))))
-        elif isinstance(sbp_side[a], Partial):
-            v.append(sbp_side[a])
-        if sbp_side[a] not in v:
-            v.append(sbp_side[a])
-        vals.append(v)
-    return vals
-
-
-def _split_dims(src: Layout, dst: Layout) -> list[int]:
+def searched_dims(src: Layout, dst: Layout) -> list[int]:
+    """The tensor dims a split may take on the way: those split by either side, dim 0 and
+    the largest dim (the first of equal ones)."""
     shape = src.shape
     dims = {s.dim for s in src.sbp + dst.sbp if isinstance(s, Split)}
     if shape:
@@ -207,143 +214,194 @@ def _split_dims(src: Layout, dst: Layout) -> list[int]:
     return sorted(dims)
 
 
+def axis_values(sbp: NdSbp, ops: set[str], dims: Sequence[int]) -> list[list[SBP]]:
+    """The SBPs each mesh axis may take in the search, starting from ``sbp``: broadcast,
+    the splits of ``dims``, the partial of the one op in ``ops`` (or the axis's own
+    partial when there are several), and the axis's own SBP."""
+    vals: list[list[SBP]] = []
+    for own in sbp:
+        v: list[SBP] = [Broadcast(), *(Split(d) for d in dims)]
+        if len(ops) == 1:
+            v.append(Partial(next(iter(ops))))
+        elif isinstance(own, Partial):
+            v.append(own)
+        if own not in v:
+            v.append(own)
+        vals.append(v)
+    return vals
+
+
+def side_values(src: Layout, dst: Layout, side: int) -> tuple[tuple[SBP, ...], ...]:
+    """The SBPs each mesh axis of side ``side`` (0: the source placement, 1: the
+    destination's) may take in the search of ``src`` -> ``dst``.
+
+    On one placement: the values of :func:`axis_values` from the source, with the
+    destination's SBP added; the partials of every op either side uses are allowed. Across
+    placements: each side from its own SBP, a partial only when both sides together use
+    one op (a step between placements cannot turn one reduction into another).
+    """
+    dims = searched_dims(src, dst)
+    ops = reduce_ops(src.sbp) | reduce_ops(dst.sbp)
+    if src.placement == dst.placement:
+        vals = axis_values(src.sbp, ops, dims)
+        for a, want in enumerate(dst.sbp):
+            if want not in vals[a]:
+                vals[a].append(want)
+    else:
+        vals = axis_values(src.sbp if side == 0 else dst.sbp, ops if len(ops) == 1 else set(),
+                           dims)
+    return tuple(tuple(v) for v in vals)
+
+
+class SideEdge(NamedTuple):
+    """A step between two ND-SBPs of one placement."""
+
+    to: NdSbp
+    step: Step
+
+
 class _SideGraph:
-    """Per-axis steps between the ND-SBPs of one placement (cached, shared by searches)."""
+    """Per-axis steps between the ND-SBPs of one placement (cached, shared by searches):
+    ``adj`` the steps out of each ND-SBP; :meth:`out_edges` and :meth:`in_edges` the same
+    steps as search edges of one side, made once per side."""
 
-    __slots__ = ("adj", "radj")
+    __slots__ = ("adj", "_out", "_in")
 
-    def __init__(self, adj: dict[NdSbp, list[tuple[NdSbp, Step]]]) -> None:
+    def __init__(self, adj: dict[NdSbp, list[SideEdge]]) -> None:
         self.adj = adj
-        self.radj: dict[NdSbp, list[tuple[NdSbp, float]]] = {}
-        for n, outs in adj.items():
-            for m, st in outs:
-                self.radj.setdefault(m, []).append((n, st.seconds))
+        self._out: dict[int, dict[NdSbp, list[Edge]]] = {}
+        self._in: dict[int, dict[NdSbp, list[InEdge]]] = {}
+
+    def out_edges(self, side: int) -> dict[NdSbp, list[Edge]]:
+        """The steps out of each ND-SBP, as edges between nodes of side ``side``."""
+        got = self._out.get(side)
+        if got is None:
+            got = self._out[side] = {
+                s: [Edge(Node(side, e.to), e.step) for e in outs] for s, outs in self.adj.items()}
+        return got
+
+    def in_edges(self, side: int) -> dict[NdSbp, list[InEdge]]:
+        """The steps into each ND-SBP, as edges between nodes of side ``side``."""
+        got = self._in.get(side)
+        if got is None:
+            got = self._in[side] = {}
+            for s, outs in self.adj.items():
+                for e in outs:
+                    got.setdefault(e.to, []).append(InEdge(Node(side, s), e.step.seconds))
+        return got
 
 
 @functools.lru_cache(maxsize=1024)
 def _side_graph(shape: tuple[int, ...], pl: Placement, itemsize: int, table: CostTable,
                 values: tuple[tuple[SBP, ...], ...]) -> _SideGraph:
-    h = pl.hierarchy
     states = [tuple(t) for t in itertools.product(*values)]
     valid = set(states)
-    adj: dict[NdSbp, list[tuple[NdSbp, Step]]] = {}
-    for s in states:
-        lay = Layout(shape, pl, s)
-        out = adj.setdefault(s, [])
-        for a in range(pl.ndim):
+    return _SideGraph({s: _steps_from(s, shape, pl, itemsize, table, values, valid)
+                       for s in states})
+
+
+def _steps_from(s: NdSbp, shape: tuple[int, ...], pl: Placement, itemsize: int,
+                table: CostTable, values: tuple[tuple[SBP, ...], ...],
+                valid: set[NdSbp]) -> list[SideEdge]:
+    """The steps out of ``s`` that reach an ND-SBP of ``valid``: one mesh axis at a time,
+    then several consecutive axes at once (one collective over their ranks)."""
+    h = pl.hierarchy
+    lay = Layout(shape, pl, s)
+    out: list[SideEdge] = []
+    for a in range(pl.ndim):
+        for v in values[a]:
+            kind = transition_kind(s, h, a, v)
+            if kind is None:
+                continue
+            t = s[:a] + (v,) + s[a + 1:]
+            if t in valid:
+                out.append(SideEdge(t, _axis_step(kind, lay, a, v, itemsize, table)))
+    for a in range(pl.ndim):
+        for b in range(a + 1, pl.ndim):
             for v in values[a]:
-                kind = transition_kind(s, h, a, v)
+                kind = span_kind(s, h, a, b, v)
                 if kind is None:
                     continue
-                t = s[:a] + (v,) + s[a + 1:]
+                t = s[:a] + (v,) * (b - a + 1) + s[b + 1:]
                 if t in valid:
-                    out.append((t, _axis_step(kind, lay, a, v, itemsize, table)))
-        # several consecutive axes at once: one collective over their ranks
-        for a in range(pl.ndim):
-            for b in range(a + 1, pl.ndim):
-                for v in values[a]:
-                    kind = span_kind(s, h, a, b, v)
-                    if kind is None:
-                        continue
-                    t = s[:a] + (v,) * (b - a + 1) + s[b + 1:]
-                    if t in valid:
-                        out.append((t, _axis_step(kind, lay, a, v, itemsize, table,
-                                                  b - a + 1)))
-    return _SideGraph(adj)
+                    out.append(SideEdge(t, _axis_step(kind, lay, a, v, itemsize, table,
+                                                      b - a + 1)))
+    return out
 
 
-def _search(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> PlanChoice:
+def cross_steps(src: Layout, dst: Layout, sources: Sequence[NdSbp], targets: Sequence[NdSbp],
+                itemsize: int, table: CostTable) -> list[tuple[NdSbp, NdSbp, Step]]:
+    """The moves between the placements (or the one general redistribution on one
+    placement): a send_recv step, plus a broadcast step between all-broadcast layouts of
+    two placements, from the source's ``sources`` to ``targets`` on the destination's.
+
+    Only pairs of ND-SBPs the moves can join: each side with at most one reduction, and
+    the same one when both have partial axes.
+    """
     same = src.placement == dst.placement
-    sides = [src.placement] if same else [src.placement, dst.placement]
-    dims = _split_dims(src, dst)
-    ops = reduce_ops(src.sbp) | reduce_ops(dst.sbp)
-    last = len(sides) - 1
-    start: Node = (0, src.sbp)
-    goal: Node = (last, dst.sbp)
-    single = ops if len(ops) == 1 else set()
-    graphs: list[_SideGraph] = []
-    for k, pl in enumerate(sides):
-        if same:
-            vals = _values(src.sbp, pl.ndim, ops, dims)
-            for a in range(pl.ndim):
-                if dst.sbp[a] not in vals[a]:
-                    vals[a].append(dst.sbp[a])
-        else:
-            vals = _values(src.sbp if k == 0 else dst.sbp, pl.ndim, single, dims)
-        graphs.append(_side_graph(src.shape, pl, itemsize, table,
-                                  tuple(tuple(v) for v in vals)))
-    # moves between placements (or one general redistribution on one placement)
-    cross: dict[Node, list[tuple[Node, Step]]] = {}
-    cross_in: dict[Node, list[tuple[Node, float]]] = {}
     if same:
         pairs = [(src.sbp, dst.sbp)]
     else:
-        pairs = [(src.sbp, s2) for s2 in graphs[last].adj] + \
-                [(s1, dst.sbp) for s1 in graphs[0].adj if s1 != src.sbp]
+        pairs = [(src.sbp, s2) for s2 in targets] + \
+                [(s1, dst.sbp) for s1 in sources if s1 != src.sbp]
+    out: list[tuple[NdSbp, NdSbp, Step]] = []
     for s1, s2 in pairs:
         o1, o2 = reduce_ops(s1), reduce_ops(s2)
         if len(o1) > 1 or len(o2) > 1 or (o1 and o2 and o1 != o2):
             continue
-        l1 = Layout(src.shape, sides[0], s1)
-        l2 = Layout(src.shape, sides[last], s2)
-        steps = [send_recv_step(l1, l2, itemsize, table)]
+        l1 = Layout(src.shape, src.placement, s1)
+        l2 = Layout(src.shape, dst.placement, s2)
+        out.append((s1, s2, send_recv_step(l1, l2, itemsize, table)))
         if not same and all(isinstance(x, Broadcast) for x in s1 + s2):
             b = _broadcast_step(l1, l2, itemsize, table)
             if b is not None:
-                steps.append(b)
-        for st in steps:
-            cross.setdefault((0, s1), []).append(((last, s2), st))
-            cross_in.setdefault((last, s2), []).append(((0, s1), st.seconds))
-
-    def out_edges(n: Node) -> list[tuple[Node, Step]]:
-        k, s = n
-        own = [((k, t), st) for t, st in graphs[k].adj.get(s, ())]
-        return own + cross.get(n, [])
-
-    def in_edges(n: Node) -> list[tuple[Node, float]]:
-        k, s = n
-        return [((k, t), w) for t, w in graphs[k].radj.get(s, ())] + cross_in.get(n, [])
-
-    # distances to the goal (reverse Dijkstra)
-    dist: dict[Node, float] = {goal: 0.0}
-    heap: list[tuple[float, int, Node]] = [(0.0, 0, goal)]
-    tie = itertools.count(1)
-    while heap:
-        d, _, n = heapq.heappop(heap)
-        if d > dist.get(n, math.inf):
-            continue
-        for m, w in in_edges(n):
-            nd = d + w
-            if nd < dist.get(m, math.inf):
-                dist[m] = nd
-                heapq.heappush(heap, (nd, next(tie), m))
-    if start not in dist:
-        raise RuntimeError(f"boxing found no plan from {src} to {dst} (internal error)")
-
-    def follow(n: Node) -> list[Step]:
-        path: list[Step] = []
-        for _ in range(len(dist) + 1):
-            if n == goal:
-                return path
-            m, st = min(out_edges(n), key=lambda e: _st_key(e, dist))
-            path.append(st)
-            n = m
-        raise RuntimeError("boxing plan search did not converge (internal error)")
-
-    cands: dict[tuple[Step, ...], Plan] = {}
-    for m, st in out_edges(start):
-        if m not in dist:
-            continue
-        path = tuple([st] + follow(m))
-        cands.setdefault(path, Plan(src, dst, itemsize, path))
-    # stable sort: ties keep the (deterministic) order of the first steps
-    ranked = sorted(cands.values(), key=lambda p: (p.seconds, len(p.steps)))
-    return PlanChoice(ranked[0], tuple(ranked[1:]))
+                out.append((s1, s2, b))
+    return out
 
 
-def _st_key(e: tuple[Node, Step], dist: dict[Node, float]) -> tuple[float, int]:
-    m, st = e
-    return (st.seconds + dist.get(m, math.inf), 0 if st.kind in AXIS_KINDS else 1)
+class ConversionGraph:
+    """The search graph of one conversion: the per-placement graphs (one side on one
+    placement, two across placements) and the moves between the sides."""
+
+    __slots__ = ("start", "goal", "_out", "_in", "_cross", "_cross_in")
+
+    def __init__(self, src: Layout, dst: Layout, itemsize: int, table: CostTable) -> None:
+        same = src.placement == dst.placement
+        placements = [src.placement] if same else [src.placement, dst.placement]
+        sides = [_side_graph(src.shape, pl, itemsize, table, side_values(src, dst, k))
+                 for k, pl in enumerate(placements)]
+        self._out = [g.out_edges(k) for k, g in enumerate(sides)]
+        self._in = [g.in_edges(k) for k, g in enumerate(sides)]
+        last = len(placements) - 1
+        self.start = Node(0, src.sbp)
+        self.goal = Node(last, dst.sbp)
+        self._cross: dict[Node, list[Edge]] = {}
+        self._cross_in: dict[Node, list[InEdge]] = {}
+        for s1, s2, st in cross_steps(src, dst, list(sides[0].adj), list(sides[last].adj),
+                                      itemsize, table):
+            a, b = Node(0, s1), Node(last, s2)
+            self._cross.setdefault(a, []).append(Edge(b, st))
+            self._cross_in.setdefault(b, []).append(InEdge(a, st.seconds))
+
+    def out_edges(self, node: Node) -> list[Edge]:
+        """The steps out of ``node``: its placement's, then the moves between placements."""
+        own = self._out[node.side].get(node.sbp, _NONE)
+        cross = self._cross.get(node)
+        return own + cross if cross else own
+
+    def in_edges(self, node: Node) -> list[InEdge]:
+        """The steps into ``node``, with their seconds."""
+        own = self._in[node.side].get(node.sbp, _NONE)
+        cross = self._cross_in.get(node)
+        return own + cross if cross else own
+
+
+_NONE: list = []  # no edges (shared, never written)
+
+
+def _search(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> PlanChoice:
+    graph = ConversionGraph(src, dst, itemsize, table)
+    return ranked_plans(src, dst, itemsize, graph.start, graph.goal, graph)
 
 
 @functools.lru_cache(maxsize=2048)

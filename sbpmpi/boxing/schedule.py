@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.layout import Layout
 from .plan import Box
 
 __all__ = ["Transfer", "transfer_schedule", "slots_of", "is_contiguous_box", "relative",
-           "broadcast_members"]
+           "broadcast_members", "BroadcastMembers", "PartialIndex"]
 
 
 def is_contiguous_box(box: Box, shape: Sequence[int]) -> bool:
@@ -48,14 +49,23 @@ class Transfer:
     box: Box
 
 
-def _partial_index(layout: Layout, coord: Sequence[int]) -> tuple[int, int]:
-    """(index of the rank among the partial sub-mesh, size of that sub-mesh)."""
+class PartialIndex(NamedTuple):
+    """Where a rank sits among the partial sub-mesh of a layout (its partial mesh axes)."""
+
+    #: the rank's place in the sub-mesh (row-major over the partial axes; 0 without any)
+    place: int
+    #: the number of ranks of the sub-mesh: the partial contributions (1 without any)
+    size: int
+
+
+def _partial_index(layout: Layout, coord: Sequence[int]) -> PartialIndex:
+    """The :class:`PartialIndex` of the rank at mesh coordinate ``coord``."""
     h = layout.placement.hierarchy
     idx, q = 0, 1
     for a in layout.partial_axes():
         idx = idx * h[a] + coord[a]
         q *= h[a]
-    return idx, q
+    return PartialIndex(idx, q)
 
 
 def slots_of(src: Layout, dst: Layout, rank: int) -> int:
@@ -63,9 +73,9 @@ def slots_of(src: Layout, dst: Layout, rank: int) -> int:
     c = dst.placement.coord_of(rank)
     if c is None:
         return 0
-    i2, q2 = _partial_index(dst, c)
-    _, q1 = _partial_index(src, (0,) * src.placement.ndim)
-    return len(range(i2, q1, q2))
+    mine = _partial_index(dst, c)
+    q1 = _partial_index(src, (0,) * src.placement.ndim).size
+    return len(range(mine.place, q1, mine.size))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -78,25 +88,24 @@ def transfer_schedule(src: Layout, dst: Layout) -> tuple[Transfer, ...]:
     needed block comes from one replica: the destination rank itself when it holds
     one, else the replicas in turn. Empty blocks are not sent.
     """
-    _, q1 = _partial_index(src, (0,) * src.placement.ndim)
+    q1 = _partial_index(src, (0,) * src.placement.ndim).size
     by_q: list[dict[Box, list[int]]] = [{} for _ in range(q1)]
     for r in src.placement.rank_list:
         c = src.placement.coord_of(r)
         assert c is not None
-        q, _ = _partial_index(src, c)
         rng = src.local_ranges(r)
         assert rng is not None
-        by_q[q].setdefault(rng, []).append(r)
+        by_q[_partial_index(src, c).place].setdefault(rng, []).append(r)
     out: list[Transfer] = []
     for k2, r2 in enumerate(dst.placement.rank_list):
         c2 = dst.placement.coord_of(r2)
         assert c2 is not None
-        i2, q2 = _partial_index(dst, c2)
+        mine = _partial_index(dst, c2)
         b2 = dst.local_ranges(r2)
         assert b2 is not None
         if any(b == a for a, b in b2):
             continue
-        for slot, q in enumerate(range(i2, q1, q2)):
+        for slot, q in enumerate(range(mine.place, q1, mine.size)):
             for b1, ranks in by_q[q].items():
                 inter = tuple((max(a1, a2), min(e1, e2)) for (a1, e1), (a2, e2) in zip(b1, b2))
                 if any(b <= a for a, b in inter):
@@ -106,10 +115,17 @@ def transfer_schedule(src: Layout, dst: Layout) -> tuple[Transfer, ...]:
     return tuple(out)
 
 
-def broadcast_members(src: Layout, dst: Layout) -> tuple[int, tuple[int, ...]]:
-    """Root and communicator of a broadcast step: ranks of ``dst`` that lack the value."""
+class BroadcastMembers(NamedTuple):
+    """The source rank of a broadcast step and its communicator (world ranks, sorted)."""
+
+    root: int
+    group: tuple[int, ...]
+
+
+def broadcast_members(src: Layout, dst: Layout) -> BroadcastMembers:
+    """Root and communicator of a broadcast step: the root and the ranks of ``dst`` that
+    lack the value."""
     p1, p2 = src.placement, dst.placement
     inside = [r for r in p1.rank_list if r in p2]
     root = inside[0] if inside else p1.rank_list[0]
-    group = tuple(sorted({root, *(r for r in p2.rank_list if r not in p1)}))
-    return root, group
+    return BroadcastMembers(root, tuple(sorted({root, *(r for r in p2.rank_list if r not in p1)})))

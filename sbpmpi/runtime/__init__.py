@@ -3,6 +3,8 @@
 :func:`redistribute` is the one function that runs a conversion, with one program cache
 (:func:`start_redistribute` starts one without waiting, where it can);
 :mod:`.execute` compiles plans into programs of :mod:`sbpmpi.comm` calls;
+:mod:`.assembly` runs the plan of ``sm.to_global`` of local arrays (point-to-point row
+moves, broadcasts along broadcast mesh axes);
 :mod:`.cost_table` keeps the cost table in use and :func:`calibrate` measures one.
 Nothing here knows ``GlobalTensor``.
 """

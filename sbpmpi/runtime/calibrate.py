@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,9 +47,16 @@ def _timer(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> fl
     return float(min(ts))  # the best repeat: scheduling noise only ever adds time
 
 
+class Sample(NamedTuple):
+    """One measurement: the best seconds of a primitive and the bytes the model charges."""
+
+    seconds: float
+    nbytes: float
+
+
 def _measure(primitive: str, nbytes: int, xp: Any, repeats: int, sync: Callable[[], None],
-             ) -> tuple[float, float]:
-    """(seconds, modelled bytes n) of one primitive on WORLD with about ``nbytes``."""
+             ) -> Sample:
+    """The :class:`Sample` of one primitive on WORLD with about ``nbytes``."""
     p = comm.WORLD.size
     me = comm.WORLD.rank
     blk = max(1, nbytes // 8 // p)
@@ -57,19 +64,19 @@ def _measure(primitive: str, nbytes: int, xp: Any, repeats: int, sync: Callable[
     x = xp.ones(n, dtype=np.float64)
     y = xp.empty(n, dtype=np.float64)
     if primitive == "all_gather":
-        return _timer(lambda: comm.all_gather(y, x[:blk]), repeats, sync), n * 8
+        return Sample(_timer(lambda: comm.all_gather(y, x[:blk]), repeats, sync), n * 8)
     if primitive == "reduce_scatter":
-        return _timer(lambda: comm.reduce_scatter(y[:blk], x), repeats, sync), n * 8
+        return Sample(_timer(lambda: comm.reduce_scatter(y[:blk], x), repeats, sync), n * 8)
     if primitive == "all_reduce":
-        return _timer(lambda: comm.all_reduce(y), repeats, sync), n * 8
+        return Sample(_timer(lambda: comm.all_reduce(y), repeats, sync), n * 8)
     if primitive == "all_to_all":
-        return _timer(lambda: comm.all_to_all(y, x), repeats, sync), n * 8 * p
+        return Sample(_timer(lambda: comm.all_to_all(y, x), repeats, sync), n * 8 * p)
     if primitive == "broadcast":
-        return _timer(lambda: comm.broadcast(y, 0), repeats, sync), n * 8
+        return Sample(_timer(lambda: comm.broadcast(y, 0), repeats, sync), n * 8)
     if primitive == "copy":
         def copy() -> None:
             y[...] = x
-        return _timer(copy, repeats, sync), n * 8
+        return Sample(_timer(copy, repeats, sync), n * 8)
     assert primitive == "p2p"
     peer = me ^ 1
 
@@ -78,11 +85,12 @@ def _measure(primitive: str, nbytes: int, xp: Any, repeats: int, sync: Callable[
             w = [comm.irecv(y, peer, 7), comm.isend(x, peer, 7)]
             for r in w:
                 r.wait()
-    return _timer(exchange, repeats, sync), n * 8
+    return Sample(_timer(exchange, repeats, sync), n * 8)
 
 
-def _fit(primitive: str, p: int, small: tuple[float, float], large: tuple[float, float],
-         old: AlphaBeta) -> AlphaBeta:
+def _fit(primitive: str, p: int, small: Sample, large: Sample, old: AlphaBeta) -> AlphaBeta:
+    """The alpha and beta of ``primitive`` on ``p`` ranks through a small and a large
+    measurement (``old`` when one rank moves nothing), floored at the smallest values."""
     if primitive == "p2p":  # one exchange: a send and a receive per rank
         r, f = (2.0 if p > 1 else 0.0), 1.0
     elif primitive == "copy":
@@ -91,9 +99,9 @@ def _fit(primitive: str, p: int, small: tuple[float, float], large: tuple[float,
         r, f = rounds(primitive, p), factor(primitive, p)
     if r == 0 or f == 0:
         return old  # a single rank moves nothing: keep the previous parameters
-    (ts, bs), (tl, bl) = small, large
-    beta = max((tl - ts) / (f * max(bl - bs, 1.0)), _FLOOR_BETA)
-    alpha = max((ts - beta * f * bs) / r, _FLOOR_ALPHA)
+    dt, db = large.seconds - small.seconds, large.nbytes - small.nbytes
+    beta = max(dt / (f * max(db, 1.0)), _FLOOR_BETA)
+    alpha = max((small.seconds - beta * f * small.nbytes) / r, _FLOOR_ALPHA)
     return AlphaBeta(alpha, beta)
 
 
@@ -157,8 +165,7 @@ def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 6
                 times[k, s] = _measure(prim, nb, xp, repeats * (4 if s == 0 else 1), sync)
         comm.all_reduce(times, comm.ReduceOp.MAX)  # slowest rank; identical everywhere
         cur = params[dt]
-        new = {prim: _fit(prim, p, (times[k, 0, 0], times[k, 0, 1]),
-                          (times[k, 1, 0], times[k, 1, 1]), cur.get(prim))
+        new = {prim: _fit(prim, p, Sample(*times[k, 0]), Sample(*times[k, 1]), cur.get(prim))
                for k, prim in enumerate(PRIMITIVES)}
         params[dt] = DeviceCosts(**new, step=cur.step)
     from ..comm.gpu import gpu_transport

@@ -69,6 +69,9 @@ __all__ = [
     "conversion_check",
     "clear_step_checks",
     "conversion_meta",
+    "ConversionMeta",
+    "ConversionSig",
+    "ShardDigest",
     "check_collective",
     "check_step",
     "note_step",
@@ -321,8 +324,17 @@ def _reset_pending() -> None:
     _recent.clear()
 
 
-def conversion_meta(x: Any, placement: Any, sbp: Any) -> tuple[Any, Any, Any]:
-    """``(x, placement, sbp)`` of ``x.to_global`` as its check describes them.
+class ConversionMeta(NamedTuple):
+    """The arguments of ``x.to_global`` as its check describes them (a tuple, so that the
+    check describes each in turn)."""
+
+    x: Any
+    placement: Any
+    sbp: Any
+
+
+def conversion_meta(x: Any, placement: Any, sbp: Any) -> ConversionMeta:
+    """The :class:`ConversionMeta` of ``x.to_global(placement, sbp)``.
 
     The SBP is normalised against ``x``'s ndim and the mesh (one entry per mesh axis,
     split dims made non-negative), so ranks that pass ``split(-1)`` and ``split(1)`` for a
@@ -331,13 +343,13 @@ def conversion_meta(x: Any, placement: Any, sbp: Any) -> tuple[Any, Any, Any]:
     is described as given: the conversion refuses it later, on every rank.
     """
     if sbp is None:
-        return (x, placement, sbp)
+        return ConversionMeta(x, placement, sbp)
     pl = placement if placement is not None else x.placement
     try:
         key = tuple(sbp) if isinstance(sbp, list) else sbp
-        return (x, placement, _normalized(key, pl.ndim, x.ndim))
+        return ConversionMeta(x, placement, _normalized(key, pl.ndim, x.ndim))
     except (TypeError, ValueError, AttributeError):
-        return (x, placement, sbp)
+        return ConversionMeta(x, placement, sbp)
 
 
 @functools.lru_cache(maxsize=256)
@@ -413,6 +425,14 @@ def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> b
         mismatch_message([t for t, _ in texts], agreement.members(group)[1], SAME_CALLS))
 
 
+class ConversionSig(NamedTuple):
+    """What checked mode compares of a conversion: the layouts' texts and the dtype's."""
+
+    src: str
+    dst: str
+    dtype: str
+
+
 def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
     """Comm's checked mode: every rank of the world must ask for the same conversion (one
     agreement exchange), for a conversion no consistency check covered.
@@ -424,21 +444,22 @@ def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
     CollectiveMismatchError
         On every rank, when some rank is in another kind of step.
     """
-    sig = (str(src), str(dst), dtype.str)
-    text = f"box({sig[0]} -> {sig[1]}, {dtype})"
+    sig = ConversionSig(str(src), str(dst), dtype.str)
+    text = f"box({sig.src} -> {sig.dst}, {dtype})"
     sigs = agreement.agree(agreement.fingerprint_of(repr(sig)), "box", text,
                            lambda: (text, sig))
     if sigs is None:
         return
-    if not all(isinstance(d, tuple) and len(d) == 3 for _, d in sigs):  # another kind of step
-        raise CollectiveMismatchError(
-            mismatch_message([t for t, _ in sigs], agreement.members(None)[1]))
-    for r, (_, s) in enumerate(sigs):
-        if s != sigs[0][1]:
-            s0 = sigs[0][1]
+    texts = [t for t, _ in sigs]
+    details = [d for _, d in sigs]
+    if not all(isinstance(d, ConversionSig) for d in details):  # another kind of step
+        raise CollectiveMismatchError(mismatch_message(texts, agreement.members(None)[1]))
+    first = details[0]
+    for r, s in enumerate(details):
+        if s != first:
             raise ValueError(f"box: ranks disagree on the conversion: rank 0 converts "
-                             f"{s0[0]} to {s0[1]} ({np.dtype(s0[2])}) but rank "
-                             f"{r} converts {s[0]} to {s[1]} ({np.dtype(s[2])})")
+                             f"{first.src} to {first.dst} ({np.dtype(first.dtype)}) but rank "
+                             f"{r} converts {s.src} to {s.dst} ({np.dtype(s.dtype)})")
 
 
 def _local_steps(world: bool) -> str:
@@ -460,6 +481,13 @@ def _shard_hash(local: Any) -> int:
     return int.from_bytes(h.digest(), "little") & agreement.MASK63
 
 
+class ShardDigest(NamedTuple):
+    """What a rank reports in the debug shard check: its mesh coordinate, its shard's hash."""
+
+    coord: tuple[int, ...]
+    digest: int
+
+
 def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
     """In debug mode, raise on every rank unless shards along broadcast mesh axes are identical.
 
@@ -474,16 +502,17 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
     if not axes:
         return
     coord = pl.coord_of(WORLD.rank)
-    mine = None if coord is None else (coord, _shard_hash(x.to_local()))
+    mine = None if coord is None else ShardDigest(coord, _shard_hash(x.to_local()))
     entries = agreement.gather(mine, f"SBPMPI_DEBUG shard check of {what}")
-    coords = {r: tuple(e[0]) for r, e in enumerate(entries) if e is not None}
+    held = {r: e for r, e in enumerate(entries) if e is not None}
+    coords = {r: tuple(e.coord) for r, e in held.items()}
     problems = []
     for a in axes:
         seen: dict[tuple[int, ...], int] = {}
-        for r, c in sorted(coords.items(), key=lambda rc: rc[1]):
+        for r, c in sorted(coords.items(), key=lambda item: item[1]):
             key = c[:a] + c[a + 1:]
             first = seen.setdefault(key, r)
-            if first != r and entries[first][1] != entries[r][1]:
+            if first != r and held[first].digest != held[r].digest:
                 problems.append(f"  mesh axis {a}: rank {first} (coord {coords[first]}) and "
                                 f"rank {r} (coord {c}) hold different data")
     if problems:

@@ -16,14 +16,14 @@ import socket
 import tempfile
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import backend, comm, config
 from ..boxing.cost import AlphaBeta, CostTable, DeviceCosts
 from ..comm.gpu import gpu_transport
 from ..comm.info import library_name
 
-__all__ = ["cache_path", "cache_key", "cached_device_row", "read_cache", "write_cache_entry",
+__all__ = ["cache_path", "cache_key", "CachedRow", "cached_device_row", "read_cache", "write_cache_entry",
            "table_from", "costs_from"]
 
 
@@ -100,7 +100,14 @@ def write_cache_entry(key: str, table: CostTable, path: str | None = None) -> st
     return path
 
 
-def cached_device_row(transport: str) -> tuple[DeviceCosts, str] | None:
+class CachedRow(NamedTuple):
+    """A device row read from the cache file and where it came from (for the table's source)."""
+
+    costs: DeviceCosts
+    source: str
+
+
+def cached_device_row(transport: str) -> CachedRow | None:
     """The cached device row for this machine and ``transport``, for a single-node job
     with a GPU (every rank reads the same file on the same host, so all agree without
     communicating); None otherwise.
@@ -127,6 +134,6 @@ def cached_device_row(transport: str) -> tuple[DeviceCosts, str] | None:
     if not entry:
         return None
     try:
-        return costs_from(entry["cuda"]), f"cached {entry.get('measured', '')} ({key})"
+        return CachedRow(costs_from(entry["cuda"]), f"cached {entry.get('measured', '')} ({key})")
     except (KeyError, TypeError, ValueError):
         return None

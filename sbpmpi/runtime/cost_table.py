@@ -44,7 +44,8 @@ def _default_table() -> CostTable:
     if hit is None:
         row = cached_device_row(name)
         if row is not None:
-            hit = CostTable(DEFAULT_TABLE.host, row[0], source=f"defaults; device row: {row[1]}")
+            hit = CostTable(DEFAULT_TABLE.host, row.costs,
+                            source=f"defaults; device row: {row.source}")
         else:
             hit = table_for_transport(name)
         _auto[name] = hit

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import backend, comm
 from ..boxing.plan import Box, Plan, Step, group_of
-from ..boxing.schedule import is_contiguous_box, slots_of, transfer_schedule
+from ..boxing.schedule import Transfer, is_contiguous_box, slots_of, transfer_schedule
 from ..comm.mpi_library import max_count
 from ..core.layout import Layout, balanced_range, empty_shape
 from ..core.reduction import REDUCTIONS, identity_value, reduction
 from ..core.sbp import Partial, Split
 
-__all__ = ["Program", "compile_plan", "TAG"]
+__all__ = ["Program", "compile_plan", "TAG", "AxisSetup", "Receive", "Send", "LocalCopy", "Moves",
+           "rank_moves", "run_moves"]
 
 TAG = 23307  # tag of boxing's point-to-point messages (on WORLD)
 
@@ -153,15 +154,25 @@ def _counts(shape: Sequence[int], dim: int, sizes: Sequence[int]) -> list[int]:
     return [rest * s for s in sizes]
 
 
-def _axis_setup(st: Step, me: int) -> tuple[Any, comm.Group, int, int] | None:
-    """(xp, communicator, its size, this rank's index in it), None outside the placement."""
+class AxisSetup(NamedTuple):
+    """What a per-axis step needs on this rank: the array module, the communicator along
+    the step's mesh axes, its size and this rank's index in it."""
+
+    xp: Any
+    group: comm.Group
+    size: int
+    position: int
+
+
+def _axis_setup(st: Step, me: int) -> AxisSetup | None:
+    """The :class:`AxisSetup` of ``st`` on world rank ``me``; None outside the placement."""
     pl = st.src.placement
     if me not in pl:
         return None
     assert st.axis is not None
     xp = backend.get_xp(pl.type)
     group = comm.get_group(group_of(pl, me, st.axis, st.span))
-    return xp, group, group.size, group.ranks.index(me)
+    return AxisSetup(xp, group, group.size, group.ranks.index(me))
 
 
 def _extents(layout: Layout, ranks: Sequence[int], dim: int) -> list[int]:
@@ -457,37 +468,116 @@ def _on_device_type(x: Any, same: bool, device_type: str) -> Any:
     return x if same else backend.to_device(x, device_type)
 
 
+class Receive(NamedTuple):
+    """A block this rank receives from world rank ``peer`` into output slot ``slot`` at
+    ``at``: straight into place when ``contiguous``, else through a scratch array of
+    ``shape``."""
+
+    peer: int
+    slot: int
+    at: tuple[slice, ...]
+    contiguous: bool
+    shape: tuple[int, ...]
+
+
+class Send(NamedTuple):
+    """A block of this rank's input (at ``at``) sent to world rank ``peer``."""
+
+    peer: int
+    at: tuple[slice, ...]
+
+
+class LocalCopy(NamedTuple):
+    """A block this rank holds and keeps: input ``src_at`` to slot ``slot`` at ``dst_at``."""
+
+    slot: int
+    src_at: tuple[slice, ...]
+    dst_at: tuple[slice, ...]
+
+
+class _Scratch(NamedTuple):
+    """A block received into scratch memory, copied into slot ``slot`` at ``at`` after."""
+
+    slot: int
+    at: tuple[slice, ...]
+    buf: Any
+
+
+class Moves(NamedTuple):
+    """The blocks of a point-to-point schedule that concern one rank."""
+
+    receives: tuple[Receive, ...]
+    sends: tuple[Send, ...]
+    copies: tuple[LocalCopy, ...]
+
+
+def rank_moves(transfers: Sequence[Transfer], me: int, src_box: Box | None,
+               dst_box: Box | None) -> Moves:
+    """This rank's part of ``transfers`` (global boxes): what it receives into its output
+    block ``dst_box``, sends from its input block ``src_box`` and copies locally."""
+    receives: list[Receive] = []
+    sends: list[Send] = []
+    copies: list[LocalCopy] = []
+    out_shape = None if dst_box is None else [b - a for a, b in dst_box]
+    for t in transfers:
+        if t.dst == me:
+            assert dst_box is not None and out_shape is not None
+            idx2 = _slices(t.box, dst_box)
+            if t.src == me:
+                assert src_box is not None
+                copies.append(LocalCopy(t.slot, _slices(t.box, src_box), idx2))
+            else:
+                rel = tuple((s.start, s.stop) for s in idx2)
+                receives.append(Receive(t.src, t.slot, idx2, is_contiguous_box(rel, out_shape),
+                                        tuple(b - a for a, b in t.box)))
+        elif t.src == me:
+            assert src_box is not None
+            sends.append(Send(t.dst, _slices(t.box, src_box)))
+    return Moves(tuple(receives), tuple(sends), tuple(copies))
+
+
+def run_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: Any,
+              out_type: str, same_type: bool) -> None:
+    """Send the blocks of ``a`` (arrays of ``xp_in``) and receive into ``bufs`` (one per
+    slot, arrays of ``xp_out`` on device type ``out_type``): non-blocking messages of at
+    most ``MAX_COUNT`` elements, local blocks copied while they travel. ``same_type``: the
+    input already is of ``out_type``."""
+    dt = a.dtype
+    works: list[comm.Work] = []
+    later: list[_Scratch] = []
+    limit = MAX_COUNT
+    for rv in moves.receives:
+        if rv.contiguous:
+            target = bufs[rv.slot][rv.at] if rv.at else bufs[rv.slot]
+        else:
+            target = backend.empty(xp_out, rv.shape, dt)
+            later.append(_Scratch(rv.slot, rv.at, target))
+        for piece in _pieces(target, limit):
+            works.append(comm.irecv(piece, rv.peer, TAG))
+    for sd in moves.sends:
+        for piece in _pieces(_contiguous(xp_in, a[sd.at] if sd.at else a), limit):
+            works.append(comm.isend(piece, sd.peer, TAG))
+    for cp in moves.copies:
+        bufs[cp.slot][cp.dst_at] = _on_device_type(a[cp.src_at], same_type, out_type)
+    for w in works:
+        w.wait()
+    for sc in later:
+        bufs[sc.slot][sc.at] = sc.buf
+
+
 def _send_recv(st: Step, me: int) -> Fn | None:
     src, dst = st.src, st.dst
     in1, in2 = me in src.placement, me in dst.placement
     if not in1 and not in2:
         return None
-    sched = transfer_schedule(src, dst)
-    b1 = src.local_ranges(me)
-    b2 = dst.local_ranges(me)
+    moves = rank_moves(transfer_schedule(src, dst), me, src.local_ranges(me),
+                       dst.local_ranges(me))
     t2 = dst.placement.type
     same_type = src.placement.type == t2
     xp2 = backend.get_xp(t2) if in2 else np
     xp1 = backend.get_xp(src.placement.type) if in1 else np
     out_shape = dst.local_shape(me)
     nslots = slots_of(src, dst, me)
-    recvs: list[tuple[int, int, tuple[slice, ...], bool, tuple[int, ...]]] = []
-    sends: list[tuple[int, tuple[slice, ...]]] = []
-    local: list[tuple[int, tuple[slice, ...], tuple[slice, ...]]] = []
-    for t in sched:
-        if t.dst == me:
-            assert b2 is not None
-            idx2 = _slices(t.box, b2)
-            if t.src == me:
-                assert b1 is not None
-                local.append((t.slot, _slices(t.box, b1), idx2))
-            else:
-                rel = tuple((s.start, s.stop) for s in idx2)
-                recvs.append((t.src, t.slot, idx2, is_contiguous_box(rel, out_shape),
-                              tuple(b - a for a, b in t.box)))
-        elif t.src == me:
-            assert b1 is not None
-            sends.append((t.dst, _slices(t.box, b1)))
     fill = None
     if in2 and nslots == 0:
         ops = [s.op for s in dst.sbp if isinstance(s, Partial)]
@@ -509,26 +599,7 @@ def _send_recv(st: Step, me: int) -> Fn | None:
             else:
                 out = backend.empty(xp2, out_shape, dt)
             bufs = [out] + [backend.empty(xp2, out_shape, dt) for _ in range(nslots - 1)]
-        works: list[comm.Work] = []
-        later = []
-        limit = MAX_COUNT
-        for r, slot, idx, contiguous, shape in recvs:
-            if contiguous:
-                target = bufs[slot][idx] if idx else bufs[slot]
-            else:
-                target = backend.empty(xp2, shape, dt)
-                later.append((slot, idx, target))
-            for piece in _pieces(target, limit):
-                works.append(comm.irecv(piece, r, TAG))
-        for r, idx in sends:
-            for piece in _pieces(_contiguous(xp1, a[idx] if idx else a), limit):
-                works.append(comm.isend(piece, r, TAG))
-        for slot, idx1, idx2 in local:
-            bufs[slot][idx2] = _on_device_type(a[idx1], same_type, t2)
-        for w in works:
-            w.wait()
-        for slot, idx, tmp in later:
-            bufs[slot][idx] = tmp
+        run_moves(moves, a, bufs, xp1, xp2, t2, same_type)
         if ufunc is not None:
             for b in bufs[1:]:
                 ufunc(out, b, out=out)

@@ -44,7 +44,7 @@ from sbpmpi.core.sbp import (
     partial_sum,
     split,
 )
-from sbpmpi.runtime.calibrate import _fit
+from sbpmpi.runtime.calibrate import Sample, _fit
 
 W = 8  # world size assumed by the placements below (no MPI needed)
 
@@ -417,10 +417,10 @@ def test_calibration_fit_recovers_alpha_and_beta():
     for prim in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"):
         r, f = rounds(prim, p), factor(prim, p)
         small, large = alpha * r + beta * f * 64, alpha * r + beta * f * (1 << 22)
-        ab = _fit(prim, p, (small, 64), (large, 1 << 22), AlphaBeta(1, 1))
+        ab = _fit(prim, p, Sample(small, 64), Sample(large, 1 << 22), AlphaBeta(1, 1))
         assert ab.alpha == pytest.approx(alpha) and ab.beta == pytest.approx(beta)
     old = AlphaBeta(1e-6, 1e-9)
-    assert _fit("all_gather", 1, (1e-6, 64), (1e-3, 1 << 22), old) is old
+    assert _fit("all_gather", 1, Sample(1e-6, 64), Sample(1e-3, 1 << 22), old) is old
 
 
 def test_set_cost_table_changes_conversion_cost():

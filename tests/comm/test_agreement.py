@@ -51,9 +51,9 @@ def test_conversion_meta_normalises_against_ndim():
     assert texts == {"x.to_global(tensor((2, 3), float64, sbp=(S(0)), placement=cpu[0]), None, "
                      "(S(1),))"}, texts
     # an SBP that does not normalise is described as given (the conversion refuses it later)
-    assert consistency.conversion_meta(x, None, sm.sbp.split(2))[2] == sm.sbp.split(2)
-    assert consistency.conversion_meta(x, None, "S(1)")[2] == "S(1)"
-    assert consistency.conversion_meta(x, None, None)[2] is None
+    assert consistency.conversion_meta(x, None, sm.sbp.split(2)).sbp == sm.sbp.split(2)
+    assert consistency.conversion_meta(x, None, "S(1)").sbp == "S(1)"
+    assert consistency.conversion_meta(x, None, None).sbp is None
 
 
 MODES = ["check", "checked mode", "both"]

@@ -72,7 +72,7 @@ def test_calibrate_stores_and_the_cached_row_is_used_at_start(clean, tmp_path):
     clean.setattr(cost_cache, "cache_key", lambda world_size=None: key)
     name = select.gpu_transport().name
     row = cost_cache.cached_device_row(name)
-    assert row is not None and row[0] == t.device and "cached" in row[1]
+    assert row is not None and row.costs == t.device and "cached" in row.source
     other = "ipc" if name != "ipc" else "staged"
     assert cost_cache.cached_device_row(other) is None  # another transport's entry does not count
     cost_table.set_cost_table(None)
