@@ -590,7 +590,10 @@ def markdown() -> str:
         "`with sm.config.override(...):` for a block) wins over the environment, which "
         "wins over the default. The environment is read when sbpmpi is imported; a value "
         "it does not understand raises an error naming the variable. Set a value on every "
-        "rank alike.",
+        "rank alike: at import the ranks compare their settings (one 16-byte all-reduce), "
+        "and a variable that differs between ranks, or that some rank cannot read, raises "
+        "`ValueError` on every rank naming the variable and the ranks on each side. Only "
+        "the settings marked *per rank* below may differ.",
         "",
         "```python",
         "import sbpmpi as sm",
@@ -615,7 +618,7 @@ def markdown() -> str:
     ]
     for s in SETTINGS.values():
         lines.append(f"| `{s.env}` | `{s.name}` | {s.kind.name} | {s.default_text} | "
-                     f"{_allowed(s)} | {s.help} |")
+                     f"{_allowed(s)} | {s.help}{' *Per rank.*' if s.per_rank else ''} |")
     lines += ["", "## Details", ""]
     for s in SETTINGS.values():
         if s.details:
@@ -638,7 +641,7 @@ def _allowed(s: Setting[Any]) -> str:
         return ", ".join(f"`{c}`" for c in s.choices) + " or unset"
     return {
         "switch": "`1` / `0` (and synonyms)" + (" or unset" if s.default is None else ""),
-        "seconds": "seconds > 0; `0` or unset: off",
+        "seconds": f"seconds > 0, up to {MAX_SECONDS:.0f}; `0` or unset: off",
         "bytes": "bytes, with `K`, `M`, `G`; `0`: off",
         "positive int": "an integer >= 1 or unset",
         "text": "any text",

@@ -38,6 +38,8 @@ from .state_index import (
     entry,
     index_bytes,
     new_index,
+    owned_files,
+    previous_files,
     read_index,
     remove_files,
     sbp_from_json,
@@ -88,7 +90,7 @@ def save_state(tensors: Mapping[str, GlobalTensor], directory: str | os.PathLike
             assert crc is not None  # asked for
             entries[name] = entry(x, fname, crc)
         index = new_index(entries)
-        agreement.decide_on_root(lambda: write_index(d, index, plan.old, plan.index_mode),
+        agreement.decide_on_root(lambda: write_index(d, index, plan.owned, plan.index_mode),
                                  f"sm.save_state {d!r}: rank 0")
     except BaseException:
         # every rank raises the same error here (each step agreed): no exchange is needed
@@ -204,40 +206,31 @@ class _SavePlan(NamedTuple):
     """What rank 0 finds in a state directory before a save."""
 
     token: str  # fresh for this save: part of every file name it writes
-    old: dict[str, Any] | None  # the index it replaces (None: none, or a damaged one)
+    owned: set[str]  # the previous index's files with our naming: removed once replaced
     modes: dict[str, int]  # tensor name -> permission bits of its previous file
     index_mode: int | None  # the permission bits of the previous index
 
 
 def _prepare_state_dir(directory: str) -> _SavePlan:
-    """Rank 0: create the directory if needed; a fresh token, the current index and the
-    permission bits of the files it names."""
+    """Rank 0: create the directory if needed; a fresh token, the files the current index
+    owns and the permission bits of the files it names."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise NotADirectoryError(f"{directory!r} exists and is not a directory")
     os.makedirs(directory, exist_ok=True)
-    old = None
-    index_path = os.path.join(directory, INDEX_NAME)
-    if os.path.lexists(index_path):
-        try:
-            old = read_index(directory, files_present=False)
-        except (CheckpointError, OSError):
-            old = None  # replaced below; its files are left alone
+    previous = previous_files(directory)
     modes: dict[str, int] = {}
-    for name, e in (old or {}).get("tensors", {}).items():
-        mode = atomic_write.mode_of(os.path.join(directory, e["file"]))
+    for name, f in previous.items():
+        mode = atomic_write.mode_of(os.path.join(directory, f))
         if mode is not None:
             modes[name] = mode
-    return _SavePlan(uuid.uuid4().hex[:8], old, modes, atomic_write.mode_of(index_path))
+    return _SavePlan(uuid.uuid4().hex[:8], owned_files(previous.values()), modes,
+                     atomic_write.mode_of(os.path.join(directory, INDEX_NAME)))
 
 
 def _remove_unindexed(directory: str, files: list[str]) -> None:
     """Rank 0, after a failed save: remove ``files`` unless the index now in place names
     them (a failure after the new index was renamed into place keeps them)."""
-    try:
-        named = {e["file"] for e in read_index(directory, files_present=False)
-                 ["tensors"].values()}
-    except Exception:
-        named = set()
+    named = set(previous_files(directory).values())
     remove_files(directory, [f for f in files if f not in named])
 
 

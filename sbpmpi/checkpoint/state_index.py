@@ -33,7 +33,8 @@ from .header import dtype_problem, element_count, native, shape_problem
 from .regular_file import open_regular
 
 __all__ = ["INDEX_NAME", "entry", "new_index", "read_index", "write_index", "sbp_from_json",
-           "descr_json", "dtype_from_json", "index_bytes", "owned_files", "remove_files",
+           "descr_json", "dtype_from_json", "index_bytes", "owned_files", "previous_files",
+           "remove_files",
            "file_name_problem", "OUR_FILE"]
 
 INDEX_NAME = "index.json"
@@ -105,9 +106,10 @@ def read_index(directory: str, files_present: bool = True) -> dict[str, Any]:
     if not os.path.lexists(path):
         raise FileNotFoundError(f"{directory!r} has no {INDEX_NAME}: it is not a directory "
                                 f"written by sm.save_state, or the first save did not finish")
+    with open_regular(path) as f:
+        raw = f.read()
     try:
-        with open_regular(path) as f:
-            index = json.loads(f.read().decode("utf8"))
+        index = json.loads(raw.decode("utf8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path!r} is not valid JSON: {err}") from None
     except RecursionError:
@@ -194,23 +196,33 @@ def _check_ranks(ranks: Any, where: str) -> int:
     return max(arr.ndim, 1)
 
 
-def owned_files(index: Mapping[str, Any] | None) -> set[str]:
-    """The files an index names that a save may remove: plain names with our naming."""
-    if not index:
-        return set()
-    out = set()
-    for e in index.get("tensors", {}).values():
-        f = e.get("file") if isinstance(e, dict) else None
-        if isinstance(f, str) and file_name_problem(f) is None and OUR_FILE.match(f):
-            out.add(f)
-    return out
+def previous_files(directory: str) -> dict[str, str]:
+    """Rank 0, before a save: tensor name -> file, for each entry of the sbpmpi index now
+    in ``directory`` whose file is a valid name (:func:`file_name_problem`), however
+    damaged the rest of the index is; empty when there is no index of ours to read."""
+    try:
+        with open_regular(os.path.join(directory, INDEX_NAME)) as f:
+            index = json.loads(f.read().decode("utf8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    if not isinstance(index, dict) or index.get("format") != _INDEX_FORMAT or \
+            not isinstance(index.get("tensors"), dict):
+        return {}
+    return {name: e["file"] for name, e in index["tensors"].items()
+            if isinstance(e, dict) and isinstance(e.get("file"), str)
+            and file_name_problem(e["file"]) is None}
 
 
-def write_index(directory: str, index: dict[str, Any], old: dict[str, Any] | None,
+def owned_files(files: Iterable[str]) -> set[str]:
+    """Those of ``files`` (an index's) that a save may remove: the ones with our naming."""
+    return {f for f in files if OUR_FILE.match(f)}
+
+
+def write_index(directory: str, index: dict[str, Any], owned: set[str],
                 mode: int | None = None) -> None:
     """Rank 0: replace the index atomically (with the permission bits ``mode``, by
-    default those of the index it replaces), then remove the files the old index owned
-    that the new one does not name (:func:`owned_files`).
+    default those of the index it replaces), then remove the ``owned`` files (the
+    previous index's, :func:`owned_files`) that the new one does not name.
 
     A failed write removes its temporary file and raises the ``OSError`` naming the
     index; the old index stays in place.
@@ -218,8 +230,7 @@ def write_index(directory: str, index: dict[str, Any], old: dict[str, Any] | Non
     atomic_write.write_text(os.path.join(directory, INDEX_NAME),
                             json.dumps(index, indent=1) + "\n", mode)
     keep = {e["file"] for e in index["tensors"].values()}
-    for f in owned_files(old) - keep:
-        atomic_write.discard(os.path.join(directory, f))
+    remove_files(directory, sorted(owned - keep))
 
 
 def remove_files(directory: str, files: Iterable[str]) -> None:

@@ -27,6 +27,7 @@ collective calls all complete as they would on a real failure).
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,17 +77,27 @@ def fault_point(step: str, path: str) -> None:
         _fault_hook(step, path)
 
 
+# what ROMIO appends to an "Other I/O error" (MPI_ERR_IO): the system's own message
+_STRERROR = {os.strerror(code): code for code in (
+    errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+    errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ESTALE)}
+
+
 def os_error(e: BaseException) -> BaseException:
     """``e`` itself, or for an ``mpi4py.MPI.Exception`` the ``OSError`` it stands for
-    (the subclass of its errno; ``EIO`` for other MPI error classes)."""
+    (the subclass of its errno: from the MPI error class, or for ``MPI_ERR_IO`` from the
+    system's message at the end of MPI's error stack; ``EIO`` otherwise)."""
     if not isinstance(e, MPI.Exception):
         return e
     cls = e.Get_error_class()
-    text = e.Get_error_string()
-    head, _, stack = text.partition(", error stack:")
-    last = stack.strip().splitlines()[-1].split(":", 1)[-1].strip() if stack.strip() else ""
-    detail = head.strip() + (f" ({last})" if last else "")
-    return OSError(_ERRNO.get(cls, errno.EIO), f"{detail} [MPI error class {cls}]")
+    head, _, stack = e.Get_error_string().partition(", error stack:")
+    lines = stack.strip().splitlines()
+    # the last line of the stack is the innermost cause: "ADIOI_...(80)...: <text>"
+    detail = (lines[-1].split(":", 1)[-1] if lines else head).strip() or head.strip()
+    code = _ERRNO.get(cls, errno.EIO)
+    if code == errno.EIO:
+        code = next((c for text, c in _STRERROR.items() if detail.endswith(text)), code)
+    return OSError(code, f"{detail} (MPI error class {cls})")
 
 
 class _Session:
