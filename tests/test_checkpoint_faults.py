@@ -237,7 +237,7 @@ def test_a_damaged_old_index_cannot_make_a_save_remove_the_index_or_other_files(
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mode", [0o600, 0o640])
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o400])
 def test_overwrites_keep_the_permission_bits(shared_dir, mode):
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(2.0 * size), placement=pl, sbp=sm.sbp.split(0))

@@ -9,7 +9,9 @@ the temporary file and every rank raises the same error. :func:`write_text` does
 for a small file one rank writes alone (a state directory's index).
 
 A file that replaces another keeps its permission bits (a checkpoint made ``chmod 600``
-stays so): the temporary file is created with them, before any data is in it.
+stays so): the temporary file is created with them (and writable by its owner while it
+is written: a read-only checkpoint can still be replaced), before any data is in it, and
+is given them exactly just before the rename.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import stat
 import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..comm import agreement, file_io
 from ..env import get_rank
@@ -54,11 +57,12 @@ def named(e: BaseException, text: str) -> BaseException:
 
 
 def _create(tmp: str, mode: int | None) -> None:
-    """Create the empty file ``tmp`` (never an existing one), with ``mode`` if given."""
+    """Create the empty file ``tmp`` (never an existing one), with ``mode`` if given (and
+    writable by its owner: it is about to be written)."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         if mode is not None:
-            os.fchmod(fd, mode)
+            os.fchmod(fd, mode | stat.S_IWUSR)
     except BaseException:
         os.close(fd)
         discard(tmp)
@@ -66,9 +70,16 @@ def _create(tmp: str, mode: int | None) -> None:
     os.close(fd)
 
 
-def _prepare_target(path: str, mode: int | None) -> str:
+class _Target(NamedTuple):
+    """Rank 0's verdict before a collective write: the temporary file and its final mode."""
+
+    tmp: str
+    mode: int | None  # None: the umask's, as for any new file
+
+
+def _prepare_target(path: str, mode: int | None) -> _Target:
     """Rank 0: check the target's directory; create a fresh temporary file beside it with
-    ``mode`` (by default that of the file it replaces) and return its name."""
+    ``mode`` (by default that of the file it replaces)."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory {directory!r} of {path!r} does not exist")
@@ -77,8 +88,9 @@ def _prepare_target(path: str, mode: int | None) -> str:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(f"directory {directory!r} is not writable")
     tmp = temp_name(path)
-    _create(tmp, mode_of(path) if mode is None else mode)
-    return tmp
+    mode = mode_of(path) if mode is None else mode
+    _create(tmp, mode)
+    return _Target(tmp, mode)
 
 
 def write_collectively(path: str, what: str, write: Callable[[str], None],
@@ -95,7 +107,7 @@ def write_collectively(path: str, what: str, write: Callable[[str], None],
     The file under ``path`` is untouched. The rename's error names rank 0, which does it.
     """
     label = f"{what} {path!r}"
-    tmp = agreement.decide_on_root(lambda: _prepare_target(path, mode), label)
+    tmp, final_mode = agreement.decide_on_root(lambda: _prepare_target(path, mode), label)
     error: Exception | None = None
     try:
         write(tmp)
@@ -111,7 +123,7 @@ def write_collectively(path: str, what: str, write: Callable[[str], None],
             discard(tmp)
         raise
     # looked up at call time, so that a test can make rank 0 die just before the rename
-    agreement.decide_on_root(lambda: commit(tmp, path), f"{label}: rank 0")
+    agreement.decide_on_root(lambda: commit(tmp, path, final_mode), f"{label}: rank 0")
 
 
 def write_text(path: str, text: str, mode: int | None = None) -> None:
@@ -121,8 +133,10 @@ def write_text(path: str, text: str, mode: int | None = None) -> None:
     On failure the temporary file is removed and the ``OSError`` names ``path``.
     """
     tmp = temp_name(path)
+    if mode is None:
+        mode = mode_of(path)
     try:
-        _create(tmp, mode_of(path) if mode is None else mode)
+        _create(tmp, mode)
         with open(tmp, "w", encoding="utf8") as f:
             f.write(text)
             f.flush()
@@ -134,14 +148,16 @@ def write_text(path: str, text: str, mode: int | None = None) -> None:
         if error is e:
             raise
         raise error from e
-    commit(tmp, path)
+    commit(tmp, path, mode)
 
 
-def commit(tmp: str, path: str) -> None:
-    """Rename ``tmp`` to ``path`` and fsync the directory; on failure remove ``tmp`` and
-    raise the ``OSError`` naming both."""
+def commit(tmp: str, path: str, mode: int | None = None) -> None:
+    """Give ``tmp`` the permission bits ``mode`` (if not None), rename it to ``path`` and
+    fsync the directory; on failure remove ``tmp`` and raise the ``OSError`` naming both."""
     try:
         file_io.fault_point("rename", path)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as e:
         discard(tmp)
