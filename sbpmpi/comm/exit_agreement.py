@@ -161,7 +161,7 @@ def finished_ranks() -> list[int]:
 
 
 def poll() -> None:
-    """Receive the notices that have arrived (cheap: one ``MPI_Test`` when none has)."""
+    """Receive the notices that have arrived (cheap: one ``MPI_Testsome`` when none has)."""
     if _comm is None:
         return
     with _lock:
