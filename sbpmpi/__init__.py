@@ -18,6 +18,7 @@ from ._version import __version__
 from .backend import node as _node
 from .comm import abort as _abort
 from .comm import exit_agreement as _exit_agreement
+from .comm import settings_agreement as _settings_agreement
 from .comm import world as _world
 from .comm.trace import trace
 from .core import placement as _placement
@@ -35,6 +36,7 @@ _placement.set_world_size_source(_world.get_world_size)  # core.placement makes 
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion, _tape)  # GlobalTensor's methods
 _tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
+_settings_agreement.check()  # collective: the SBPMPI_* settings agree (raises on every rank)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 _world.init()  # the node split is collective: every rank takes part now, not in a later call
 _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  # GPU, pool

@@ -42,7 +42,8 @@ from .trace import ACTIVE, CommRecord, record_agreement
 from .watchdog import watch
 
 __all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
-           "raise_if_any", "decide_on_root", "collective_errors", "build_error"]
+           "raise_if_any", "decide_on_root", "collective_errors", "build_error",
+           "raised_on_every_rank"]
 
 MASK63 = (1 << 63) - 1
 #: Watch labels of exchanges that poll for finished peers themselves start with this (the
@@ -141,8 +142,9 @@ def gather(obj: Any, what: str, group: Group | None = None) -> list[Any]:
 
 # -- collective decisions ---------------------------------------------------------------------
 
-def all_ok(ok: bool, group: Group | None = None) -> bool:
-    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
+def all_ok(ok: bool, group: Group | None = None, *, label: str = "collective decision") -> bool:
+    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce,
+    watched as ``label``)."""
     comm, ranks = members(group)
     if comm is None:
         raise ValueError(f"this rank is not a member of {group!r}")
@@ -151,7 +153,7 @@ def all_ok(ok: bool, group: Group | None = None) -> bool:
     buf = np.array([0 if ok else 1, 0], dtype=np.int64)  # the shape of agree's exchange
     if ACTIVE:
         _note("agreement", 16, ranks)
-    with watch("collective decision", ranks):
+    with watch(label, ranks):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
     return int(buf[0]) == 0
 
@@ -200,14 +202,33 @@ def build_error(module: str, qualname: str, text: str) -> BaseException:
         return RuntimeError(f"{qualname}: {text}")
 
 
-def raise_if_any(error: BaseException | None, what: str, group: Group | None = None) -> None:
+_EVERY_RANK = "_sbpmpi_every_rank"  # the mark of an error a collective decision raised
+
+
+def _everywhere(exc: BaseException) -> BaseException:
+    try:
+        setattr(exc, _EVERY_RANK, True)
+    except AttributeError:  # an exception type without a __dict__
+        pass
+    return exc
+
+
+def raised_on_every_rank(e: BaseException) -> bool:
+    """True for an error that :func:`raise_if_any` or :func:`decide_on_root` raised: every
+    rank of the group raised it alike, so no further agreement is needed to act on it."""
+    return bool(getattr(e, _EVERY_RANK, False))
+
+
+def raise_if_any(error: BaseException | None, what: str, group: Group | None = None, *,
+                 label: str = "collective decision") -> None:
     """Collective: if any rank of ``group`` passes an error, raise one on every rank.
 
     Every rank raises the same type (that of the lowest failing rank, when it can be built
     from a message; RuntimeError otherwise) with the same message
     ``"<what>: rank R: <message>"``, chained to the local error where there is one.
+    ``label``: what the watchdog and the exchange's watch call the all-reduce.
     """
-    if all_ok(error is None, group):
+    if all_ok(error is None, group, label=label):
         return
     mine = None if error is None else _Failure.of(error)
     infos = gather(mine, f"collective decision of {what}", group)
@@ -221,7 +242,7 @@ def raise_if_any(error: BaseException | None, what: str, group: Group | None = N
         text += (f" (and the same on rank{'s' if len(others) > 1 else ''} "
                  f"{', '.join(map(str, others))})" if same else
                  "".join(f"\n{what}: rank {r}: {i.message}" for r, i in failed[1:4]))
-    exc = build_error(first.module, first.qualname, text)
+    exc = _everywhere(build_error(first.module, first.qualname, text))
     if error is not None:
         raise exc from error
     raise exc
@@ -256,7 +277,7 @@ def decide_on_root(fn: Callable[[], T], what: str, root: int = 0,
     failure = verdict.failure
     if failure is None:
         return verdict.result  # type: ignore[no-any-return]
-    exc = build_error(failure.module, failure.qualname, f"{what}: {failure.message}")
+    exc = _everywhere(build_error(failure.module, failure.qualname, f"{what}: {failure.message}"))
     if local_error is not None:
         raise exc from local_error
     raise exc
