@@ -410,3 +410,73 @@ def test_splits_in_tables_are_concrete_or_wildcards():
                 assert isinstance(p, (Split, Broadcast, Partial)) or p == S_D or \
                     type(p).__name__ == "AnySplit"
     assert S(-1) == Split(-1)
+
+
+# ---- the pruned search's pieces, each alone -------------------------------------------------
+
+def test_axis_change_and_reduce_costs_are_the_single_step_of_that_axis():
+    from sbpmpi.boxing import get_cost_table
+    from sbpmpi.ops.inference import axis_change_cost, axis_reduce_cost
+    from sbpmpi.runtime import conversion_cost
+
+    table = get_cost_table()
+    x = fake((6, 4), split(0), [0, 1, 2])
+    b = Layout(x.shape, x.placement, (broadcast,))
+    assert axis_change_cost(x.layout, 0, broadcast, 8, table) == pytest.approx(
+        conversion_cost(x.layout, b, 8))
+    assert axis_change_cost(b, 0, split(0), 8, table) == pytest.approx(
+        conversion_cost(b, x.layout, 8))
+    p = fake((6, 4), partial_sum, [0, 1, 2]).layout
+    reduce = axis_reduce_cost(p, 0, 8, table)
+    assert reduce == pytest.approx(conversion_cost(p, b, 8)) and reduce > 0
+    pmax = Layout(p.shape, p.placement, (Partial("max"),))
+    # no single step: through broadcast on that axis (the search then drops the combination
+    # if boxing refuses the whole conversion, see combo_rank)
+    assert axis_change_cost(pmax, 0, partial_sum, 8, table) == pytest.approx(
+        axis_change_cost(pmax, 0, broadcast, 8, table)
+        + axis_change_cost(b, 0, partial_sum, 8, table))
+
+
+def test_axis_estimates_needed_layouts_and_combo_rank():
+    from sbpmpi.boxing import get_cost_table
+    from sbpmpi.ops.inference import (
+        axis_change_cost,
+        axis_estimates,
+        axis_reduce_cost,
+        combo_rank,
+        may_be_refused,
+        needed_layouts,
+    )
+
+    table = get_cost_table()
+    mesh = [[0, 1], [2, 3]]
+    a = fake((4, 6), (split(0), broadcast), mesh)
+    w = fake((6, 8), (broadcast, split(1)), mesh)
+    call = sm.matmul.build(a, w)
+    rows = resolve(call.table, call.dims, [2, 2], 2)
+    est = axis_estimates(call, a.placement, rows, table)
+    assert len(est) == 2 and all(len(per) == len(rows) for per in est)
+    for ax in range(2):
+        for k, r in enumerate(rows):
+            e = est[ax][k]
+            assert e.boxing == tuple(axis_change_cost(o.layout, ax, r.inputs[i], 8, table)
+                                     for i, o in enumerate((a, w)))
+            if isinstance(r.output, Partial):  # no partial operand: the whole all-reduce
+                out = Layout(call.out_shape, a.placement,
+                             tuple(r.output if b == ax else broadcast for b in range(2)))
+                assert e.charge == pytest.approx(axis_reduce_cost(out, ax, 8, table))
+                assert e.charge > 0
+            else:
+                assert e.charge == 0.0
+    k0 = next(k for k, r in enumerate(rows) if str(r) == "(S(0), B) -> S(0)")
+    k1 = next(k for k, r in enumerate(rows) if str(r) == "(B, S(1)) -> S(1)")
+    need = needed_layouts(call, a.placement, rows, (k0, k1))
+    assert need == (a.layout, w.layout)  # the operands as they are: nothing moves
+    rank = combo_rank(call, a.placement, rows, est, (k0, k1), False)
+    assert rank.total == 0.0 and rank.moved == 0 and rank.order == k0 * len(rows) + k1
+    other = combo_rank(call, a.placement, rows, est, (k1, k0), False)
+    assert other.total > 0 and other.moved == 2
+    assert not may_be_refused(call, rows)
+    p = fake((4, 6), (partial_sum, broadcast), mesh)
+    pcall = sm.matmul.build(p, w)
+    assert may_be_refused(pcall, resolve(pcall.table, pcall.dims, [2, 2], 2))

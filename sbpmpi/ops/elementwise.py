@@ -264,9 +264,10 @@ def _floor_divide(xp: ModuleType, a: Any, b: Any) -> Any:
 
 
 def _rounding(fn: str) -> Callable[[ModuleType, Any], Any]:
-    """``fn`` of floats; integers and bools unchanged, in their dtype (the standard's rule)."""
+    """``fn`` of floats; integers unchanged, in their dtype (the standard's rule, and
+    NumPy's); bools as NumPy rounds them."""
     def kernel(xp: ModuleType, a: Any) -> Any:
-        return a.copy() if a.dtype.kind in "biu" else getattr(xp, fn)(a)
+        return a.copy() if a.dtype.kind in "iu" else getattr(xp, fn)(a)
 
     return kernel
 
