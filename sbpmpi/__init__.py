@@ -28,12 +28,14 @@ from .core.placement import Placement, placement
 from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .ops import operators as _operators
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion, _tape)  # GlobalTensor's methods
+_operators.install(GlobalTensor)  # its operators, from the op registry
 _tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
 _settings_agreement.check()  # collective: the SBPMPI_* settings agree (raises on every rank)
@@ -43,14 +45,7 @@ _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  #
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
-    # ops
-    **{name: "sbpmpi.ops" for name in (
-        "matmul", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
-        "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "tanh",
-        "relu", "sigmoid", "sum", "mean", "max", "min", "softmax", "log_softmax",
-        "transpose", "reshape", "astype", "cat", "where",
-        "erf", "var", "tril", "triu",
-    )},
+    **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ..tape import Node
+from . import rules as rules  # attaches every op's backward rule to the op registry
 
 __all__ = ["no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "Node", "backward"]
 

@@ -29,7 +29,7 @@ from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
 from . import buckets
 from .gradients import accumulate
-from .rules import RULES
+from .rules import rule_for
 
 __all__ = ["backward", "accumulate"]
 
@@ -131,7 +131,7 @@ def _run(root: Node, g: GlobalTensor) -> None:
                     if need:
                         buckets.arrived(x, expected)
             continue
-        rule = RULES.get(node.name)
+        rule = rule_for(node.name)
         if rule is None:  # e.g. the backward-only ops, called by hand with grad on
             raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
         if buckets.INFLIGHT:
