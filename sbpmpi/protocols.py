@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from .ops.registry import REGISTRY
 from .tensor import GlobalTensor
 
 __all__ = ["UFUNCS", "FUNCTIONS", "METADATA_FUNCTIONS", "ADAPTERS", "to_bool", "to_scalar",
-           "to_index", "array", "array_ufunc", "array_function", "write_into"]
+           "to_index", "array", "array_ufunc", "array_function", "write_into", "iterate"]
 
 
 # -- scalars ---------------------------------------------------------------------------------
@@ -78,6 +78,27 @@ def array(x: GlobalTensor, dtype: Any = None, copy: Any = None) -> np.ndarray:
     return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
 
 
+def iterate(x: GlobalTensor) -> Iterator[GlobalTensor]:
+    """``iter(x)``: ``x[0]``, ``x[1]``, ... as NumPy iterates over dim 0 (``x`` has a dim).
+
+    Where no mesh axis splits dim 0 each item is a view of ``x`` (no communication). Where
+    one does, the rows are gathered once on the first step (one conversion of dim 0's
+    splits to broadcast, instead of one per item) and each item is a write-through copy of
+    ``x[i]``: a write into it reaches ``x`` as a view's would."""
+    from .core.sbp import Split, broadcast
+
+    if not any(isinstance(s, Split) and s.dim == 0 for s in x.sbp):
+        for i in range(x.shape[0]):
+            yield x[i]
+        return
+    rows = x.to_global(sbp=[broadcast if isinstance(s, Split) and s.dim == 0 else s
+                            for s in x.sbp])
+    for i in range(x.shape[0]):
+        item = rows[i]
+        item._mark_write_through(x, i)
+        yield item
+
+
 # -- ufuncs (NEP 13) ----------------------------------------------------------------------------
 
 #: NumPy ufunc -> the sbpmpi op answering it (from the op registry's entries).
@@ -114,6 +135,8 @@ def write_into(name: str, out: GlobalTensor, value: GlobalTensor) -> GlobalTenso
     if out.requires_grad:
         raise RuntimeError(f"{name}(..., out=x): x requires grad; writes into a tensor are "
                            f"not recorded by autograd")
+    if out._copy_of is None:
+        out._check_writable(f"{name}(..., out=x)")
     if not np.can_cast(value.dtype, out.dtype, casting="same_kind"):
         raise TypeError(f"{name}(..., out=...): cannot cast the result of dtype {value.dtype} "
                         f"to out's dtype {out.dtype} with casting rule 'same_kind'")
@@ -132,9 +155,14 @@ def write_into(name: str, out: GlobalTensor, value: GlobalTensor) -> GlobalTenso
         from .array_api import broadcast_to
 
         value = broadcast_to(value, out.shape)
+    if out._copy_of is not None:  # out is the copy x[key]: the values go to x too
+        from .ops.operators import write_through
+
+        write_through(out, f"{name}(..., out=x)", lambda current: value)
+        return out
     if value.layout != out.layout:
         value = value.to_global(placement=out.placement, sbp=out.sbp)
-    out._set_data(value.to_local(), value.layout)
+    out._write_data(value.to_local())  # into out's buffer: its views see the values
     out._set_node(None)
     return out
 

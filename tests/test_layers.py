@@ -391,7 +391,8 @@ def test_the_package_walk_sees_an_arrow_up() -> None:
 
 #: The fields of GlobalTensor that only tensor.py assigns (others call its mutators:
 #: ``_set_data``, ``_set_grad``, ``_set_node``).
-TENSOR_FIELDS = frozenset({"_local", "_layout", "_dtype", "_grad", "_node", "_requires_grad"})
+TENSOR_FIELDS = frozenset({"_local", "_layout", "_dtype", "_grad", "_node", "_requires_grad",
+                           "_base", "_copy_note", "_copy_of"})
 
 
 def field_writes(path: pathlib.Path, source: str) -> list[str]:
