@@ -503,6 +503,16 @@ class GlobalTensor:
         """The DLPack device of this rank's shard: ``(1, 0)`` on CPU."""
         return _xp().array_dlpack_device(self)  # type: ignore[no-any-return]
 
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Any:
+        """Index of the largest element (along ``axis``): NumPy's method, the array API's
+        ``argmax``."""
+        return _xp().argmax(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Any:
+        """Index of the smallest element (along ``axis``): NumPy's method, the array API's
+        ``argmin``."""
+        return _xp().argmin(self, axis=axis, keepdims=keepdims)
+
     @property
     def mT(self) -> Any:
         """The last two axes swapped."""
