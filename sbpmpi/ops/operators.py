@@ -22,6 +22,10 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from ..core.sbp import broadcast
+from ..creation import tensor
 from ..tensor import GlobalTensor
 from .op import GlobalOp, run_call
 from .registry import OPERATOR_METHODS, REGISTRY, OperatorMethod
@@ -55,12 +59,19 @@ def inplace_result(symbol: str, op: GlobalOp, x: GlobalTensor, y: Any) -> Global
     return out
 
 
-def _integer_scalars(key: Any) -> Any:
+def _normalised_key(key: Any, x: GlobalTensor) -> Any:
     """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
-    API allows) read as a Python int (collective, like the getitem that follows)."""
+    API allows) read as a Python int (collective, like the getitem that follows), and each
+    NumPy integer or boolean array made a global array on the placement of ``x``
+    (broadcast: a key every rank passes alike, as scikit-learn's ``dist[np.arange(n),
+    idx]``)."""
     def one(k: Any) -> Any:
         if isinstance(k, GlobalTensor) and k.ndim == 0 and k.dtype.kind in "iu":
             return operator.index(k)
+        if isinstance(k, np.ndarray) and k.dtype.kind in "iub":
+            if k.ndim == 0:
+                return bool(k) if k.dtype.kind == "b" else int(k)
+            return tensor(k, placement=x.placement, sbp=(broadcast,) * x.placement.ndim)
         if isinstance(k, slice) and any(isinstance(b, GlobalTensor)
                                         for b in (k.start, k.stop, k.step)):
             return slice(one(k.start), one(k.stop), one(k.step))
@@ -120,7 +131,7 @@ def _method(name: str, how: OperatorMethod, op: GlobalOp) -> Callable[..., Any]:
         arrays = REGISTRY["getitem_arrays"].op
 
         def getitem(self: GlobalTensor, key: Any) -> Any:
-            key = _integer_scalars(key)
+            key = _normalised_key(key, self)
             if any(isinstance(k, GlobalTensor)
                    for k in (key if isinstance(key, tuple) else (key,))):
                 return arrays(self, key)  # a mask or integer arrays (a copy, as NumPy's)
@@ -139,7 +150,7 @@ def _method(name: str, how: OperatorMethod, op: GlobalOp) -> Callable[..., Any]:
             the tensor ``x`` views) see them, as in NumPy. It must not require grad (see
             :func:`sbpmpi.ops.setitem`), nor view a tensor that does, nor be a copy where
             NumPy would give a view (``CopyWriteError``)."""
-            key = _integer_scalars(key)
+            key = _normalised_key(key, self)
             if self._copy_of is not None:  # a write into the copy x[k]: forwarded to x
                 write_through(self, "x[key] = value", lambda cur: op(cur, key, value))
                 return

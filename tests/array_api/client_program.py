@@ -3,7 +3,8 @@ tensors, compared on every rank.
 
     SCIPY_ARRAY_API=1 mpiexec -n 3 python tests/array_api/client_program.py [--only TEXT]
 
-Prints one line per case, ``CASE <library> | <name> | <result> | <output kind>``: ``ok``
+Prints one line per case, ``CASE <library> | <name> | <result> | <output kind> | <time>``:
+``ok``
 (NumPy's values), ``refused`` (a case of ``client_cases.REFUSED`` that raised), or
 ``FAIL: ...`` (another error, or other values). Exits 1 when any case fails or when the
 ranks disagree on a case's result, after printing ``CLIENTS DONE passed=N refused=N
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -132,7 +134,9 @@ def main() -> int:
     for case in client_cases.cases():
         if a.only and a.only not in f"{case.library} {case.name}":
             continue
+        t0 = time.perf_counter()
         result, kind = run_case(case)
+        seconds = time.perf_counter() - t0
         everyone = world.allgather(result)
         if any(r != everyone[0] for r in everyone):
             result = "FAIL: ranks disagree: " + " / ".join(sorted(set(everyone)))
@@ -140,7 +144,8 @@ def main() -> int:
         counts[key] = counts.get(key, 0) + 1
         bad |= key == "FAIL"
         if world.Get_rank() == 0:
-            print(f"CASE {case.library} | {case.name} | {result} | {kind}", flush=True)
+            print(f"CASE {case.library} | {case.name} | {result} | {kind} | {seconds:.2f} s",
+                  flush=True)
     if world.Get_rank() == 0:
         print(f"CLIENTS DONE passed={counts['ok']} refused={counts['refused']} "
               f"failed={counts['FAIL']}", flush=True)
