@@ -82,6 +82,14 @@ def _namespace_call(fn: str) -> Any:
     return lambda a, b: getattr(_xp(), fn)(a, b)
 
 
+def _matmul(a: Any, b: Any) -> Any:
+    """``a @ b``: sbpmpi's matmul op; with a 1-D operand, the Array API's rules (a row or
+    a column, then dropped: the namespace's matmul), as scikit-learn's ``x @ coef`` needs."""
+    if getattr(a, "ndim", 2) == 1 or getattr(b, "ndim", 2) == 1:
+        return _xp().matmul(a, b)
+    return _ops.matmul(a, b)
+
+
 def _integer_scalars(key: Any) -> Any:
     """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
     API allows) read as a Python int (collective, like the getitem that follows)."""
@@ -330,8 +338,8 @@ class GlobalTensor:
     def __rtruediv__(self, o: Any) -> Any: return self._op("div", o, self)
     def __pow__(self, o: Any) -> Any: return self._op("pow", self, o)
     def __rpow__(self, o: Any) -> Any: return self._op("pow", o, self)
-    def __matmul__(self, o: Any) -> Any: return self._op("matmul", self, o)
-    def __rmatmul__(self, o: Any) -> Any: return self._op("matmul", o, self)
+    def __matmul__(self, o: Any) -> Any: return _matmul(self, o)
+    def __rmatmul__(self, o: Any) -> Any: return _matmul(o, self)
     def __neg__(self) -> Any: return self._op("neg", self)
     def __abs__(self) -> Any: return self._op("abs", self)
     def __lt__(self, o: Any) -> Any: return self._op("lt", self, o)

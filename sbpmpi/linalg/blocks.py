@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["BlockQR", "qr_block", "r_factor", "times_in_place", "CHUNK_BYTES"]
+__all__ = ["BlockQR", "qr_block", "r_factor", "times_in_place", "conj_t", "CHUNK_BYTES"]
 
 #: Rows are taken this many bytes at a time where a kernel works chunk by chunk.
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 1 << 20
 
 
 def _scipy_lapack() -> ModuleType | None:
@@ -44,9 +44,10 @@ def _chunk_rows(n: int, itemsize: int) -> int:
     return max(n, CHUNK_BYTES // max(1, n * itemsize))
 
 
-def qr_block(xp: ModuleType, block: Any) -> BlockQR:
+def qr_block(xp: ModuleType, block: Any, overwrite: bool = False) -> BlockQR:
     """The reduced QR of ``block`` (rows x n). With SciPy on NumPy arrays of at least as
-    many rows as columns, ``q`` is Fortran-ordered and is the one copy of the block made."""
+    many rows as columns, ``q`` is Fortran-ordered and is the one copy of the block made
+    (none when ``overwrite`` and the block is Fortran-ordered: it becomes ``q``)."""
     rows, n = block.shape
     if rows == 0:
         return BlockQR(xp.zeros((0, 0), dtype=block.dtype), xp.zeros((0, n), dtype=block.dtype))
@@ -56,7 +57,8 @@ def qr_block(xp: ModuleType, block: Any) -> BlockQR:
     complex_ = block.dtype.kind == "c"
     geqrf, orgqr, query = _LAPACK.get_lapack_funcs(
         ("geqrf", "ungqr" if complex_ else "orgqr", "geqrf_lwork"), (block,))
-    work = np.array(block, order="F", copy=True)
+    reuse = overwrite and block.flags.f_contiguous and block.flags.writeable
+    work = block if reuse else np.array(block, order="F", copy=True)
     lwork, info = query(rows, n)
     lwork = max(int(np.real(lwork)), 1)
     raw, tau, _, info = geqrf(work, lwork=lwork, overwrite_a=1)
@@ -69,16 +71,26 @@ def qr_block(xp: ModuleType, block: Any) -> BlockQR:
     return BlockQR(q, r)
 
 
-def r_factor(xp: ModuleType, block: Any) -> Any:
-    """The R factor (min(rows, n) x n) of ``block``'s QR, from row chunks: each chunk is
-    factored under the R of the chunks before it, so at most one chunk is copied."""
-    rows, n = block.shape
-    step = _chunk_rows(n, block.dtype.itemsize)
-    r = xp.zeros((0, n), dtype=block.dtype)
+def r_factor(xp: ModuleType, block: Any, extra: Any = None) -> Any:
+    """The R factor (min(rows, n) x n) of ``block``'s QR (of ``[block | extra]`` when
+    ``extra``, rows x k, is given), from row chunks: each chunk is factored under the R
+    of the chunks before it, so at most one chunk is copied."""
+    rows = block.shape[0]
+    n = block.shape[1] + (0 if extra is None else extra.shape[1])
+    dtype = block.dtype if extra is None else np.result_type(block.dtype, extra.dtype)
+    step = _chunk_rows(n, np.dtype(dtype).itemsize)
+    r = xp.zeros((0, n), dtype=dtype)
     for start in range(0, rows, step):
         part = block[start:start + step]
+        if extra is not None:
+            part = xp.concatenate([part, extra[start:start + step]], axis=1)
         r = xp.linalg.qr(xp.concatenate([r, part]) if r.shape[0] else part, mode="r")
     return r
+
+
+def conj_t(xp: ModuleType, a: Any) -> Any:
+    """``a``'s conjugate transpose: a view for a real array (``conj`` would copy it)."""
+    return xp.conj(a).T if a.dtype.kind == "c" else a.T
 
 
 def times_in_place(xp: ModuleType, q: Any, w: Any) -> Any:

@@ -113,11 +113,8 @@ def _tall(a: GlobalTensor, b: GlobalTensor, dt: np.dtype, cut: float) -> LstsqRe
     payload = None
     if view.team.me is not None:
         rows = view.block.shape[0]
-        both = xp.concatenate([view.block.astype(dt, copy=False),
-                               xp.reshape(b.to_local(), (rows, k)).astype(dt, copy=False)],
-                              axis=1)
-        r_aug = blocks.r_factor(xp, both)
-        del both
+        r_aug = blocks.r_factor(xp, view.block.astype(dt, copy=False),
+                                xp.reshape(b.to_local(), (rows, k)).astype(dt, copy=False))
 
         def at_root(r: Any) -> Root:
             sol, s, rank = tall.solve_with_r(xp, r[:n, :n], r[:n, n:], cut)

@@ -19,6 +19,7 @@ and world sizes up to rounding (the order of the sums).
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from ..core import random as _random
 from ..core.sbp import Split, broadcast
 from ..tensor import GlobalTensor
-from . import tall
+from . import blocks, tall
 from .results import SVDResult
 from .tsqr import on_first, real_dtype
 
@@ -37,6 +38,12 @@ def _int(name: str, v: Any, low: int) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < low:
         raise ValueError(f"linalg.svd_randomized: {name} must be an int >= {low}, got {v!r}")
     return int(v)
+
+
+def _times(xp: ModuleType, block: Any, small: Any) -> Any:
+    """``block @ small``, Fortran-ordered (``(small^T block^T)^T``): the layout the QR that
+    follows factors in place."""
+    return (small.T @ block.T).T
 
 
 def svd_randomized(A: GlobalTensor, k: int, *, oversample: int = 10, n_iter: int = 4,
@@ -72,24 +79,27 @@ def svd_randomized(A: GlobalTensor, k: int, *, oversample: int = 10, n_iter: int
     if team.me is not None:
         block = view.block
         omega = _random.normal(xp, (small, width), ((0, small), (0, width)), seed, 0)
-        q = tall.orthonormal("svd_randomized", xp, block @ omega.astype(dt), team)
+        q = tall.orthonormal("svd_randomized", xp, _times(xp, block, omega.astype(dt)), team,
+                              overwrite=True)
 
         def orthonormal_small(z: Any) -> Any:
             q0, r0 = xp.linalg.qr(z, mode="reduced")
             return q0 * tall.phases(xp, xp.diagonal(r0))[None, :]
 
         for _ in range(n_iter):
-            z = on_first("svd_randomized", xp, xp.conj(block).T @ q, team, orthonormal_small,
-                         small * width)
+            z = on_first("svd_randomized", xp, blocks.conj_t(xp, block) @ q, team,
+                         orthonormal_small, small * width)
+            del q  # before the next sketch: one M_i x l block at a time
             q = tall.orthonormal("svd_randomized", xp,
-                                 block @ xp.reshape(z, (small, width)), team)
+                                 _times(xp, block, xp.reshape(z, (small, width))), team,
+                                 overwrite=True)
 
         def factor(b: Any) -> Any:
             u_b, s_b, vh_b = tall.signed_svd(xp, b)
             return xp.concatenate([xp.reshape(u_b[:, :k], (-1,)), s_b[:k].astype(dt),
                                    xp.reshape(vh_b[:k], (-1,))])
 
-        packed = on_first("svd_randomized", xp, xp.conj(q).T @ block, team, factor,
+        packed = on_first("svd_randomized", xp, blocks.conj_t(xp, q) @ block, team, factor,
                           width * k + k + k * small)
         u_b = xp.reshape(packed[:width * k], (width, k))
         s = xp.real(packed[width * k:width * k + k]).astype(real)
@@ -102,7 +112,7 @@ def svd_randomized(A: GlobalTensor, k: int, *, oversample: int = 10, n_iter: int
         return SVDResult(tall.made(xp, u_local, (big, k), view.x, along, dt), s_glob,
                          tall.made(xp, vh, (k, small), view.x, whole, dt))
     # A^H = U' S V'^H, so A = V' S U'^H
-    u = None if vh is None else xp.conj(vh).T
-    vh_local = None if u_local is None else xp.conj(u_local).T
+    u = None if vh is None else blocks.conj_t(xp, vh)
+    vh_local = None if u_local is None else blocks.conj_t(xp, u_local)
     return SVDResult(tall.made(xp, u, (small, k), view.x, whole, dt), s_glob,
                      tall.made(xp, vh_local, (k, big), view.x, along, dt))

@@ -76,7 +76,7 @@ def tall_view(x: GlobalTensor) -> TallView:
     block = None
     if team.me is not None:
         local = x.to_local()
-        block = (xp.conj(local).T if local.dtype.kind == "c" else local.T) if wide else local
+        block = blocks.conj_t(xp, local) if wide else local
     return TallView(x, wide, team, block, xp)
 
 
@@ -156,11 +156,13 @@ def _tree(name: str, view: TallView, r: Any, at_root: Callable[[Any], Root],
                 want_w)
 
 
-def orthonormal(name: str, xp: ModuleType, block: Any, team: Team) -> Any:
+def orthonormal(name: str, xp: ModuleType, block: Any, team: Team,
+                overwrite: bool = False) -> Any:
     """This rank's rows of Q of the tall matrix whose row blocks the team holds (``block``
-    here), R's diagonal made non-negative (so Q is unique for a full-rank matrix)."""
+    here, overwritten when ``overwrite``), R's diagonal made non-negative (so Q is unique
+    for a full-rank matrix)."""
     n = block.shape[1]
-    factors = blocks.qr_block(xp, block)
+    factors = blocks.qr_block(xp, block, overwrite)
 
     def at_root(r: Any) -> Root:
         return Root(xp.zeros((0,), dtype=r.dtype), xp.diag(phases(xp, xp.diagonal(r))))
@@ -232,7 +234,7 @@ def _qr_wide(view: TallView, mode: str) -> tuple[GlobalTensor | None, GlobalTens
         if group is not None:
             comm.broadcast(packed, src=team.ranks[0], group=group)
         q, r_left = packed[:m], packed[m:]
-        r_local = xp.conj(q).T @ local
+        r_local = blocks.conj_t(xp, q) @ local
         if c0 < m:
             r_local[:, :min(c1, m) - c0] = r_left[:, c0:min(c1, m)]
     r_glob = made(xp, r_local, (m, n), x, _along(view, 1), x.dtype)
@@ -266,8 +268,8 @@ def svd(x: GlobalTensor) -> tuple[GlobalTensor, GlobalTensor, GlobalTensor]:
                 made(xp, s, (n,), view.x, _whole(view), real),
                 made(xp, vh, (n, n), view.x, _whole(view), x.dtype))
     # x^H = U' S V'^H, so x = V' S U'^H: U is V' (small), Vh is U'^H (split by columns)
-    u = None if vh is None else xp.conj(vh).T
-    vh_local = None if u_local is None else xp.conj(u_local).T
+    u = None if vh is None else blocks.conj_t(xp, vh)
+    vh_local = None if u_local is None else blocks.conj_t(xp, u_local)
     return (made(xp, u, (n, n), view.x, _whole(view), x.dtype),
             made(xp, s, (n,), view.x, _whole(view), real),
             made(xp, vh_local, (n, m), view.x, _along(view, 1), x.dtype))
@@ -329,7 +331,7 @@ def pinv(x: GlobalTensor, rtol: float | None) -> GlobalTensor:
         p_local = blocks.times_in_place(xp, factors.q, leaf.w)
     if view.wide:  # pinv(x) = pinv(x^H)^H = P: split along its rows, like x's columns
         return made(xp, p_local, (m, n), view.x, _along(view, 0), x.dtype)
-    out = None if p_local is None else xp.conj(p_local).T
+    out = None if p_local is None else blocks.conj_t(xp, p_local)
     return made(xp, out, (n, m), view.x, _along(view, 1), x.dtype)
 
 
