@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 import pytest
 from conftest import agree
-from linalg_reference import qr_like, svd_like
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from linalg_reference import qr_like, svd_like
 from mpi4py import MPI
 
 import sbpmpi as sm

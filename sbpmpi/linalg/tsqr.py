@@ -124,6 +124,7 @@ def reduce_r(xp: ModuleType, r: Any, team: Team, n: int,
                     r = rj
             merges.append(_Merge(j, mine, theirs, q))
         bit *= 2
+    t: Any = None
     if parent is None:
         root = at_root(r)
         payload, t = root.payload, root.transform
@@ -133,7 +134,6 @@ def reduce_r(xp: ModuleType, r: Any, team: Team, n: int,
         payload = xp.empty((payload_size,), dtype=dtype)
         if payload_size:
             comm.recv(payload, team.ranks[parent], tag=_PAYLOAD)
-        t = None
         if want_w:
             t = xp.empty((r.shape[0], columns), dtype=dtype)
             if r.shape[0]:
