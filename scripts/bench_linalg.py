@@ -2,7 +2,7 @@
 (TSQR) at n ranks, NumPy in one process, and Heat on the same data in the same run.
 
     python scripts/bench_linalg.py [--rows 400003 --cols 24] [--sizes 2,4] [--reps 3]
-        [--heat-python /work/venv-heat/bin/python] [--json out.json]
+        [--rounds 1] [--heat-python /work/venv-heat/bin/python] [--json out.json]
 
 The driver (this script without ``--worker``; it makes no MPI call) starts one job per
 library and world size on the same matrix: float64, ``rows x cols``, its values drawn
@@ -10,7 +10,9 @@ block by block of 4,096 rows from NumPy's generator seeded with (seed, block), s
 every job makes the same matrix whatever its split; the split jobs make only their own
 rows (uneven: the first ``rows % n`` ranks hold one more). Per call and job: the median
 over ``--reps`` of the slowest rank's time (a barrier before, the maximum over the ranks
-after), and each rank's peak memory growth during the first call (the kernel's peak-RSS
+after; the calls interleaved rep by rep, and with ``--rounds`` the jobs run that many
+times one after another, the median of their medians reported), and each rank's peak
+memory growth during the first call (the kernel's peak-RSS
 mark reset before it, ``MALLOC_MMAP_THRESHOLD_`` low so that freed arrays leave the
 resident set; the results included). The split jobs run one BLAS thread per rank; NumPy
 in one process runs twice, with every core and with one BLAS thread.
@@ -93,19 +95,21 @@ def peak_growth(call: Any) -> int:
 
 def measure(calls: dict[str, Any], reps: int, barrier: Any, slowest: Any,
             gather: Any) -> dict[str, dict[str, Any]]:
-    """Per call: the per-rank memory growth of the first run, then ``reps`` timed runs."""
-    out = {}
+    """Per call: the per-rank memory growth of a first run, then ``reps`` timed runs, the
+    calls interleaved rep by rep (a noisy machine hits them alike)."""
+    growth = {}
     for name, call in calls.items():
         barrier()
-        growth = gather(peak_growth(call))
-        times = []
-        for _ in range(reps):
+        growth[name] = gather(peak_growth(call))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
             barrier()
             t0 = time.perf_counter()
             call()
-            times.append(slowest(time.perf_counter() - t0))
-        out[name] = {"seconds": statistics.median(times), "growth": growth}
-    return out
+            times[name].append(slowest(time.perf_counter() - t0))
+    return {name: {"seconds": statistics.median(times[name]), "growth": growth[name],
+                   "all": times[name]} for name in calls}
 
 
 # -- the workers ---------------------------------------------------------------------------------
@@ -205,6 +209,21 @@ def run_job(python: str, mpiexec: str | None, n: int, worker: str, args: argpars
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
+def _median_of_rounds(rounds: list[Any]) -> Any:
+    """One job's rounds as one result: per call the median of the rounds' medians and the
+    largest growth; a message when no round ran."""
+    done = [r for r in rounds if isinstance(r, dict)]
+    if not done:
+        return rounds[-1]
+    out = dict(done[0])
+    out["calls"] = {call: {"seconds": statistics.median(r["calls"][call]["seconds"] for r in done),
+                           "growth": [max(g) for g in zip(*(r["calls"][call]["growth"]
+                                                             for r in done))],
+                           "rounds": [r["calls"][call]["seconds"] for r in done]}
+                    for call in done[0]["calls"]}
+    return out
+
+
 def _cell(r: Any, call: str, key: str) -> Any:
     """A job's median seconds (``key`` "s") or largest growth in MiB ("g") for ``call``."""
     if not isinstance(r, dict) or call not in r["calls"]:
@@ -217,7 +236,8 @@ def table(results: dict[str, Any], args: argparse.Namespace) -> str:
     whole = args.rows * args.cols * 8
     numpy, numpy1 = results.get("numpy"), results.get("numpy 1 thread")
     lines = [f"{args.rows} x {args.cols} float64 ({whole / MIB:.0f} MiB), median of "
-             f"{args.reps}; growth: the largest per-rank peak growth during the call",
+             f"{args.reps} (of each of {args.rounds} interleaved rounds); growth: the "
+             f"largest per-rank peak growth during the call",
              "",
              "| call | n | sbpmpi s | Heat s | NumPy s | NumPy 1 thread s | sbpmpi / Heat | "
              "NumPy / sbpmpi | sbpmpi growth MiB | Heat growth MiB | NumPy growth MiB |",
@@ -248,6 +268,9 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=24)
     ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=[2, 4])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every job this many times, the jobs interleaved; report the "
+                         "median over the rounds of each job's median")
     ap.add_argument("--heat-python", default="/work/venv-heat/bin/python")
     ap.add_argument("--json")
     ap.add_argument("--worker", choices=sorted(WORKERS))
@@ -262,15 +285,20 @@ def main() -> None:
     heat_py = args.heat_python
     heat_mpiexec = shutil.which("mpiexec", path=str(Path(heat_py).parent)) \
         if heat_py and Path(heat_py).exists() else None
-    results: dict[str, Any] = {
-        "numpy": run_job(sys.executable, None, 1, "numpy", args, None),
-        "numpy 1 thread": run_job(sys.executable, None, 1, "numpy", args, 1)}
+    jobs: list[tuple[str, str, str | None, int, str, int | None]] = [
+        ("numpy", sys.executable, None, 1, "numpy", None),
+        ("numpy 1 thread", sys.executable, None, 1, "numpy", 1)]
     for n in args.sizes:
-        results[f"sbpmpi n={n}"] = run_job(sys.executable, mpiexec, n, "sbpmpi", args, 1)
-        if heat_mpiexec is None:
-            results[f"heat n={n}"] = f"not run: no Heat Python at {heat_py!r}"
-        else:
-            results[f"heat n={n}"] = run_job(heat_py, heat_mpiexec, n, "heat", args, 1)
+        jobs.append((f"sbpmpi n={n}", sys.executable, mpiexec, n, "sbpmpi", 1))
+        jobs.append((f"heat n={n}", heat_py, heat_mpiexec, n, "heat", 1))
+    runs: dict[str, list[Any]] = {name: [] for name, *_ in jobs}
+    for _ in range(args.rounds):
+        for name, python, launcher, n, worker, threads in jobs:
+            if worker == "heat" and heat_mpiexec is None:
+                runs[name].append(f"not run: no Heat Python at {heat_py!r}")
+                continue
+            runs[name].append(run_job(python, launcher, n, worker, args, threads))
+    results = {name: _median_of_rounds(r) for name, r in runs.items()}
     print(table(results, args))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
