@@ -38,8 +38,8 @@ from ..tensor import GlobalTensor
 from . import blocks
 from .tsqr import Leaf, Root, Team, real_dtype, reduce_r, team_of
 
-__all__ = ["TallView", "tall_view", "made", "check", "tree", "orthonormal", "qr", "svd", "svdvals", "matrix_rank", "pinv", "phases",
-           "signed_svd", "solve_with_r"]
+__all__ = ["TallView", "tall_view", "made", "check", "tree", "orthonormal", "qr", "svd",
+           "svdvals", "matrix_rank", "pinv", "phases", "signed_svd", "solve_with_r"]
 
 
 class TallView(NamedTuple):
