@@ -82,6 +82,14 @@ class _Block(NamedTuple):
     size: int
 
 
+class _Opened(NamedTuple):
+    """A peer's allocation mapped in this process."""
+
+    mm: mmap.mmap
+    bytes: np.ndarray
+    path: str
+
+
 class _Queued(NamedTuple):
     """A copy or reduction queued on the stream."""
 
@@ -108,7 +116,7 @@ class FakeIpcDevice:
         self.host = host if host is not None else socket.gethostname()
         self.allocs: list[_Alloc] = []
         self.free_blocks: list[_Block] = []
-        self.opened: dict[int, tuple[mmap.mmap, np.ndarray, str]] = {}  # base -> map, path
+        self.opened: dict[int, _Opened] = {}  # by its base here
         self.open_paths: dict[str, int] = {}  # handle (path) -> base: one open per handle
         self.violations: list[str] = []  # CUDA rules broken by this process or its peers
         self.token = f"{os.getpid()}-{id(self):x}"  # this "process" in marker names
@@ -246,7 +254,7 @@ class FakeIpcDevice:
             mm = mmap.mmap(f.fileno(), 0)
         arr = np.frombuffer(mm, dtype=np.uint8)
         base = int(arr.ctypes.data)
-        self.opened[base] = (mm, arr, path)
+        self.opened[base] = _Opened(mm, arr, path)
         self.open_paths[path] = base
         open(f"{path}.map-{self.token}", "w").close()
         self.log.append(("open", os.path.basename(path)))
@@ -260,19 +268,21 @@ class FakeIpcDevice:
             self.failing_closes -= 1
             self.log.append(("close-failed", mapped))
             raise RuntimeError("cudaIpcCloseMemHandle failed (injected): the mapping stays open")
-        mm, arr, path = self.opened.pop(mapped)
-        size = arr.nbytes
+        m = self.opened.pop(mapped)
+        size = m.bytes.nbytes
         in_flight = [q for q in self.queue if q.touches(mapped, size)]
         if in_flight:
-            self.violations.append(f"the mapping of {os.path.basename(path)} closed while "
+            self.violations.append(f"the mapping of {os.path.basename(m.path)} closed while "
                                    f"{len(in_flight)} queued copies still use it")
             self.queue = [q for q in self.queue if not q.touches(mapped, size)]
-        del self.open_paths[path], arr
+        del self.open_paths[m.path]
         try:
-            os.unlink(f"{path}.map-{self.token}")
+            os.unlink(f"{m.path}.map-{self.token}")
         except FileNotFoundError:  # the exporter's cleanup already removed it
             pass
         self.log.append(("close", mapped))
+        mm = m.mm
+        del m  # the view of the bytes goes with it, so that the map can close
         try:
             mm.close()
         except BufferError:  # a view is still alive somewhere: the GC unmaps it later

@@ -28,8 +28,9 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 @pytest.fixture
 def checked():
-    """Checked mode on for the test; both settings as they were after it."""
-    with sm.config.override(comm_check=True, check=sm.config.check.value):
+    """Checked mode on for the test, with the automatic GPU transport (the exchanges
+    counted here are those of the MPI path); the settings as they were after it."""
+    with sm.config.override(comm_check=True, check=sm.config.check.value, gpu_transport=None):
         yield
 
 

@@ -170,9 +170,9 @@ def test_mpi_t_reads_this_library():
     name = library_name_known_cvar()
     if name is None:
         pytest.skip(f"no known MPI_T control variable for {cuda_aware.library_name()}")
-    value, how = cuda_aware.mpi_t_control(name)
-    assert value in (0, 1) and name in how, how
-    assert cuda_aware.mpi_t_control("sbpmpi_no_such_variable")[0] is None
+    got = cuda_aware.mpi_t_control(name)
+    assert got.value in (0, 1) and name in got.how, got
+    assert cuda_aware.mpi_t_control("sbpmpi_no_such_variable").value is None
 
 
 def library_name_known_cvar() -> str | None:

@@ -394,6 +394,32 @@ def test_ipc_scratch_failing_on_one_rank_raises_on_every_rank_with_the_cause():
     assert all("node rank 1: MemoryError: cudaErrorMemoryAllocation" in str(e) for e in res), res
 
 
+def test_the_pieces_of_one_ipc_call():
+    """The named pieces of IpcTransport.run, each alone: when a rank stops reading peers
+    (its lease goes at that barrier), how many barriers a schedule holds, and where a
+    move reads (own buffers as they are; a peer's mapped once per call, at its offset)."""
+    from sbpmpi.comm.gpu.ipc import Sources, reads_peers_from
+
+    direct = S.all_reduce_direct(3, 1, 10, 4)
+    assert reads_peers_from(direct, 1) == [True, False, False] and direct.barriers() == 1
+    two_step = S.all_reduce(3, 1, 10, 4)
+    assert reads_peers_from(two_step, 1) == [True, True, False] and two_step.barriers() == 2
+    assert S.broadcast(3, 0, 0, 8).barriers() == S.broadcast(3, 1, 0, 8).barriers() == 1
+    assert reads_peers_from(S.broadcast(3, 0, 0, 8), 0) == [False, False]
+    dev = _StubDevice()
+    lease = Lease(MappingCache(dev))  # type: ignore[arg-type]
+    recs = np.zeros(2, dtype=[("proc", "<i8"), ("id", "<i8", (2,)), ("off", "<u8", (2,)),
+                              ("handle", "u1", (2, 64))])
+    recs["proc"][1], recs["id"][1], recs["off"][1] = 77, (5, 5), (16, 48)  # one allocation
+    src = Sources(0, {"in": 1000, "out": 2000}, recs, lease)
+    assert src.pointer(0, "out") == 2000 and not dev.opened
+    base = src.pointer(1, "in") - 16
+    assert src.pointer(1, "out") == base + 48 and src.pointer(1, "in") == base + 16
+    assert len(dev.opened) == 1 and lease.keys == [(77, 5), (77, 5)]  # one open, two refs
+    lease.release()
+    assert dev.closed == [base]
+
+
 def test_schedules_that_disagree_raise_on_every_rank_instead_of_hanging():
     """A bug that gave ranks different numbers of phases stops every rank at the first
     barrier with the reason, instead of leaving ranks waiting at different barriers."""

@@ -75,12 +75,16 @@ class Call:
         ``device``: every array of the call on this rank is a GPU array; ``sig``: the
         checked-mode signature (None when not checking), agreed here. While the ``ipc``
         transport is on, every rank (host arrays too) asks ``route``, and the group decides
-        the route in one exchange, which in checked mode is the signature agreement itself.
+        the route in one exchange, which in checked mode is the signature agreement itself;
+        inside a step the ranks agreed on as a whole (:func:`.checks.agreed`, a layout
+        conversion), host arrays are host arrays on every rank, and need no exchange.
         """
         if not _gpu.ENABLED:
             if sig is not None:
                 checks.agree(self.g, self.name, None, sig)
             return False
+        if not device and checks.within_agreed():
+            return False  # an agreed step: every rank's arrays are host arrays, as here
         vote = _RouteVote(self, sig)
         done = route(vote, device, *args, self.g, self.comm)
         if sig is not None and not vote.asked:  # the route was known: no vote was needed

@@ -30,7 +30,7 @@ from . import agreement
 from .group import Group
 from .mismatch import mismatch_message
 
-__all__ = ["checking", "agree", "agree_flag", "agreed", "disagreement"]
+__all__ = ["checking", "agree", "agree_flag", "agreed", "within_agreed", "disagreement"]
 
 # The calls test this flag first (through checking()): the setting, off inside agreed().
 _enabled: bool = config.comm_check.value
@@ -49,6 +49,13 @@ def checking() -> bool:
     """True in checked mode (the setting :data:`sbpmpi.config.comm_check`, outside
     :func:`agreed`)."""
     return _enabled
+
+
+def within_agreed() -> bool:
+    """True inside :func:`agreed`: the ranks agreed on the whole step, its layouts included
+    (so every rank's arrays are where the agreed placement says: host arrays on every rank,
+    or device arrays on every rank)."""
+    return _agreed_depth > 0
 
 
 @contextmanager

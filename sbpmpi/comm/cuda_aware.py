@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mpi4py import MPI
 
@@ -33,7 +34,7 @@ from ..config import switch
 from .mpi_library import library_name, library_version
 
 __all__ = ["CudaAwareness", "cuda_awareness", "is_cuda_aware", "detect", "detect_library",
-           "library_name", "mpi_symbol", "mpi_t_control"]
+           "library_name", "mpi_symbol", "mpi_t_control", "ControlRead"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,14 @@ _MPI_SUCCESS = 0
 _MPI_THREAD_SINGLE = 0  # the same in MPICH and Open MPI
 
 
-def mpi_t_control(name: str) -> tuple[int | None, str]:
+class ControlRead(NamedTuple):
+    """What :func:`mpi_t_control` read: the value (None: not read) and how, or why not."""
+
+    value: int | None
+    how: str
+
+
+def mpi_t_control(name: str) -> ControlRead:
     """The value of the MPI tool interface's control variable ``name`` (an integer or
     boolean one) in the loaded library, as an int (any nonzero byte: 1), or None, with how
     it was read or why it could not be."""
@@ -97,27 +105,28 @@ def mpi_t_control(name: str) -> tuple[int | None, str]:
                                       "MPI_T_cvar_read", "MPI_T_cvar_handle_free")}
     missing = [f for f, fn in fns.items() if fn is None]
     if missing:
-        return None, f"no MPI_T ({missing[0]} not found)"
+        return ControlRead(None, f"no MPI_T ({missing[0]} not found)")
     for fn in fns.values():
         fn.restype = ctypes.c_int  # type: ignore[union-attr]
     provided = ctypes.c_int(0)
     if fns["MPI_T_init_thread"](_MPI_THREAD_SINGLE, ctypes.byref(provided)) != _MPI_SUCCESS:  # type: ignore[misc]
-        return None, "MPI_T_init_thread failed"
+        return ControlRead(None, "MPI_T_init_thread failed")
     try:
         index = ctypes.c_int(-1)
         if fns["MPI_T_cvar_get_index"](name.encode(), ctypes.byref(index)) != _MPI_SUCCESS:  # type: ignore[misc]
-            return None, f"MPI_T has no control variable {name}"
+            return ControlRead(None, f"MPI_T has no control variable {name}")
         handle, count = ctypes.c_void_p(None), ctypes.c_int(0)
         if fns["MPI_T_cvar_handle_alloc"](index, None, ctypes.byref(handle),  # type: ignore[misc]
                                           ctypes.byref(count)) != _MPI_SUCCESS:
-            return None, f"MPI_T_cvar_handle_alloc({name}) failed"
+            return ControlRead(None, f"MPI_T_cvar_handle_alloc({name}) failed")
         try:
             if count.value != 1:
-                return None, f"MPI_T control variable {name} holds {count.value} values"
+                return ControlRead(None, f"MPI_T control variable {name} holds "
+                                         f"{count.value} values")
             buf = (ctypes.c_ubyte * 64)()  # room for any scalar: an int, a bool, a count
             if fns["MPI_T_cvar_read"](handle, buf) != _MPI_SUCCESS:  # type: ignore[misc]
-                return None, f"MPI_T_cvar_read({name}) failed"
-            return int(any(buf)), f"MPI_T control variable {name} = {int(any(buf))}"
+                return ControlRead(None, f"MPI_T_cvar_read({name}) failed")
+            return ControlRead(int(any(buf)), f"MPI_T control variable {name} = {int(any(buf))}")
         finally:
             fns["MPI_T_cvar_handle_free"](ctypes.byref(handle))  # type: ignore[misc]
     finally:
@@ -130,15 +139,16 @@ def _open_mpi_cuda() -> tuple[bool, str]:
     built, why = _query_cuda_support()
     if not built:
         return False, why
-    on, how = mpi_t_control("opal_cuda_support")
-    if on is None:  # no MPI_T, or a library without the switch (5.x asks at run time)
-        flag = _env_flag("OMPI_MCA_opal_cuda_support")
-        if flag is None:
-            return True, f"{why}; {how}"
-        on, how = int(flag), f"OMPI_MCA_opal_cuda_support={os.environ['OMPI_MCA_opal_cuda_support']}"
-    if not on:
-        return False, f"{why} (built with CUDA), but the run-time switch is off: {how}"
-    return True, f"{why}; {how}"
+    switch_on = mpi_t_control("opal_cuda_support")
+    if switch_on.value is None:  # no MPI_T, or no such switch (Open MPI 5 asks at run time)
+        env = _env_flag("OMPI_MCA_opal_cuda_support")
+        if env is None:
+            return True, f"{why}; {switch_on.how}"
+        switch_on = ControlRead(int(env), "OMPI_MCA_opal_cuda_support="
+                                f"{os.environ['OMPI_MCA_opal_cuda_support']}")
+    if not switch_on.value:
+        return False, f"{why} (built with CUDA), but the run-time switch is off: {switch_on.how}"
+    return True, f"{why}; {switch_on.how}"
 
 
 def _mpich_gpu_query() -> tuple[bool | None, str]:

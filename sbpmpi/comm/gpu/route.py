@@ -194,15 +194,15 @@ def _exported(c: IpcCall, known: Transport | str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c.reads + (c.hier_reads if c.hier else ())))
 
 
-def _offer(c: IpcCall, known: Transport | str | None) -> tuple[Device | None, Offer]:
-    """Step 2 of the route: this rank's offer (on the IPC device, when it has one)."""
-    dev = get_device()
-    owned = dev is not None and all(dev.owns(r.array) for r in c.roles.values())
-    bufs = {role: Buffer(dev.pointer(r.array) if owned and dev is not None and r.nbytes else 0,
-                         r.nbytes) for role, r in c.roles.items()}
+def _offer(c: IpcCall, known: Transport | str | None, dev: Device | None) -> Offer:
+    """Step 2 of the route: this rank's offer on the IPC device ``dev`` (None: it has none)."""
     if dev is None:
-        return None, Offer(bufs, {}, False, f"no device can export memory ({_device_reason})")
-    return dev, make_offer(dev, bufs, _exported(c, known), owned)
+        bufs = {role: Buffer(0, r.nbytes) for role, r in c.roles.items()}
+        return Offer(bufs, {}, False, f"no device can export memory ({_device_reason})")
+    owned = all(dev.owns(r.array) for r in c.roles.values())
+    bufs = {role: Buffer(dev.pointer(r.array) if owned and r.nbytes else 0, r.nbytes)
+            for role, r in c.roles.items()}
+    return make_offer(dev, bufs, _exported(c, known), owned)
 
 
 def _count_fallback(known: Transport | str | None, why_not: str) -> None:
@@ -219,7 +219,8 @@ def _count_fallback(known: Transport | str | None, why_not: str) -> None:
 def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) -> bool:
     """Steps 2 and 3 of the route, then the call over IPC when the group agreed."""
     known = _transports.get(g.ranks)
-    dev, offer = _offer(c, known)
+    dev = get_device()
+    offer = _offer(c, known, dev)
     if not agree(offer.ready):
         _count_fallback(known, offer.reason)
         return False
