@@ -281,7 +281,7 @@ def test_shard_arguments_are_checked_on_every_rank():
 
 def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
     from sbpmpi.autograd.rules import RULES, register_rules
-    from sbpmpi.zero.rules import RULES as ZERO_RULES
+    from sbpmpi.parallel.zero.backward_rules import ZERO_BACKWARD_RULES as ZERO_RULES
 
     assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
     register_rules(ZERO_RULES)  # the same rules again: nothing changes

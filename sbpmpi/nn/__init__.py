@@ -7,7 +7,8 @@ their functional forms, gradient clipping, data parallelism and ZeRO.
 - :mod:`.functional`: ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``,
   ``embedding``, ``layer_norm``, ``dropout``.
 - :mod:`.clip`: ``clip_grad_norm_``.
-- ``DataParallel``, ``no_sync`` and ``shard`` (ZeRO) are the data-parallel wing's.
+- ``DataParallel``, ``no_sync`` and ``shard`` (ZeRO) are the parallel wing's
+  (:mod:`sbpmpi.parallel`), under the names torch gives them here.
 
 Layouts are the user's choice, per parameter (see :mod:`.layers`). Backward gives each
 parameter its gradient in its own layout, so any :mod:`sbpmpi.optim` optimizer updates
@@ -19,9 +20,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+# the parallel wing's names; it builds on nn.module, not on this package: no import circle
+from ..parallel import DataParallel, no_sync, shard
 from .clip import clip_grad_norm_
 from .containers import ModuleList, Sequential
-from .data_parallel import DataParallel, no_sync, shard
 from .functional import (
     cross_entropy,
     dropout,
