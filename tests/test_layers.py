@@ -493,3 +493,47 @@ def test_the_private_walk_sees_a_private_name() -> None:
     assert private_imports("sbpmpi.ops.setitem", root / "setitem.py",
                            "from ..array_api import _sort\n", mods) == \
         ["sbpmpi.ops.setitem:1 _sort"]
+
+
+# ---- the parallel wing keeps no state at module level ----------------------------------------
+
+def module_level_state(path: pathlib.Path, source: str) -> list[str]:
+    """``path:line name`` for each module-level name bound to a container that is filled
+    at run time: a list or set (literal, comprehension or call), or an empty dict
+    (``{}``, ``dict()``). Non-empty dict literals (tables written once, such as
+    ``ZERO_BACKWARD_RULES``) and ``__all__`` are not state."""
+    found = []
+    for node in ast.parse(source, str(path)).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"]
+        mutable = isinstance(value, (ast.List, ast.Set, ast.ListComp, ast.SetComp)) or (
+            isinstance(value, ast.Dict) and not value.keys) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in ("list", "set", "dict", "deque", "defaultdict")
+            and (value.func.id != "dict" or not (value.args or value.keywords)))
+        if mutable:
+            found += [f"{path.name}:{node.lineno} {n}" for n in names]
+    return found
+
+
+def test_the_parallel_wing_keeps_no_module_level_state() -> None:
+    """Each DataParallel's reducer and each ZeRO module owns its state (the buckets' old
+    ``_SLOTS``, ``_TOUCHED``, ``INFLIGHT``, ``_SYNC`` are gone for good)."""
+    bad = []
+    for m, path in sorted(MODULES.items()):
+        if m == "sbpmpi.parallel" or m.startswith("sbpmpi.parallel."):
+            bad += [f"{m}: {w}" for w in module_level_state(path, path.read_text())]
+    assert not bad, "module-level state in the parallel wing:\n" + "\n".join(bad)
+
+
+def test_the_state_walk_sees_lists_sets_and_empty_dicts() -> None:
+    src = ("__all__ = ['a']\n_SLOTS: dict[int, int] = {}\n_TOUCHED = []\nINFLIGHT: list = list()\n"
+           "_SYNC = [True]\nTABLE = {'a': 1}\nN = 3\nS = set()\nD = dict(a=1)\n")
+    assert module_level_state(PKG / "made_up.py", src) == [
+        "made_up.py:2 _SLOTS", "made_up.py:3 _TOUCHED", "made_up.py:4 INFLIGHT",
+        "made_up.py:5 _SYNC", "made_up.py:8 S"]

@@ -307,7 +307,7 @@ RULES: dict[str, Rule] = {
 
 def register_rules(rules: dict[str, Rule]) -> None:
     """Add the backward rules of ops recorded outside :mod:`sbpmpi.ops` (the steps of
-    :mod:`sbpmpi.zero`) to :data:`RULES`: the one door through which another package
+    :mod:`sbpmpi.parallel.zero`) to :data:`RULES`: the one door through which another package
     declares rules. A name that already has another rule is refused."""
     taken = sorted(name for name, rule in rules.items() if RULES.get(name, rule) is not rule)
     if taken:
