@@ -390,6 +390,19 @@ def test_each_stage_is_a_module_of_its_own_class():
         assert net.training and net.l1.training
 
 
+def test_the_old_module_name_warns_and_re_exports():
+    import importlib
+    import sys
+
+    from sbpmpi.parallel.zero import ShardedOptimizer, ZeroModule
+
+    sys.modules.pop("sbpmpi.zero", None)
+    with pytest.warns(DeprecationWarning, match=r"sbpmpi\.zero moved to sbpmpi\.parallel\.zero"):
+        old = importlib.import_module("sbpmpi.zero")
+    assert old.shard is sm.nn.shard and old.ShardedModule is ZeroModule
+    assert old.ShardedOptimizer is ShardedOptimizer
+
+
 def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
     from sbpmpi.autograd.rules import RULES, register_rules
     from sbpmpi.parallel.zero.backward_rules import ZERO_BACKWARD_RULES as ZERO_RULES

@@ -95,6 +95,10 @@ class ZeroStage3(ZeroModule):
         self.prefetch = prefetch and bucketed
         self._order: list[ParamGroup] = []  # the layers in the order forward calls them
         self._prefetched: Prefetch | None = None
+        # id(group) -> its gathered copies held now (a layer called twice holds two):
+        # a held layer needs no prefetch (a model's own parameters, gathered around its
+        # whole forward and held through backward, say)
+        self._holding: dict[int, int] = {}
         self.gathered_bytes = 0
         self.peak_gathered_bytes = 0
         self._hook_handles: list[HookHandle] = []
@@ -128,7 +132,7 @@ class ZeroStage3(ZeroModule):
             self._order.append(group)
         with no_grad():
             wholes = self._acquire(group)
-        g.held = True
+        self._hold(g)
         k = self._order.index(group)
         self._start_prefetch(self._order[k + 1] if k + 1 < len(self._order) else None)
         for sp, w in zip(group.params, group.record_wholes(wholes, g)):
@@ -161,7 +165,7 @@ class ZeroStage3(ZeroModule):
 
     def _start_prefetch(self, group: ParamGroup | None) -> None:
         """Start gathering ``group``'s parameters (the layer computed next), if enabled."""
-        if group is None or not self.prefetch:
+        if group is None or not self.prefetch or self._holding.get(id(group)):
             return
         self._drain()
         self._prefetched = Prefetch(group, group.start())
@@ -174,6 +178,10 @@ class ZeroStage3(ZeroModule):
             self._prefetched = None
             pending.wait()
             self._held(-group.nbytes)
+
+    def _hold(self, g: GatheredCopies) -> None:
+        g.held = True
+        self._holding[id(g.group)] = self._holding.get(id(g.group), 0) + 1
 
     def _held(self, nbytes: int) -> None:
         self.gathered_bytes += nbytes
@@ -197,6 +205,7 @@ class ZeroStage3(ZeroModule):
         self.gathered_bytes -= freed
         if only is None or all(c.operand.to_local().size == 0 for c in g.copies):
             g.held = False
+            self._holding[id(g.group)] -= 1
 
     def regather(self, g: GatheredCopies) -> None:
         """Gather ``g``'s parameters again (before backward runs the layer's rules)."""
@@ -204,7 +213,7 @@ class ZeroStage3(ZeroModule):
             return
         with no_grad():
             wholes = self._acquire(g.group)
-            g.held = True
+            self._hold(g)
             k = self._order.index(g.group)
             self._start_prefetch(self._order[k - 1] if k > 0 else None)
         for c, local in zip(g.copies, wholes):
