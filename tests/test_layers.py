@@ -57,7 +57,8 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
         "sm.nn.DataParallel, no_sync and shard are the public names of the parallel wing "
         "(as torch.nn.parallel under torch.nn); the wing builds on nn.module, so the two "
         "packages of the api layer point at each other, but no module does back: "
-        "nn/__init__ -> parallel.* -> nn.module (test_no_import_circles)",
+        "nn/__init__ looks the names up on first use -> parallel -> nn.module "
+        "(test_no_import_circles; test_the_parallel_wing_imports_first_or_second)",
     ("sbpmpi", "sbpmpi.launch"):
         "sm.launch is the public name of the launcher's functions (README: expect_world, "
         "find_mpiexec); imported only when a program touches sm.launch",
@@ -537,3 +538,22 @@ def test_the_state_walk_sees_lists_sets_and_empty_dicts() -> None:
     assert module_level_state(PKG / "made_up.py", src) == [
         "made_up.py:2 _SLOTS", "made_up.py:3 _TOUCHED", "made_up.py:4 INFLIGHT",
         "made_up.py:5 _SYNC", "made_up.py:8 S"]
+
+
+@pytest.mark.parametrize("first", ["sbpmpi.parallel", "sbpmpi.parallel.zero",
+                                   "sbpmpi.parallel.data_parallel", "sbpmpi.nn", "sbpmpi"])
+def test_the_parallel_wing_imports_first_or_second(first: str) -> None:
+    """sm.nn re-exports the wing, which builds on nn.module: whichever a program imports
+    first, both load and the names are the same objects (a fresh interpreter each)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nimport sbpmpi.nn as nn, sbpmpi.parallel as par\n"
+            "assert nn.DataParallel is par.DataParallel and nn.shard is par.shard\n"
+            "assert nn.no_sync is par.no_sync\nfrom sbpmpi.nn import DataParallel\n"
+            "print('imports ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=PKG.parent,
+                       env={**os.environ, "PYTHONPATH": str(PKG.parent)})
+    assert r.returncode == 0 and "imports ok" in r.stdout, r.stdout + r.stderr

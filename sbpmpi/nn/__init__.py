@@ -20,8 +20,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-# the parallel wing's names; it builds on nn.module, not on this package: no import circle
-from ..parallel import DataParallel, no_sync, shard
 from .clip import clip_grad_norm_
 from .containers import ModuleList, Sequential
 from .functional import (
@@ -46,7 +44,18 @@ _MOVED = {"save_training_state": "checkpoint.save_training_state",
           "load_training_state": "checkpoint.load_training_state"}
 
 
+#: The parallel wing's names (:mod:`sbpmpi.parallel`), looked up on first use: the wing
+#: builds on ``nn.module``, so importing it here would make ``import sbpmpi.parallel``
+#: (which runs this ``__init__`` first) ask a package that is still loading.
+_PARALLEL = ("DataParallel", "no_sync", "shard")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _PARALLEL:
+        from .. import parallel
+
+        value = globals()[name] = getattr(parallel, name)
+        return value
     if name in _MOVED:
         from .. import checkpoint
 
