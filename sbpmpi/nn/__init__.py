@@ -50,6 +50,10 @@ _MOVED = {"save_training_state": "checkpoint.save_training_state",
 _PARALLEL = ("DataParallel", "no_sync", "shard")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PARALLEL))  # the lazy names too (autodoc, completion)
+
+
 def __getattr__(name: str) -> Any:
     if name in _PARALLEL:
         from .. import parallel
