@@ -372,8 +372,9 @@ cuda_aware: Setting[bool | None] = _declare(Setting(
     "Whether MPI takes device pointers: 1 hands GPU arrays to MPI directly, 0 stages them "
     "through pinned host buffers.",
     default_text="what the MPI library reports",
-    details="Detected at the first GPU transfer: Open MPI's `MPIX_Query_cuda_support`, "
-    "MPICH's `MPIX_GPU_query_support`, Cray's `MPICH_GPU_SUPPORT_ENABLED`, MVAPICH's "
+    details="Detected at the first GPU transfer: Open MPI's `MPIX_Query_cuda_support` and "
+    "its run-time switch `opal_cuda_support` (read through MPI_T), MPICH's "
+    "`MPIX_GPU_query_support`, Cray's `MPICH_GPU_SUPPORT_ENABLED`, MVAPICH's "
     "`MV2_USE_CUDA`, Intel MPI's `I_MPI_OFFLOAD`. `python -m sbpmpi info` shows the verdict "
     "and the reason. It wins over `gpu_transport=mpi|staged`."))
 debug: Setting[bool] = _declare(Setting(
@@ -395,7 +396,11 @@ gpu_transport: Setting[str | None] = _declare(Setting(
     details="`ipc` copies straight out of the other ranks' GPU memory when the ranks of a "
     "collective share a node; across nodes with the same number of ranks on each, "
     "all-reduce and all-gather are hierarchical (IPC on each node, one staged MPI exchange "
-    "between nodes); other calls take the `mpi` or `staged` path, on every rank alike. "
+    "between nodes); other calls take the `mpi` or `staged` path. The ranks of a call "
+    "decide its route together, in one small exchange: one rank with host arrays or memory "
+    "that cannot be exported sends the whole group down the MPI path. `ipc` stays off "
+    "where device pointers go to MPI (a CUDA-aware MPI maps its peers' buffers itself); "
+    "`SBPMPI_CUDA_AWARE=0` keeps it on there. "
     "`ipc` is not the default yet: it has been tested against a stand-in device only. "
     "`python -m sbpmpi info` and `sm.comm.info()` say which transport is in use and why."))
 host_pool_bytes: Setting[int | None] = _declare(Setting(

@@ -1,6 +1,6 @@
 """One or more example calls of every registered op, with NumPy references.
 
-Used by the table-wide tests (tests/test_registry.py, tests/test_op_table.py): an op
+Used by the table-wide tests (tests/ops/test_registry.py, tests/ops/test_op_table.py): an op
 without an example fails them, so a new op cannot be left out. Values are multiples of
 1/8 in small ranges (sums of them are exact), shapes have 5 rows (uneven splits at
 n = 2..4).

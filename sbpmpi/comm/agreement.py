@@ -41,7 +41,8 @@ from .group import WORLD, Group
 from .trace import ACTIVE, CommRecord, record_agreement
 from .watchdog import watch
 
-__all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
+__all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree",
+           "agree_flagged", "Agreement", "gather", "all_ok",
            "raise_if_any", "decide_on_root", "collective_errors", "build_error",
            "raised_on_every_rank"]
 
@@ -82,6 +83,13 @@ def _pickled(obj: Any) -> int:
         return 0
 
 
+class Agreement(NamedTuple):
+    """The result of :func:`agree_flagged`."""
+
+    explanations: list[Any] | None  # None when every fingerprint was equal
+    any_flag: bool  # some rank raised its flag (meaningful when the fingerprints agree)
+
+
 def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
           group: Group | None = None) -> list[Any] | None:
     """None when every rank of ``group`` passed the same fingerprint ``fp``; else the list
@@ -106,10 +114,32 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
         On every rank of the group, when a peer reached the end of the program (or is stuck
         in a failed check) so that the exchange can never complete.
     """
+    return _agree(np.array([fp, -fp], dtype=np.int64), what, text, explain, group,
+                  False).explanations
+
+
+def agree_flagged(fp: int, what: str, text: str, explain: Callable[[], Any],
+                  group: Group | None = None, flag: bool = False) -> Agreement:
+    """:func:`agree` carrying one flag of every rank in the same 16 bytes (the GPU route
+    decision of comm's checked mode rides on its signature agreement).
+
+    The flag takes the fingerprint's lowest bit: the MAX of ``fp`` with that bit replaced
+    by the flag is the largest fingerprint plus whether any rank raised the flag, and the
+    MAX of ``-fp`` (bit cleared) is minus the smallest, so the fingerprints still compare
+    on their other 62 bits.
+    """
+    even = fp & ~1
+    buf = np.array([even | int(flag), -even], dtype=np.int64)
+    return _agree(buf, what, text, explain, group, True)
+
+
+def _agree(buf: np.ndarray, what: str, text: str, explain: Callable[[], Any],
+           group: Group | None, flagged: bool) -> Agreement:
+    """The exchange of :func:`agree` and :func:`agree_flagged` (``buf``: [fp, -fp], with
+    the flag in the low bit of ``fp`` when ``flagged``)."""
     comm, ranks = members(group)
     if len(ranks) == 1:
-        return None
-    buf = np.array([fp, -fp], dtype=np.int64)
+        return Agreement(None, flagged and bool(buf[0] & 1))
     if ACTIVE:
         _note("agreement", 16, ranks)
     # the wait below notices a peer that reached the end of the program: only a timeout
@@ -120,11 +150,13 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
         if failed is not None:
             raise CollectiveMismatchError(failed)
         if int(buf[0]) == -int(buf[1]):
-            return None
+            return Agreement(None, False)
+        if flagged and int(buf[0]) >> 1 == -int(buf[1]) >> 1:  # equal but for the flag
+            return Agreement(None, bool(buf[0] & 1))
         mine = explain()
         if ACTIVE:
             _note("agreement_gather", _pickled(mine), ranks)
-        return comm.allgather(mine)  # type: ignore[no-any-return]
+        return Agreement(comm.allgather(mine), False)
 
 
 def gather(obj: Any, what: str, group: Group | None = None) -> list[Any]:
