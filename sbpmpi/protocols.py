@@ -11,26 +11,29 @@
   ufunc methods (``np.add.reduce``) are refused with a TypeError naming them.
 - NumPy functions (NEP 18: ``np.sum(x, axis=0)``, ``np.mean``, ``np.var``, ``np.max``,
   ``np.min``, ``np.transpose``, ``np.reshape``, ``np.concatenate``, ``np.where``,
-  ``np.round``, ...) run as the registry's ops (:data:`ADAPTERS` maps NumPy's arguments);
-  ``np.shape``, ``np.ndim`` and ``np.size`` read metadata; any other raises a TypeError
-  naming it and suggesting ``x.numpy()``.
+  ``np.round``, ...) run as the registry's ops; those no single op answers (``np.unique``,
+  ``np.atleast_2d``, ``np.sort``, ``np.einsum``, ...: the registry's ``COMPOSED`` rows)
+  run as the function above the ops that the registry names for them. :data:`ADAPTERS`
+  maps NumPy's arguments, :data:`FUNCTIONS` is made from the registry; ``np.shape``,
+  ``np.ndim`` and ``np.size`` read metadata; any other raises a TypeError naming it and
+  suggesting ``x.numpy()``.
 - ``np.asarray(x)`` gathers the global value on every rank (collective), honouring
   NumPy 2's ``copy=``: ``copy=False`` raises, since the gathered array is always new.
 """
 
 from __future__ import annotations
 
+import importlib
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from .ops.registry import REGISTRY
+from .ops.registry import COMPOSED, REGISTRY, ComposedFunction
 from .tensor import GlobalTensor
 
-__all__ = ["UFUNCS", "FUNCTIONS", "METADATA_FUNCTIONS", "ADAPTERS", "ArrayApiFunction",
-           "ARRAY_API_FUNCTIONS", "ARRAY_API_IMPLS", "to_bool", "to_scalar",
+__all__ = ["UFUNCS", "FUNCTIONS", "METADATA_FUNCTIONS", "ADAPTERS", "to_bool", "to_scalar",
            "to_index", "array", "array_ufunc", "array_function", "write_into", "iterate"]
 
 
@@ -294,24 +297,30 @@ ADAPTERS: dict[str, Adapter] = {
     "round": _round,
 }
 
-#: NumPy function -> its sbpmpi implementation (from the op registry's entries).
-FUNCTIONS: dict[Any, Callable[..., Any]] = {
-    getattr(np, name): ADAPTERS.get(name, _elementwise)(name, entry.op)
-    for entry in REGISTRY.values() for name in entry.functions}
 
-# -- NumPy functions with an array API equivalent (NEP 18) --------------------------------------
+# -- NumPy functions composed of ops (NEP 18) ---------------------------------------------------
 #
-# Not ops of the registry: the functions of ``sbpmpi.array_api`` (which compute with the
-# registry's ops or with their own local kernels) answer them, NumPy's arguments mapped by
-# each row's adapter. SciPy and scikit-learn call them on arrays they do not convert
-# (``scipy.signal.lfilter``'s ``np.atleast_1d``, ``np.unique`` in label handling).
+# The registry's COMPOSED rows: ``np.unique``, ``np.atleast_1d``, ``np.sort``, ... answered by
+# a function above the ops (``sbpmpi.array_api``'s, mostly) that calls registered ops. SciPy
+# and scikit-learn call them on arrays their array-API paths do not convert
+# (``scipy.signal.lfilter``'s ``np.atleast_1d``, ``np.unique`` in label handling). Each
+# adapter below maps NumPy's arguments to the target's, as the ops' adapters above do.
 
-class ArrayApiFunction(NamedTuple):
-    """How ``np.<name>(...)`` of a GlobalTensor runs: ``adapt(f, *args, **kwargs)`` calls
-    ``f``, the function ``sbpmpi.array_api.<array_api>``, with NumPy's arguments mapped."""
+def _target(row: ComposedFunction) -> Callable[..., Any]:
+    """The function ``row.target`` (``"module:qualified.name"``), imported on first call:
+    the targets sit beside or above this module (``sbpmpi.array_api`` imports it)."""
+    module, _, qualname = row.target.partition(":")
+    found: list[Callable[..., Any]] = []
 
-    array_api: str
-    adapt: Callable[..., Any]
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not found:
+            f: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                f = getattr(f, part)
+            found.append(f)
+        return found[0](*args, **kwargs)
+    call.__name__ = call.__qualname__ = qualname
+    return call
 
 
 def _xp() -> Any:
@@ -320,7 +329,7 @@ def _xp() -> Any:
     return array_api
 
 
-def _flat_axis(fname: str, a: Any, axis: Any) -> tuple[Any, Any]:
+def _flat_axis(a: Any, axis: Any) -> tuple[Any, Any]:
     """(array, axis): NumPy's ``axis=None`` of the order functions flattens first."""
     if axis is None:
         return _xp().reshape(a, (-1,)), -1
@@ -339,228 +348,225 @@ def _atleast_shape(shape: tuple[int, ...], ndim: int) -> tuple[int, ...]:
     return (1,) + shape + (1,)
 
 
-def _atleast(ndim: int) -> Callable[..., Any]:
-    def adapt(f: Any, *arys: Any) -> Any:
+def _atleast(fname: str, f: Any) -> Callable[..., Any]:
+    ndim = int(fname[len("atleast_")])
+
+    def impl(*arys: Any) -> Any:
         out = [f(a, _atleast_shape(a.shape, ndim)) if isinstance(a, GlobalTensor)
                and a.ndim < ndim else a if isinstance(a, GlobalTensor)
-               else getattr(np, f"atleast_{ndim}d")(a) for a in arys]
+               else getattr(np, fname)(a) for a in arys]
         return out[0] if len(out) == 1 else tuple(out)
-    return adapt
+    return impl
 
 
-def _unique(f: Any, ar: Any, return_index: bool = False, return_inverse: bool = False,
-            return_counts: bool = False, axis: Any = None, *, equal_nan: bool = True,
-            sorted: bool = True) -> Any:  # noqa: A002 - NumPy's name
-    if axis is not None:
-        raise TypeError("np.unique: axis= (unique rows or columns) is not supported on "
-                        "GlobalTensors; use x.numpy() for the NumPy version")
-    return f(ar, bool(return_index), bool(return_inverse), bool(return_counts),
-             bool(equal_nan))
+def _unique(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(ar: Any, return_index: bool = False, return_inverse: bool = False,
+             return_counts: bool = False, axis: Any = None, *, equal_nan: bool = True,
+             sorted: bool = True) -> Any:  # noqa: A002 - NumPy's name
+        if axis is not None:
+            raise TypeError(f"np.unique: axis={axis!r} (unique rows or columns) is not "
+                            f"supported on GlobalTensors (axis=None only); use x.numpy() "
+                            f"for the NumPy version")
+        if not sorted:
+            raise TypeError("np.unique: sorted=False is not supported on GlobalTensors "
+                            "(the values come sorted)")
+        return f(ar, bool(return_index), bool(return_inverse), bool(return_counts),
+                 bool(equal_nan))
+    return impl
 
 
-def _sorting(fname: str) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *,
-              stable: Any = None) -> Any:
+def _sorting(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *,
+             stable: Any = None) -> Any:
         _no(fname, order=order)
-        a, axis = _flat_axis(fname, a, axis)
+        a, axis = _flat_axis(a, axis)
         return f(a, axis=axis, stable=True if stable is None else bool(stable))
-    return adapt
+    return impl
 
 
-def _arg_extreme(fname: str) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, axis: Any = None, out: Any = None, *,
-              keepdims: Any = False) -> Any:
+def _arg_extreme(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, out: Any = None, *, keepdims: Any = False) -> Any:
         _no(fname, out=out)
         return f(a, axis=axis, keepdims=bool(keepdims))
-    return adapt
+    return impl
 
 
-def _accumulate(fname: str) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
+def _accumulate(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
         _no(fname, out=out)
-        a, axis = _flat_axis(fname, a, axis)
+        a, axis = _flat_axis(a, axis)
         return f(a, axis=axis, dtype=dtype)
-    return adapt
+    return impl
 
 
-def _reducing(fname: str, ddof: bool = False) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
-              *args: Any, keepdims: Any = False, **kw: Any) -> Any:
-        correction = kw.pop("ddof", args[0] if (ddof and args) else 0)
+def _prod(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
+             keepdims: Any = False, **kw: Any) -> Any:
         _no(fname, out=out, **kw)
-        if ddof:
-            if dtype is not None:
-                a = _xp().astype(a, dtype)
-            return f(a, axis=axis, correction=correction, keepdims=bool(keepdims))
         return f(a, axis=axis, dtype=dtype, keepdims=bool(keepdims))
-    return adapt
+    return impl
 
 
-def _logical(fname: str) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, axis: Any = None, out: Any = None, keepdims: Any = False,
-              **kw: Any) -> Any:
+def _std(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: Any = 0,
+             keepdims: Any = False, **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        if dtype is not None:
+            a = _xp().astype(a, dtype)
+        return f(a, axis=axis, correction=ddof, keepdims=bool(keepdims))
+    return impl
+
+
+def _logical(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, out: Any = None, keepdims: Any = False,
+             **kw: Any) -> Any:
         _no(fname, out=out, **kw)
         return f(a, axis=axis, keepdims=bool(keepdims))
-    return adapt
+    return impl
 
 
-def _positional(fname: str, *names: str) -> Callable[..., Any]:
-    """NumPy's ``np.<fname>(a, p1, p2, ...)`` -> ``f(a, ...)``: a name written ``"/p"`` is
-    passed by position (the standard's positional-only parameters), the others by keyword;
-    any other keyword is refused, ``None`` values are left to ``f``'s defaults."""
+def _positional(*names: str) -> Adapter:
+    """The adapter of NumPy's ``np.<fname>(a, p1, p2, ...)`` -> ``f(a, ...)``: a name
+    written ``"/p"`` is passed by position (the standard's positional-only parameters), the
+    others by keyword; any other keyword is refused, ``None`` values are left to ``f``'s
+    defaults."""
     plain = [n.lstrip("/") for n in names]
 
-    def adapt(f: Any, a: Any, *args: Any, **kw: Any) -> Any:
-        if len(args) > len(names):
-            raise TypeError(f"np.{fname}: at most {len(names) + 1} positional arguments")
-        given = dict(zip(plain, args))
-        for k, v in kw.items():
-            if k not in plain:
-                _no(fname, **{k: v})
-                continue
-            given[k] = v
-        pos = [given.pop(n.lstrip("/")) for n in names if n.startswith("/")
-               and n.lstrip("/") in given]
-        return f(a, *pos, **{k: v for k, v in given.items() if v is not None})
-    return adapt
+    def adapter(fname: str, f: Any) -> Callable[..., Any]:
+        def impl(a: Any, *args: Any, **kw: Any) -> Any:
+            if len(args) > len(names):
+                raise TypeError(f"np.{fname}: at most {len(names) + 1} positional arguments "
+                                f"on GlobalTensors, got {len(args) + 1}")
+            given = dict(zip(plain, args))
+            for k, v in kw.items():
+                if k not in plain:
+                    _no(fname, **{k: v})
+                    continue
+                given[k] = v
+            pos = [given.pop(n.lstrip("/")) for n in names if n.startswith("/")
+                   and n.lstrip("/") in given]
+            return f(a, *pos, **{k: v for k, v in given.items() if v is not None})
+        return impl
+    return adapter
 
 
-def _squeeze(f: Any, a: Any, axis: Any = None) -> Any:
-    if axis is None:
-        axis = tuple(d for d, n in enumerate(a.shape) if n == 1)
-    return f(a, axis=axis)
+def _squeeze(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None) -> Any:
+        if axis is None:
+            axis = tuple(d for d, n in enumerate(a.shape) if n == 1)
+        return f(a, axis=axis)
+    return impl
 
 
-def _expand_dims(f: Any, a: Any, axis: Any) -> Any:
-    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
-    n = a.ndim + len(axes)
-    for ax in sorted(int(x) % n if -n <= x < n else x for x in axes):
-        a = f(a, axis=ax)
-    return a
+def _expand_dims(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any) -> Any:
+        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        n = a.ndim + len(axes)
+        for ax in sorted(int(x) % n if -n <= x < n else x for x in axes):
+            a = f(a, axis=ax)
+        return a
+    return impl
 
 
-def _stack(f: Any, arrays: Any, axis: Any = 0, out: Any = None, **kw: Any) -> Any:
-    _no("stack", out=out, **kw)
-    return f(list(arrays), axis=axis)
+def _stack(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(arrays: Any, axis: Any = 0, out: Any = None, **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        return f(list(arrays), axis=axis)
+    return impl
 
 
-def _take(f: Any, a: Any, indices: Any, axis: Any = None, out: Any = None,
-          mode: Any = "raise") -> Any:
-    _no("take", out=out)
-    if mode != "raise":
-        raise TypeError(f"np.take: mode={mode!r} is not supported on GlobalTensors ('raise' "
-                        f"only)")
-    if not isinstance(indices, GlobalTensor):
-        indices = _xp().asarray(np.asarray(indices), device=a.placement)
-    if axis is None:
-        a, axis = _xp().reshape(a, (-1,)), 0
-    return f(a, indices, axis=axis)
+def _moveaxis(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, source: Any, destination: Any) -> Any:
+        return f(a, source, destination)
+    return impl
 
 
-def _tile(f: Any, a: Any, reps: Any) -> Any:
-    return f(a, tuple(reps) if isinstance(reps, (tuple, list)) else (int(reps),))
+def _take(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, indices: Any, axis: Any = None, out: Any = None,
+             mode: Any = "raise") -> Any:
+        _no(fname, out=out)
+        if mode != "raise":
+            raise TypeError(f"np.take: mode={mode!r} is not supported on GlobalTensors "
+                            f"('raise' only)")
+        if not isinstance(indices, GlobalTensor):
+            indices = _xp().asarray(np.asarray(indices), device=a.placement)
+        if axis is None:
+            a, axis = _xp().reshape(a, (-1,)), 0
+        return f(a, indices, axis=axis)
+    return impl
 
 
-def _like(fname: str) -> Callable[..., Any]:
-    def adapt(f: Any, a: Any, *args: Any, dtype: Any = None, order: Any = "K",
-              subok: Any = True, shape: Any = None, **kw: Any) -> Any:
+def _shape_argument(fname: str, f: Any) -> Callable[..., Any]:
+    """``np.tile(a, reps)``, ``np.broadcast_to(a, shape)``: an int or a sequence of ints."""
+    def impl(a: Any, shape: Any, subok: Any = False) -> Any:
+        _no(fname, subok=subok)
+        return f(a, tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),))
+    return impl
+
+
+def _like(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, *args: Any, dtype: Any = None, order: Any = "K", subok: Any = True,
+             shape: Any = None, **kw: Any) -> Any:
         _no(fname, shape=shape, **kw)
         if fname == "full_like":
-            fill, *args = args
-            return f(a, fill, dtype=args[0] if args else dtype)
+            fill, rest = args[0], args[1:]
+            return f(a, fill, dtype=rest[0] if rest else dtype)
         return f(a, dtype=args[0] if args else dtype)
-    return adapt
+    return impl
 
 
-def _clip(f: Any, a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, *,
-          min: Any = None, max: Any = None, **kw: Any) -> Any:  # noqa: A002 - NumPy's names
-    _no("clip", out=out, **kw)
-    return f(a, a_min if a_min is not None else min, a_max if a_max is not None else max)
+def _clip(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, *,
+             min: Any = None, max: Any = None, **kw: Any) -> Any:  # noqa: A002 - NumPy's
+        _no(fname, out=out, **kw)
+        return f(a, a_min if a_min is not None else min, a_max if a_max is not None else max)
+    return impl
 
 
-def _copy(f: Any, a: Any, order: Any = "K", subok: Any = False) -> Any:
-    return a.copy()
+def _copy(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, order: Any = "K", subok: Any = False) -> Any:
+        return f(a)
+    return impl
 
 
-def _einsum(f: Any, subscripts: Any, *operands: Any, out: Any = None, optimize: Any = False,
-            **kw: Any) -> Any:
-    _no("einsum", out=out, **kw)  # optimize: the contraction order is ours (left to right)
-    from .contraction import einsum
+def _einsum(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(subscripts: Any, *operands: Any, out: Any = None, optimize: Any = False,
+             **kw: Any) -> Any:
+        _no(fname, out=out, **kw)  # optimize: the contraction order is ours (left to right)
+        return f(subscripts, *operands)
+    return impl
 
-    return einsum(subscripts, *operands)
+
+def _nonzero(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any) -> Any:
+        return f(a)
+    return impl
 
 
-#: NumPy function name -> the ``sbpmpi.array_api`` function that answers it (NEP 18).
-ARRAY_API_FUNCTIONS: dict[str, ArrayApiFunction] = {
-    "unique": ArrayApiFunction("numpy_unique", _unique),
-    "atleast_1d": ArrayApiFunction("reshape", _atleast(1)),
-    "atleast_2d": ArrayApiFunction("reshape", _atleast(2)),
-    "atleast_3d": ArrayApiFunction("reshape", _atleast(3)),
-    "expand_dims": ArrayApiFunction("expand_dims", _expand_dims),
-    "squeeze": ArrayApiFunction("squeeze", _squeeze),
-    "stack": ArrayApiFunction("stack", _stack),
-    "moveaxis": ArrayApiFunction("moveaxis", lambda f, a, s, d: f(a, s, d)),
-    "flip": ArrayApiFunction("flip", _positional("flip", "axis")),
-    "roll": ArrayApiFunction("roll", _positional("roll", "/shift", "axis")),
-    "tile": ArrayApiFunction("tile", _tile),
-    "repeat": ArrayApiFunction("repeat", _positional("repeat", "/repeats", "axis")),
-    "broadcast_to": ArrayApiFunction("broadcast_to", lambda f, a, shape, subok=False:
-                                     f(a, tuple(shape) if isinstance(shape, (tuple, list))
-                                       else (int(shape),))),
-    "sort": ArrayApiFunction("sort", _sorting("sort")),
-    "argsort": ArrayApiFunction("argsort", _sorting("argsort")),
-    "argmax": ArrayApiFunction("argmax", _arg_extreme("argmax")),
-    "argmin": ArrayApiFunction("argmin", _arg_extreme("argmin")),
-    "cumsum": ArrayApiFunction("cumulative_sum", _accumulate("cumsum")),
-    "cumprod": ArrayApiFunction("cumulative_prod", _accumulate("cumprod")),
-    "prod": ArrayApiFunction("prod", _reducing("prod")),
-    "std": ArrayApiFunction("std", _reducing("std", ddof=True)),
-    "all": ArrayApiFunction("all", _logical("all")),
-    "any": ArrayApiFunction("any", _logical("any")),
-    "count_nonzero": ArrayApiFunction("count_nonzero", _positional("count_nonzero", "axis",
-                                                                   "keepdims")),
-    "diff": ArrayApiFunction("diff", _positional("diff", "n", "axis", "prepend", "append")),
-    "take": ArrayApiFunction("take", _take),
-    "take_along_axis": ArrayApiFunction("take_along_axis", _positional("take_along_axis",
-                                                                       "/indices", "axis")),
-    "searchsorted": ArrayApiFunction("searchsorted", _positional("searchsorted", "/v", "side",
-                                                                 "sorter")),
-    "nonzero": ArrayApiFunction("nonzero", lambda f, a: f(a)),
-    "tensordot": ArrayApiFunction("tensordot", _positional("tensordot", "/b", "axes")),
-    "zeros_like": ArrayApiFunction("zeros_like", _like("zeros_like")),
-    "ones_like": ArrayApiFunction("ones_like", _like("ones_like")),
-    "empty_like": ArrayApiFunction("empty_like", _like("empty_like")),
-    "full_like": ArrayApiFunction("full_like", _like("full_like")),
-    "copy": ArrayApiFunction("asarray", _copy),
-    "clip": ArrayApiFunction("clip", _clip),
-    "einsum": ArrayApiFunction("matmul", _einsum),  # sm.einsum: matmuls of array API calls
+ADAPTERS.update({
+    "unique": _unique, "atleast_1d": _atleast, "atleast_2d": _atleast, "atleast_3d": _atleast,
+    "expand_dims": _expand_dims, "squeeze": _squeeze, "stack": _stack, "moveaxis": _moveaxis,
+    "flip": _positional("axis"), "roll": _positional("/shift", "axis"),
+    "tile": _shape_argument, "repeat": _positional("/repeats", "axis"),
+    "broadcast_to": _shape_argument, "sort": _sorting, "argsort": _sorting,
+    "argmax": _arg_extreme, "argmin": _arg_extreme, "cumsum": _accumulate,
+    "cumprod": _accumulate, "prod": _prod, "std": _std, "all": _logical, "any": _logical,
+    "count_nonzero": _positional("axis", "keepdims"),
+    "diff": _positional("n", "axis", "prepend", "append"), "take": _take,
+    "take_along_axis": _positional("/indices", "axis"),
+    "searchsorted": _positional("/v", "side", "sorter"), "nonzero": _nonzero,
+    "tensordot": _positional("/b", "axes"), "zeros_like": _like, "ones_like": _like,
+    "empty_like": _like, "full_like": _like, "copy": _copy, "clip": _clip, "einsum": _einsum,
+})
+
+#: NumPy function -> its sbpmpi implementation, made from the op registry: the ops'
+#: NumPy functions (``entry.functions``) and the functions composed of ops
+#: (``registry.COMPOSED``), each through its adapter.
+FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    **{getattr(np, name): ADAPTERS.get(name, _elementwise)(name, entry.op)
+       for entry in REGISTRY.values() for name in entry.functions},
+    **{getattr(np, name): ADAPTERS[name](name, _target(row)) for name, row in COMPOSED.items()},
 }
-
-
-def _array_api_functions() -> dict[Any, Callable[..., Any]]:
-    """NumPy function -> its implementation, from :data:`ARRAY_API_FUNCTIONS` (the names
-    this NumPy has)."""
-    out: dict[Any, Callable[..., Any]] = {}
-    for name, row in ARRAY_API_FUNCTIONS.items():
-        func = getattr(np, name, None)
-        if func is None:
-            continue
-
-        def impl(*args: Any, _row: ArrayApiFunction = row, **kwargs: Any) -> Any:
-            xp = _xp()
-            f = getattr(xp, _row.array_api, None)
-            if f is None:  # a helper of the namespace's modules (numpy_unique)
-                from .array_api import _searching
-
-                f = getattr(_searching, _row.array_api)
-            return _row.adapt(f, *args, **kwargs)
-
-        out[func] = impl
-    return out
-
-
-#: NumPy function -> the array API function answering it (made from ARRAY_API_FUNCTIONS).
-ARRAY_API_IMPLS: dict[Any, Callable[..., Any]] = _array_api_functions()
 
 #: NumPy functions that read metadata only: no op computes them.
 METADATA_FUNCTIONS: dict[Any, Callable[..., Any]] = {
@@ -571,7 +577,7 @@ METADATA_FUNCTIONS: dict[Any, Callable[..., Any]] = {
 
 def array_function(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
     """NEP 18 dispatch: the sbpmpi version of ``func``, or a TypeError naming it."""
-    impl = FUNCTIONS.get(func) or ARRAY_API_IMPLS.get(func) or METADATA_FUNCTIONS.get(func)
+    impl = FUNCTIONS.get(func) or METADATA_FUNCTIONS.get(func)
     if impl is None:
         raise _unsupported(f"np.{getattr(func, '__name__', func)}")
     return impl(*args, **kwargs)

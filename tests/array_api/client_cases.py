@@ -169,11 +169,16 @@ def _estimator(make: Callable[[], Any], X: np.ndarray, y: np.ndarray | None,
 
 
 def _estimators() -> list[Case]:
+    from sklearn.decomposition import PCA
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from sklearn.kernel_approximation import Nystroem
-    from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge, RidgeCV
-    from sklearn.linear_model import RidgeClassifierCV
-    from sklearn.decomposition import PCA
+    from sklearn.linear_model import (
+        LogisticRegression,
+        PoissonRegressor,
+        Ridge,
+        RidgeClassifierCV,
+        RidgeCV,
+    )
     from sklearn.mixture import GaussianMixture
     from sklearn.naive_bayes import GaussianNB
     from sklearn.preprocessing import (

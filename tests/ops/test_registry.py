@@ -96,8 +96,12 @@ def test_every_numpy_ufunc_and_function_we_accept_is_a_registered_op():
             assert protocols.UFUNCS[getattr(np, u)] is e.op
         for f in e.functions:
             assert getattr(np, f) in protocols.FUNCTIONS
+    for name in registry.COMPOSED:  # the functions composed of ops, from the registry too
+        assert getattr(np, name) in protocols.FUNCTIONS, name
     for func in protocols.FUNCTIONS:
-        assert registry.entry_for_function(func.__name__) is not None, func
+        name = func.__name__
+        assert (registry.entry_for_function(name) is not None) != (
+            registry.composed_for_function(name) is not None), func
     # the metadata functions compute nothing: no op answers them
     assert not set(protocols.METADATA_FUNCTIONS) & set(protocols.FUNCTIONS)
 

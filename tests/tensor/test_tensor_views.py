@@ -79,7 +79,7 @@ def test_writes_into_an_indexed_block_reach_the_tensor(name, pl, sbp):
         np.multiply(w, 3.0, out=w)
         want[k, 1:4, ::2] *= 3.0
         got = x.numpy()
-        agree(lambda: np.testing.assert_allclose(got, want, rtol=1e-15, atol=0))
+        agree(lambda got=got: np.testing.assert_allclose(got, want, rtol=1e-15, atol=0))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -211,5 +211,5 @@ def test_conversions_never_share_a_shard_with_their_source():
         x = sm.tensor(ref, placement=pl, sbp=B)
         y = x.to_global(sbp=dst)
         y[...] = 0.0
-        agree(lambda: np.testing.assert_array_equal(x.numpy(), ref))
-        agree(lambda: np.testing.assert_array_equal(y.numpy(), np.zeros_like(ref)))
+        agree(lambda x=x: np.testing.assert_array_equal(x.numpy(), ref))
+        agree(lambda y=y: np.testing.assert_array_equal(y.numpy(), np.zeros_like(ref)))
