@@ -234,7 +234,8 @@ class GlobalTensor:
     def __iter__(self) -> Iterator[GlobalTensor]:
         """The sub-tensors along dim 0, as NumPy iterates (``x[0]``, ``x[1]``, ...): views
         where dim 0 is not split; where it is, its rows are gathered once (collective, on
-        the first step) and each item is a copy, refused writes."""
+        the first step) and each item is a write-through copy of ``x[i]`` (its writes are
+        written back into ``x``, as a view's would be)."""
         if not self.shape:
             raise TypeError("iteration over a 0-d global tensor")
         return _protocols.iterate(self)  # type: ignore[no-any-return]
