@@ -307,11 +307,11 @@ def _composed(rows: Iterable[tuple[str, str]]) -> dict[str, ComposedFunction]:
     for numpy_name, target in rows:
         if not hasattr(np, numpy_name):
             continue  # a name of another NumPy version
-        if numpy_name in out or numpy_name in _FUNCTION:
-            raise ValueError(f"op registry: np.{numpy_name} is claimed twice (composed "
-                             f"function and {_FUNCTION[numpy_name].name!r})"
-                             if numpy_name in _FUNCTION else
-                             f"op registry: composed np.{numpy_name} is listed twice")
+        if numpy_name in _FUNCTION:
+            raise ValueError(f"op registry: np.{numpy_name} is claimed by the op "
+                             f"{_FUNCTION[numpy_name].name!r} and by a composed function")
+        if numpy_name in out:
+            raise ValueError(f"op registry: composed np.{numpy_name} is listed twice")
         if isinstance(getattr(np, numpy_name), np.ufunc):
             raise ValueError(f"op registry: np.{numpy_name} is a ufunc: an op answers it")
         if ":" not in target:

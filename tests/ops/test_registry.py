@@ -106,6 +106,28 @@ def test_every_numpy_ufunc_and_function_we_accept_is_a_registered_op():
     assert not set(protocols.METADATA_FUNCTIONS) & set(protocols.FUNCTIONS)
 
 
+def test_every_composed_function_resolves_to_a_callable_target():
+    import importlib
+
+    for name, row in registry.COMPOSED.items():
+        module, _, qualname = row.target.partition(":")
+        f = importlib.import_module(module)
+        for part in qualname.split("."):
+            f = getattr(f, part)
+        assert callable(f), (name, row.target)
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([("sum", "sbpmpi.array_api:sum")], "claimed by the op 'sum'"),
+    ([("unique", "m:f"), ("unique", "m:g")], "listed twice"),
+    ([("exp", "m:f")], "is a ufunc"),
+    ([("unique", "sbpmpi.array_api.unique")], "not 'module:name'"),
+])
+def test_the_composed_table_refuses_a_second_claim_a_ufunc_and_a_bad_target(rows, match):
+    with pytest.raises(ValueError, match=match):
+        registry._composed(rows)
+
+
 def test_every_array_api_elementwise_name_is_an_alias_of_a_registered_op():
     xp = sm.array_api
     for name in _elementwise.STANDARD:
