@@ -367,9 +367,7 @@ def _unique(fname: str, f: Any) -> Callable[..., Any]:
             raise TypeError(f"np.unique: axis={axis!r} (unique rows or columns) is not "
                             f"supported on GlobalTensors (axis=None only); use x.numpy() "
                             f"for the NumPy version")
-        if not sorted:
-            raise TypeError("np.unique: sorted=False is not supported on GlobalTensors "
-                            "(the values come sorted)")
+        # sorted=False lets NumPy return the values in any order: sorted is one of them
         return f(ar, bool(return_index), bool(return_inverse), bool(return_counts),
                  bool(equal_nan))
     return impl
