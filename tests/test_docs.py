@@ -122,6 +122,7 @@ def test_readme_links_every_user_guide_page():
 @pytest.mark.skipif(importlib.util.find_spec("sphinx") is None
                     or importlib.util.find_spec("myst_parser") is None,
                     reason='Sphinx or myst-parser is not installed (pip install -e ".[docs]")')
+@pytest.mark.timeout(960)  # above the build's own limit, so that one reports a hang
 def test_the_docs_build_with_warnings_as_errors(tmp_path):
     # a guard against a hang, not a speed target: the build takes about a minute on a
     # quiet 2-core machine and several under load
