@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,6 +66,23 @@ _NUMPY: dict[str, Callable[..., Any]] = {
 _NO_IDENTITY = frozenset(n for n, r in REDUCTIONS.items() if r.ufunc_of(np).identity is None)
 
 
+class ReducedShape(NamedTuple):
+    """The result of reducing ``axes`` of a shape: the dims kept (in order), the result's
+    shape, and where each kept dim lands in it."""
+
+    kept: list[int]
+    shape: tuple[int, ...]
+    out_of: dict[int, int]
+
+
+def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool) -> ReducedShape:
+    kept = [d for d in range(len(shape)) if d not in axes]
+    if keepdim:
+        return ReducedShape(kept, tuple(1 if d in axes else n for d, n in enumerate(shape)),
+                            {d: d for d in kept})
+    return ReducedShape(kept, tuple(shape[d] for d in kept), {d: i for i, d in enumerate(kept)})
+
+
 def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
     f = _NUMPY[kind]
 
@@ -81,13 +98,7 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
                 if x.shape[d] == 0:
                     raise ValueError(f"{name}: cannot reduce over dim {d} of size 0 in a tensor "
                                      f"of shape {x.shape} ({kind} has no identity)")
-        kept = [d for d in range(x.ndim) if d not in axes]
-        if keepdim:
-            out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
-            out_of = {d: d for d in kept}
-        else:
-            out_shape = tuple(x.shape[d] for d in kept)
-            out_of = {d: i for i, d in enumerate(kept)}
+        kept, out_shape, out_of = _reduced_shape(x.shape, axes, keepdim)
         dtype = probe_dtype(name, lambda z: f(z.reshape(1), axis=0), x)
         dims = {"d": tuple(DimMatch((d,), out_of[d]) for d in kept),
                 "r": tuple(DimMatch((d,), None) for d in axes)}
@@ -146,13 +157,7 @@ def _var(x: Any, dim: Any = None, keepdim: bool = False, correction: int | float
     """Build the OpCall of ``var`` (the one-kernel form, every reduced dim held whole)."""
     x, axes, keepdim, correction = _var_args(x, dim, keepdim, correction)
     count = math.prod(x.shape[d] for d in axes)
-    kept = [d for d in range(x.ndim) if d not in axes]
-    if keepdim:
-        out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
-        out_of = {d: d for d in kept}
-    else:
-        out_shape = tuple(x.shape[d] for d in kept)
-        out_of = {d: i for i, d in enumerate(kept)}
+    kept, out_shape, out_of = _reduced_shape(x.shape, axes, keepdim)
     dtype = x.dtype
     denominator = max(count - correction, 0)
 
