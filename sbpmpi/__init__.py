@@ -12,6 +12,7 @@ from typing import Any
 from . import autograd as _autograd
 from . import comm, config, env, ops, protocols
 from . import conversion as _conversion
+from . import einops_backend as _einops_backend
 from . import tape as _tape
 from . import tensor as _tensor
 from ._version import __version__
@@ -42,11 +43,13 @@ _settings_agreement.check()  # collective: the SBPMPI_* settings agree (raises o
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 _world.init()  # the node split is collective: every rank takes part now, not in a later call
 _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  # GPU, pool
+_einops_backend.register()  # einops' own front end on GlobalTensors, where einops is installed
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
     **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
+    "einsum": "sbpmpi.contraction",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",
     "save_state": "sbpmpi.checkpoint",

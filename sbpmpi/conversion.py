@@ -151,9 +151,9 @@ def box(x: GlobalTensor, placement: Placement | None = None,
     """Return ``x`` converted to ``placement`` and ``sbp`` (collective over the world).
 
     Every rank must make the same call. Arguments are checked before any communication,
-    so an invalid conversion raises the same error on every rank. The result may share
-    memory with ``x`` where a shard is unchanged (a view, as NumPy slicing gives).
-    ``agreed``: the caller's consistency check already covered this conversion (checked
+    so an invalid conversion raises the same error on every rank. A new layout gives a
+    tensor in its own memory (writes into it never reach ``x``); ``x`` itself when the
+    layout is unchanged. ``agreed``: the caller's consistency check already covered this conversion (checked
     mode then makes no exchange of its own).
     """
     return _converted(x, _destination(x, placement, sbp), agreed)
@@ -166,6 +166,13 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
     local = redistribute(x._local, src, dst, x._dtype, agreed=agreed)
     if dst is src:  # unchanged: _destination hands back the tensor's own layout
         return x
+    # a step may keep (a view of) this rank's shard: a block of a broadcast, the root's
+    # share of a partial. The result owns its memory, so that writes into it (x[k] = v,
+    # in place) never reach x on the ranks where the step kept it.
+    if getattr(local, "base", None) is not None or local is x._local:
+        xp = backend.get_xp(dst.placement.type) if backend.is_device_array(local) else np
+        if xp.may_share_memory(local, x._local):
+            local = local.copy()
     return GlobalTensor(local, dst, x._dtype)
 
 

@@ -6,7 +6,7 @@ SPMD program either handles it everywhere or aborts everywhere.
 
 from __future__ import annotations
 
-__all__ = ["SbpmpiError", "CollectiveMismatchError", "CheckpointError"]
+__all__ = ["SbpmpiError", "CollectiveMismatchError", "CheckpointError", "CopyWriteError"]
 
 
 class SbpmpiError(RuntimeError):
@@ -23,3 +23,9 @@ class CollectiveMismatchError(SbpmpiError):
 
 class CheckpointError(SbpmpiError, ValueError):
     """A checkpoint file or index is missing parts, truncated, or not what it claims to be."""
+
+
+class CopyWriteError(SbpmpiError, ValueError):
+    """A write into a tensor that is a copy where NumPy would give a view (basic indexing
+    that had to move data): it would not reach the tensor the copy was taken from, so it
+    is refused instead of diverging from NumPy silently. ``.copy()`` gives a writable one."""

@@ -11,26 +11,30 @@
   ufunc methods (``np.add.reduce``) are refused with a TypeError naming them.
 - NumPy functions (NEP 18: ``np.sum(x, axis=0)``, ``np.mean``, ``np.var``, ``np.max``,
   ``np.min``, ``np.transpose``, ``np.reshape``, ``np.concatenate``, ``np.where``,
-  ``np.round``, ...) run as the registry's ops (:data:`ADAPTERS` maps NumPy's arguments);
-  ``np.shape``, ``np.ndim`` and ``np.size`` read metadata; any other raises a TypeError
-  naming it and suggesting ``x.numpy()``.
+  ``np.round``, ...) run as the registry's ops; those no single op answers (``np.unique``,
+  ``np.atleast_2d``, ``np.sort``, ``np.einsum``, ...: the registry's ``COMPOSED`` rows)
+  run as the function above the ops that the registry names for them. :data:`ADAPTERS`
+  maps NumPy's arguments, :data:`FUNCTIONS` is made from the registry; ``np.shape``,
+  ``np.ndim`` and ``np.size`` read metadata; any other raises a TypeError naming it and
+  suggesting ``x.numpy()``.
 - ``np.asarray(x)`` gathers the global value on every rank (collective), honouring
   NumPy 2's ``copy=``: ``copy=False`` raises, since the gathered array is always new.
 """
 
 from __future__ import annotations
 
+import importlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from .ops.registry import REGISTRY
+from .ops.registry import COMPOSED, REGISTRY, ComposedFunction
 from .tensor import GlobalTensor
 
 __all__ = ["UFUNCS", "FUNCTIONS", "METADATA_FUNCTIONS", "ADAPTERS", "to_bool", "to_scalar",
-           "to_index", "array", "array_ufunc", "array_function", "write_into"]
+           "to_index", "array", "array_ufunc", "array_function", "write_into", "iterate"]
 
 
 # -- scalars ---------------------------------------------------------------------------------
@@ -78,6 +82,27 @@ def array(x: GlobalTensor, dtype: Any = None, copy: Any = None) -> np.ndarray:
     return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
 
 
+def iterate(x: GlobalTensor) -> Iterator[GlobalTensor]:
+    """``iter(x)``: ``x[0]``, ``x[1]``, ... as NumPy iterates over dim 0 (``x`` has a dim).
+
+    Where no mesh axis splits dim 0 each item is a view of ``x`` (no communication). Where
+    one does, the rows are gathered once on the first step (one conversion of dim 0's
+    splits to broadcast, instead of one per item) and each item is a write-through copy of
+    ``x[i]``: a write into it reaches ``x`` as a view's would."""
+    from .core.sbp import Split, broadcast
+
+    if not any(isinstance(s, Split) and s.dim == 0 for s in x.sbp):
+        for i in range(x.shape[0]):
+            yield x[i]
+        return
+    rows = x.to_global(sbp=[broadcast if isinstance(s, Split) and s.dim == 0 else s
+                            for s in x.sbp])
+    for i in range(x.shape[0]):
+        item = rows[i]
+        item._mark_write_through(x, i)
+        yield item
+
+
 # -- ufuncs (NEP 13) ----------------------------------------------------------------------------
 
 #: NumPy ufunc -> the sbpmpi op answering it (from the op registry's entries).
@@ -114,6 +139,8 @@ def write_into(name: str, out: GlobalTensor, value: GlobalTensor) -> GlobalTenso
     if out.requires_grad:
         raise RuntimeError(f"{name}(..., out=x): x requires grad; writes into a tensor are "
                            f"not recorded by autograd")
+    if out._copy_of is None:
+        out._check_writable(f"{name}(..., out=x)")
     if not np.can_cast(value.dtype, out.dtype, casting="same_kind"):
         raise TypeError(f"{name}(..., out=...): cannot cast the result of dtype {value.dtype} "
                         f"to out's dtype {out.dtype} with casting rule 'same_kind'")
@@ -132,9 +159,14 @@ def write_into(name: str, out: GlobalTensor, value: GlobalTensor) -> GlobalTenso
         from .array_api import broadcast_to
 
         value = broadcast_to(value, out.shape)
+    if out._copy_of is not None:  # out is the copy x[key]: the values go to x too
+        from .ops.operators import write_through
+
+        write_through(out, f"{name}(..., out=x)", lambda current: value)
+        return out
     if value.layout != out.layout:
         value = value.to_global(placement=out.placement, sbp=out.sbp)
-    out._set_data(value.to_local(), value.layout)
+    out._write_data(value.to_local())  # into out's buffer: its views see the values
     out._set_node(None)
     return out
 
@@ -265,10 +297,274 @@ ADAPTERS: dict[str, Adapter] = {
     "round": _round,
 }
 
-#: NumPy function -> its sbpmpi implementation (from the op registry's entries).
+
+# -- NumPy functions composed of ops (NEP 18) ---------------------------------------------------
+#
+# The registry's COMPOSED rows: ``np.unique``, ``np.atleast_1d``, ``np.sort``, ... answered by
+# a function above the ops (``sbpmpi.array_api``'s, mostly) that calls registered ops. SciPy
+# and scikit-learn call them on arrays their array-API paths do not convert
+# (``scipy.signal.lfilter``'s ``np.atleast_1d``, ``np.unique`` in label handling). Each
+# adapter below maps NumPy's arguments to the target's, as the ops' adapters above do.
+
+def _target(row: ComposedFunction) -> Callable[..., Any]:
+    """The function ``row.target`` (``"module:qualified.name"``), imported on first call:
+    the targets sit beside or above this module (``sbpmpi.array_api`` imports it)."""
+    module, _, qualname = row.target.partition(":")
+    found: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not found:
+            f: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                f = getattr(f, part)
+            found.append(f)
+        return found[0](*args, **kwargs)
+    call.__name__ = call.__qualname__ = qualname
+    return call
+
+
+def _xp() -> Any:
+    from . import array_api
+
+    return array_api
+
+
+def _flat_axis(a: Any, axis: Any) -> tuple[Any, Any]:
+    """(array, axis): NumPy's ``axis=None`` of the order functions flattens first."""
+    if axis is None:
+        return _xp().reshape(a, (-1,)), -1
+    return a, axis
+
+
+def _atleast_shape(shape: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """The shape ``np.atleast_<ndim>d`` gives an array of ``shape`` (NumPy's rule: a 1-D
+    ``(N,)`` becomes ``(1, N)`` and ``(1, N, 1)``, a 2-D ``(M, N)`` becomes ``(M, N, 1)``)."""
+    if len(shape) >= ndim:
+        return shape
+    if len(shape) == 0:
+        return (1,) * ndim
+    if ndim == 2 or len(shape) == 2:
+        return (1,) + shape if ndim == 2 else shape + (1,)
+    return (1,) + shape + (1,)
+
+
+def _atleast(fname: str, f: Any) -> Callable[..., Any]:
+    ndim = int(fname[len("atleast_")])
+
+    def impl(*arys: Any) -> Any:
+        out = [f(a, _atleast_shape(a.shape, ndim)) if isinstance(a, GlobalTensor)
+               and a.ndim < ndim else a if isinstance(a, GlobalTensor)
+               else getattr(np, fname)(a) for a in arys]
+        return out[0] if len(out) == 1 else tuple(out)
+    return impl
+
+
+def _unique(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(ar: Any, return_index: bool = False, return_inverse: bool = False,
+             return_counts: bool = False, axis: Any = None, *, equal_nan: bool = True,
+             sorted: bool = True) -> Any:  # noqa: A002 - NumPy's name
+        if axis is not None:
+            raise TypeError(f"np.unique: axis={axis!r} (unique rows or columns) is not "
+                            f"supported on GlobalTensors (axis=None only); use x.numpy() "
+                            f"for the NumPy version")
+        # sorted=False lets NumPy return the values in any order: sorted is one of them
+        return f(ar, bool(return_index), bool(return_inverse), bool(return_counts),
+                 bool(equal_nan))
+    return impl
+
+
+def _sorting(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *,
+             stable: Any = None) -> Any:
+        _no(fname, order=order)
+        a, axis = _flat_axis(a, axis)
+        return f(a, axis=axis, stable=True if stable is None else bool(stable))
+    return impl
+
+
+def _arg_extreme(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, out: Any = None, *, keepdims: Any = False) -> Any:
+        _no(fname, out=out)
+        return f(a, axis=axis, keepdims=bool(keepdims))
+    return impl
+
+
+def _accumulate(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
+        _no(fname, out=out)
+        a, axis = _flat_axis(a, axis)
+        return f(a, axis=axis, dtype=dtype)
+    return impl
+
+
+def _prod(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
+             keepdims: Any = False, **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        return f(a, axis=axis, dtype=dtype, keepdims=bool(keepdims))
+    return impl
+
+
+def _std(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: Any = 0,
+             keepdims: Any = False, **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        if dtype is not None:
+            a = _xp().astype(a, dtype)
+        return f(a, axis=axis, correction=ddof, keepdims=bool(keepdims))
+    return impl
+
+
+def _logical(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None, out: Any = None, keepdims: Any = False,
+             **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        return f(a, axis=axis, keepdims=bool(keepdims))
+    return impl
+
+
+def _positional(*names: str) -> Adapter:
+    """The adapter of NumPy's ``np.<fname>(a, p1, p2, ...)`` -> ``f(a, ...)``: a name
+    written ``"/p"`` is passed by position (the standard's positional-only parameters), the
+    others by keyword; any other keyword is refused, ``None`` values are left to ``f``'s
+    defaults."""
+    plain = [n.lstrip("/") for n in names]
+
+    def adapter(fname: str, f: Any) -> Callable[..., Any]:
+        def impl(a: Any, *args: Any, **kw: Any) -> Any:
+            if len(args) > len(names):
+                raise TypeError(f"np.{fname}: at most {len(names) + 1} positional arguments "
+                                f"on GlobalTensors, got {len(args) + 1}")
+            given = dict(zip(plain, args))
+            for k, v in kw.items():
+                if k not in plain:
+                    _no(fname, **{k: v})
+                    continue
+                given[k] = v
+            pos = [given.pop(n.lstrip("/")) for n in names if n.startswith("/")
+                   and n.lstrip("/") in given]
+            return f(a, *pos, **{k: v for k, v in given.items() if v is not None})
+        return impl
+    return adapter
+
+
+def _squeeze(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any = None) -> Any:
+        if axis is None:
+            axis = tuple(d for d, n in enumerate(a.shape) if n == 1)
+        return f(a, axis=axis)
+    return impl
+
+
+def _expand_dims(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, axis: Any) -> Any:
+        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        n = a.ndim + len(axes)
+        for ax in sorted(int(x) % n if -n <= x < n else x for x in axes):
+            a = f(a, axis=ax)
+        return a
+    return impl
+
+
+def _stack(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(arrays: Any, axis: Any = 0, out: Any = None, **kw: Any) -> Any:
+        _no(fname, out=out, **kw)
+        return f(list(arrays), axis=axis)
+    return impl
+
+
+def _moveaxis(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, source: Any, destination: Any) -> Any:
+        return f(a, source, destination)
+    return impl
+
+
+def _take(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, indices: Any, axis: Any = None, out: Any = None,
+             mode: Any = "raise") -> Any:
+        _no(fname, out=out)
+        if mode != "raise":
+            raise TypeError(f"np.take: mode={mode!r} is not supported on GlobalTensors "
+                            f"('raise' only)")
+        if not isinstance(indices, GlobalTensor):
+            indices = _xp().asarray(np.asarray(indices), device=a.placement)
+        if axis is None:
+            a, axis = _xp().reshape(a, (-1,)), 0
+        return f(a, indices, axis=axis)
+    return impl
+
+
+def _shape_argument(fname: str, f: Any) -> Callable[..., Any]:
+    """``np.tile(a, reps)``, ``np.broadcast_to(a, shape)``: an int or a sequence of ints."""
+    def impl(a: Any, shape: Any, subok: Any = False) -> Any:
+        _no(fname, subok=subok)
+        return f(a, tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),))
+    return impl
+
+
+def _like(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, *args: Any, dtype: Any = None, order: Any = "K", subok: Any = True,
+             shape: Any = None, **kw: Any) -> Any:
+        _no(fname, shape=shape, **kw)
+        if fname == "full_like":
+            fill, rest = args[0], args[1:]
+            return f(a, fill, dtype=rest[0] if rest else dtype)
+        return f(a, dtype=args[0] if args else dtype)
+    return impl
+
+
+def _clip(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, *,
+             min: Any = None, max: Any = None, **kw: Any) -> Any:  # noqa: A002 - NumPy's
+        _no(fname, out=out, **kw)
+        return f(a, a_min if a_min is not None else min, a_max if a_max is not None else max)
+    return impl
+
+
+def _copy(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any, order: Any = "K", subok: Any = False) -> Any:
+        return f(a)
+    return impl
+
+
+def _einsum(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(subscripts: Any, *operands: Any, out: Any = None, optimize: Any = False,
+             **kw: Any) -> Any:
+        _no(fname, out=out, **kw)  # optimize: the contraction order is ours (left to right)
+        return f(subscripts, *operands)
+    return impl
+
+
+def _nonzero(fname: str, f: Any) -> Callable[..., Any]:
+    def impl(a: Any) -> Any:
+        return f(a)
+    return impl
+
+
+ADAPTERS.update({
+    "unique": _unique, "atleast_1d": _atleast, "atleast_2d": _atleast, "atleast_3d": _atleast,
+    "expand_dims": _expand_dims, "squeeze": _squeeze, "stack": _stack, "moveaxis": _moveaxis,
+    "flip": _positional("axis"), "roll": _positional("/shift", "axis"),
+    "tile": _shape_argument, "repeat": _positional("/repeats", "axis"),
+    "broadcast_to": _shape_argument, "sort": _sorting, "argsort": _sorting,
+    "argmax": _arg_extreme, "argmin": _arg_extreme, "cumsum": _accumulate,
+    "cumprod": _accumulate, "prod": _prod, "std": _std, "all": _logical, "any": _logical,
+    "count_nonzero": _positional("axis", "keepdims"),
+    "diff": _positional("n", "axis", "prepend", "append"), "take": _take,
+    "take_along_axis": _positional("/indices", "axis"),
+    "searchsorted": _positional("/v", "side", "sorter"), "nonzero": _nonzero,
+    "tensordot": _positional("/b", "axes"), "zeros_like": _like, "ones_like": _like,
+    "empty_like": _like, "full_like": _like, "copy": _copy, "clip": _clip, "einsum": _einsum,
+})
+
+#: NumPy function -> its sbpmpi implementation, made from the op registry: the ops'
+#: NumPy functions (``entry.functions``) and the functions composed of ops
+#: (``registry.COMPOSED``), each through its adapter.
 FUNCTIONS: dict[Any, Callable[..., Any]] = {
-    getattr(np, name): ADAPTERS.get(name, _elementwise)(name, entry.op)
-    for entry in REGISTRY.values() for name in entry.functions}
+    **{getattr(np, name): ADAPTERS.get(name, _elementwise)(name, entry.op)
+       for entry in REGISTRY.values() for name in entry.functions},
+    **{getattr(np, name): ADAPTERS[name](name, _target(row)) for name, row in COMPOSED.items()},
+}
 
 #: NumPy functions that read metadata only: no op computes them.
 METADATA_FUNCTIONS: dict[Any, Callable[..., Any]] = {

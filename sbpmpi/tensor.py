@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import sys
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -11,9 +12,10 @@ from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
+from .errors import CopyWriteError
 from .runtime.consistency import check_collective
 
-__all__ = ["GlobalTensor", "bind_layers_above", "bind_array_api"]
+__all__ = ["GlobalTensor", "CopySource", "bind_layers_above", "bind_array_api"]
 
 # The modules GlobalTensor's methods delegate to: the layers above (the ops for
 # operators and methods, autograd for backward, the NumPy protocols), and beside this
@@ -52,6 +54,13 @@ def _xp() -> Any:
     return _array_api_loader()
 
 
+class CopySource(NamedTuple):
+    """Where a write-through copy came from: it is ``base[key]`` (basic indexing)."""
+
+    base: GlobalTensor
+    key: Any
+
+
 class GlobalTensor:
     """A tensor whose value is spread over the ranks of a placement as described by its SBP.
 
@@ -60,7 +69,7 @@ class GlobalTensor:
     """
 
     __slots__ = ("_local", "_layout", "_dtype", "_requires_grad", "_grad", "_node",
-                 "__weakref__")
+                 "_base", "_copy_note", "_copy_of", "__weakref__")
     __array_priority__ = 1000  # NumPy defers binary operators to us
 
     def __init__(self, local: Any, layout: Layout, dtype: np.dtype) -> None:
@@ -70,6 +79,10 @@ class GlobalTensor:
         self._requires_grad = False  # autograd state: see the block "autograd" below
         self._grad: GlobalTensor | None = None
         self._node: Any = None
+        # views and copies (see the block "views and copies" below)
+        self._base: GlobalTensor | None = None
+        self._copy_note: str | None = None
+        self._copy_of: CopySource | None = None
 
     # -- the writers of the shard, the gradient and the tape node ---------------------
     # The only code that assigns ``_local``, ``_layout``, ``_grad`` and ``_node`` after
@@ -82,6 +95,79 @@ class GlobalTensor:
         self._local = local
         if layout is not None:
             self._layout = layout
+
+    def _write_data(self, local: Any) -> None:
+        """Write ``local`` (this rank's new shard: the same layout, dtype and shape) into
+        this tensor in place: ``x[k] = v``, ``x += y``, ``np.add(a, b, out=x)``. The values
+        go into the existing buffer, so every view that shares it (``x[k]`` of basic
+        indexing, or the tensor this one views) sees the write, as in NumPy. A buffer that
+        nothing else references (and a read-only one) is replaced instead: no one can
+        tell, and it saves a copy."""
+        dst = self._local
+        if dst is local:
+            return
+        # getrefcount counts the slot, ``dst`` and its own argument: 3 means that no view,
+        # detached twin or caller holds the buffer (NumPy's resize(refcheck=True) asks the
+        # same question the same way). A view writes in place whatever the count.
+        flags = getattr(dst, "flags", None)
+        if (self._base is None and sys.getrefcount(dst) <= 3) or (
+                flags is not None and not flags.writeable):
+            self._local = local
+        else:
+            dst[...] = local
+
+    def _mark_view(self, base: GlobalTensor) -> None:
+        """Record that this tensor's shard views the shard of ``base`` (basic indexing that
+        moved nothing): writes into either reach the other. A view of a copy is refused
+        writes as the copy is."""
+        self._base = base._base if base._base is not None else base
+        self._copy_note = base._copy_note
+        if base._copy_of is not None:  # writes into it would miss the copy's source
+            self._copy_note = (f"a view of the copy x[{base._copy_of.key!r}], whose writes "
+                               f"are forwarded to x only when made into it directly")
+
+    def _mark_copy(self, note: str) -> None:
+        """Record that this tensor is a copy where NumPy would give a view (``note``: what
+        made it, for the message): :meth:`_check_writable` refuses writes into it."""
+        self._base = None
+        self._copy_note = note
+        self._copy_of = None
+
+    def _mark_write_through(self, base: GlobalTensor, key: Any) -> None:
+        """Record that this tensor is the copy ``base[key]`` whose writes the indexing
+        door forwards to ``base`` (``x[key]`` that had to move data): a write into it is
+        made on the current value of ``base[key]`` and written back there, so ``base``
+        sees it as it would through NumPy's view."""
+        self._base = None
+        self._copy_note = None
+        self._copy_of = CopySource(base, key)
+
+    def _check_writable(self, what: str) -> None:
+        """Raise unless a write into this tensor keeps NumPy's meaning (before any
+        communication: the facts are metadata, the same on every rank).
+
+        Raises
+        ------
+        CopyWriteError
+            When this tensor is a copy where NumPy would give a view (the write would not
+            reach the tensor it was taken from).
+        RuntimeError
+            When this tensor views a tensor that requires grad (as torch: the write would
+            not be recorded by autograd).
+        """
+        if self._copy_note is not None:
+            raise CopyWriteError(
+                f"{what}: this tensor is a copy ({self._copy_note}), where NumPy would give "
+                f"a view: the write would not reach the tensor it was taken from. Write into "
+                f"that tensor itself (x[key] = value, or x[key] += value), or make the copy "
+                f"explicit and writable with .copy() (y = x[key].copy())")
+        base = self._base
+        if base is not None and base._requires_grad:
+            raise RuntimeError(
+                f"{what}: this tensor is a view of a tensor that requires grad; writes into "
+                f"it are not recorded by autograd (as torch: a view of a leaf that requires "
+                f"grad cannot be written in place). Compute a new tensor instead (where, "
+                f"or arithmetic)")
 
     def _set_grad(self, grad: GlobalTensor | None) -> None:
         """Store ``grad`` as ``.grad`` without the user-facing checks of the ``grad``
@@ -144,6 +230,41 @@ class GlobalTensor:
         if not self.shape:
             raise TypeError("len() of a 0-d global tensor")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator[GlobalTensor]:
+        """The sub-tensors along dim 0, as NumPy iterates (``x[0]``, ``x[1]``, ...): views
+        where dim 0 is not split; where it is, its rows are gathered once (collective, on
+        the first step) and each item is a write-through copy of ``x[i]`` (its writes are
+        written back into ``x``, as a view's would be)."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d global tensor")
+        return _protocols.iterate(self)  # type: ignore[no-any-return]
+
+    # -- views and copies ---------------------------------------------------------------
+    # Basic indexing that moves no data (``x[k]`` with ints, slices, None and ``...`` on
+    # dims the layout keeps whole) returns a view: its shard is a view of this one's, so a
+    # write into either reaches the other, as in NumPy. Where the key crosses a split the
+    # result is a copy. ``x[key]`` makes it a write-through copy (a write into it is made
+    # on the current ``x[key]`` and written back into ``x``: :meth:`_mark_write_through`);
+    # any other copy where NumPy gives a view (a view of a write-through copy,
+    # ``sm.ops.getitem`` called directly) refuses writes (:meth:`_check_writable`), so no
+    # write is silently lost.
+    @property
+    def base(self) -> GlobalTensor | None:
+        """The tensor this one is a view of (NumPy's ``ndarray.base``); None otherwise."""
+        return self._base
+
+    @property
+    def is_view_copy(self) -> bool:
+        """True when this tensor is a copy where NumPy would give a view: writes into it
+        are refused, or (``x[key]`` that moved data) forwarded to the tensor it was taken
+        from. :meth:`copy` gives an independent, writable one."""
+        return self._copy_note is not None or self._copy_of is not None
+
+    def copy(self) -> GlobalTensor:
+        """A new tensor with this one's value and layout, in its own memory (writable;
+        recorded by autograd like any op). NumPy's ``ndarray.copy``."""
+        return self._op("astype", self, self._dtype)  # type: ignore[no-any-return]
 
     # -- data -------------------------------------------------------------------
     def to_local(self) -> Any:
@@ -257,7 +378,12 @@ class GlobalTensor:
 
     def detach(self) -> GlobalTensor:
         """Same data and layout (shared, no copy), cut from the tape."""
-        return GlobalTensor(self._local, self._layout, self._dtype)
+        out = GlobalTensor(self._local, self._layout, self._dtype)
+        # a copy's twin is refused writes as it is (a write-through one's writes would
+        # reach the copy and miss its source)
+        out._copy_note = self._copy_note if self._copy_of is None else (
+            f"detached from the copy x[{self._copy_of.key!r}]")
+        return out
 
     def backward(self, gradient: GlobalTensor | None = None) -> None:
         """Accumulate gradients into the ``.grad`` of the leaves (collective)."""
@@ -377,6 +503,16 @@ class GlobalTensor:
     def __dlpack_device__(self) -> tuple[Any, int]:
         """The DLPack device of this rank's shard: ``(1, 0)`` on CPU."""
         return _xp().array_dlpack_device(self)  # type: ignore[no-any-return]
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Any:
+        """Index of the largest element (along ``axis``): NumPy's method, the array API's
+        ``argmax``."""
+        return _xp().argmax(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Any:
+        """Index of the smallest element (along ``axis``): NumPy's method, the array API's
+        ``argmin``."""
+        return _xp().argmin(self, axis=axis, keepdims=keepdims)
 
     @property
     def mT(self) -> Any:

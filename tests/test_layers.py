@@ -46,7 +46,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("autograd", ("sbpmpi.autograd",)),
     ("api", ("sbpmpi", "sbpmpi.protocols", "sbpmpi.explain", "sbpmpi.visualize",
              "sbpmpi.testing", "sbpmpi.checkpoint", "sbpmpi.nn", "sbpmpi.optim",
-             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api")),
+             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api", "sbpmpi.contraction",
+             "sbpmpi.einops_backend")),
     ("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort")),
 )
 
@@ -398,7 +399,8 @@ def test_the_package_walk_sees_an_arrow_up() -> None:
 
 #: The fields of GlobalTensor that only tensor.py assigns (others call its mutators:
 #: ``_set_data``, ``_set_grad``, ``_set_node``).
-TENSOR_FIELDS = frozenset({"_local", "_layout", "_dtype", "_grad", "_node", "_requires_grad"})
+TENSOR_FIELDS = frozenset({"_local", "_layout", "_dtype", "_grad", "_node", "_requires_grad",
+                           "_base", "_copy_note", "_copy_of"})
 
 
 def field_writes(path: pathlib.Path, source: str) -> list[str]:

@@ -94,10 +94,21 @@ def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor: 
     return REGISTRY["clip"].op(x, min, max)  # type: ignore[no-any-return]
 
 
-def where(condition: GlobalTensor, x1: Any, x2: Any, /) -> GlobalTensor:
+def where(condition: GlobalTensor, /, *x1_x2: Any) -> Any:
     """Elements of ``x1`` where ``condition`` is true, else of ``x2`` (global arrays or
-    Python scalars), with broadcasting (:func:`sbpmpi.ops.where`)."""
+    Python scalars), with broadcasting (:func:`sbpmpi.ops.where`).
+
+    ``where(condition)`` alone is NumPy's form, the indices of the true elements
+    (``nonzero``), which scikit-learn's ``roc_curve`` calls on any namespace."""
     tensor_arg("where", condition, "condition")
+    if len(x1_x2) != 2:
+        if x1_x2:
+            raise TypeError(f"where: takes condition, x1 and x2 (or condition alone, NumPy's "
+                            f"nonzero), got {1 + len(x1_x2)} arguments")
+        from ._searching import nonzero
+
+        return nonzero(condition)
+    x1, x2 = x1_x2
     if condition.dtype != bool_:
         raise TypeError(f"where: condition must be a bool array, got dtype {condition.dtype}")
     for a in (x1, x2):

@@ -258,10 +258,21 @@ def take_along_axis(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int = -1
                      carried)
 
 
-def diff(x: GlobalTensor, /, *, axis: int = -1, n: int = 1, prepend: GlobalTensor | None = None,
-         append: GlobalTensor | None = None) -> GlobalTensor:
-    """The ``n``-th differences along ``axis`` (after joining ``prepend`` and ``append``)."""
+def diff(x: GlobalTensor, /, *numpy_order: int, axis: int = -1, n: int = 1,
+         prepend: GlobalTensor | None = None, append: GlobalTensor | None = None
+         ) -> GlobalTensor:
+    """The ``n``-th differences along ``axis`` (after joining ``prepend`` and ``append``).
+
+    ``n`` and ``axis`` are keywords in the standard; ``diff(x, n)`` and ``diff(x, n, axis)``
+    (NumPy's order, which scikit-learn's ``roc_curve`` calls) are accepted too."""
     array_arg("diff", x)
+    if len(numpy_order) > 2:
+        raise TypeError(f"diff: at most 2 positional arguments after x (n, axis), got "
+                        f"{len(numpy_order)}")
+    if numpy_order:
+        n = numpy_order[0]
+        if len(numpy_order) == 2:
+            axis = numpy_order[1]
     if x.ndim == 0:
         raise ValueError("diff: x must have at least one dim")
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:

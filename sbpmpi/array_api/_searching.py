@@ -24,7 +24,7 @@ from ._device import from_value
 from ._local import array_arg, axis_op, norm_axes, run_local
 from ._sort import merge_split_sort, taking_dim
 
-__all__ = ["argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
+__all__ = ["numpy_unique", "argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
 
 
@@ -149,12 +149,14 @@ class UniqueInverse(NamedTuple):
     inverse_indices: GlobalTensor
 
 
-def _unique(x: GlobalTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """NumPy's unique of the gathered value; every NaN is its own value (the standard)."""
+def _unique(x: GlobalTensor, equal_nan: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """NumPy's unique of the gathered value; every NaN is its own value (the standard), or
+    one value with ``equal_nan`` (NumPy's ``np.unique`` default)."""
     a = x.numpy()
     flat = a.reshape(-1)
     values, index, inverse, counts = np.unique(flat, return_index=True, return_inverse=True,
-                                               return_counts=True, equal_nan=False)
+                                               return_counts=True, equal_nan=equal_nan)
     return values, index.astype(np.int64), inverse.reshape(a.shape).astype(np.int64), \
         counts.astype(np.int64)
 
@@ -184,3 +186,16 @@ def unique_all(x: GlobalTensor, /) -> UniqueAll:
     array_arg("unique_all", x)
     v, i, inv, c = _unique(x)
     return UniqueAll(*(from_value(a, x.placement) for a in (v, i, inv, c)))
+
+
+def numpy_unique(x: GlobalTensor, return_index: bool, return_inverse: bool,
+                 return_counts: bool, equal_nan: bool) -> Any:
+    """``np.unique(x, ...)`` (NEP 18; ``axis=None``): the sorted distinct values of the
+    flattened ``x`` and, as asked, the first index of each, the inverse (of ``x``'s shape)
+    and the counts, as global arrays (gathered on every rank, like ``unique_all``)."""
+    array_arg("unique", x)
+    v, i, inv, c = _unique(x, equal_nan=equal_nan)
+    parts = [v] + [a for a, want in ((i, return_index), (inv, return_inverse),
+                                     (c, return_counts)) if want]
+    out = tuple(from_value(a, x.placement) for a in parts)
+    return out if len(out) > 1 else out[0]

@@ -44,6 +44,12 @@ class OpCall:
         Readable non-tensor arguments (for ``sm.explain``).
     labels : tuple of str
         Operand names (for ``sm.explain``).
+    view : bool
+        Whether the result is a view of operand 0, as NumPy's basic indexing gives one:
+        where that operand is used in its own layout, the kernel's result (a view of its
+        shard, strides and all) is kept as it is, and the result is marked a view of it;
+        where the operand had to move, the result is marked a copy (writes into it are
+        refused). Any other op's result owns its memory.
     """
 
     name: str
@@ -55,6 +61,7 @@ class OpCall:
     kernel: Kernel
     params: str = ""
     labels: tuple[str, ...] = field(default=())
+    view: bool = False
 
     @property
     def tensors(self) -> tuple[GlobalTensor, ...]:

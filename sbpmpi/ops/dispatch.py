@@ -119,6 +119,7 @@ class Fast:
     dtype: np.dtype
     shape: tuple[int, ...]
     step: StepCheck  # what consistency.note_step folds for this call (a function of the key)
+    view: bool = False  # a view op (getitem): the result views operand 0 (nothing moved)
 
     def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.identity:
@@ -135,8 +136,12 @@ class Fast:
             out = GlobalTensor(np.empty(self.shape, dtype=self.dtype), self.output, self.dtype)
         else:
             local = [o._local if type(o) is GlobalTensor else o for o in ops]
+            shards = [o._local for o in ops if type(o) is GlobalTensor]
             out = GlobalTensor(local_result(self.name, self.kernel, xp, local, self.shape,
-                                            self.dtype, self.output), self.output, self.dtype)
+                                            self.dtype, self.output, shards, self.view),
+                               self.output, self.dtype)
+        if self.view:  # remembered calls moved nothing: a view op's result is a view
+            out._mark_view(ops[0])
         for o in ops:  # the autograd hook acts only when an operand requires grad
             if type(o) is GlobalTensor and o._requires_grad:
                 return record_op(self.name, ops, args, kwargs, out)
@@ -154,7 +159,8 @@ def lookup(k: tuple[Any, ...]) -> Fast | None:
 
 def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
              operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, output: Layout,
-             dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str) -> None:
+             dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str,
+             view: bool = False) -> None:
     """Store the entry of a call that ran on local shards only (see the module doc)."""
     sources: list[Source] = []
     for o in operands:
@@ -178,7 +184,7 @@ def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
     if len(_FAST) >= SIZE:
         _FAST.clear()
     _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),
-                    tuple(shape), step)
+                    tuple(shape), step, view)
 
 
 def clear() -> None:

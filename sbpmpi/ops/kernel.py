@@ -25,8 +25,17 @@ Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
 
 
 def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
-                 shape: tuple[int, ...], dtype: np.dtype, layout: Layout) -> Any:
-    """``kernel(xp, args, shape)`` as a C-contiguous ``xp`` array of ``dtype`` and ``shape``.
+                 shape: tuple[int, ...], dtype: np.dtype, layout: Layout,
+                 shards: Sequence[Any] = (), view: bool = False) -> Any:
+    """``kernel(xp, args, shape)`` as an ``xp`` array of ``dtype`` and ``shape``: a
+    C-contiguous array in its own memory, or with ``view`` the kernel's view of an operand's
+    shard as it is (basic indexing: its strides kept, so writes reach the operand).
+
+    ``shards``: the operands' own shards (before any conversion). A result that shares
+    memory with one of them is copied, unless it is the ``view``: a kernel that returns a
+    view (``reshape``, a transpose that is contiguous on this rank only) would otherwise
+    tie the result to its operand on some ranks and not on others, and a later write
+    into either would reach the other on those ranks only.
 
     Raises
     ------
@@ -37,8 +46,12 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
     res = xp.asarray(kernel(xp, args, shape))
     if res.dtype != dtype:
         res = res.astype(dtype)
-    if not res.flags.c_contiguous:
+    if view:
+        pass
+    elif not res.flags.c_contiguous:
         res = res.copy()
+    elif res.base is not None and any(xp.may_share_memory(res, a) for a in shards):
+        res = res.copy()  # a fresh array has no base: only views need the bounds check
     if res.shape != shape and tuple(res.shape) != shape:
         raise RuntimeError(f"{name}: internal error: local result has shape "
                            f"{tuple(res.shape)}, layout {layout} expects {shape} on rank "

@@ -74,7 +74,7 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
         me = get_rank()
         xp = backend.get_xp(out.placement.type) if me in out.placement else None
         dispatch.remember(site.key, site.args, site.kwargs, call.operands, call.kernel, xp,
-                          out, call.out_dtype, out.local_shape(me), step, call.name)
+                          out, call.out_dtype, out.local_shape(me), step, call.name, call.view)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
         best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:
@@ -92,11 +92,31 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
     out = best.output
     me = get_rank()
     shape = out.local_shape(me)
+    # a view op whose operand moved gives a copy: known from the layouts, so the same on
+    # every rank (whether a rank's buffers happen to overlap is not)
+    view = call.view and call.operands[0].layout == best.inputs[0]
     if me not in out.placement:
-        return GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
-    xp = backend.get_xp(out.placement.type)
-    res = local_result(call.name, call.kernel, xp, args, shape, call.out_dtype, out)
-    return GlobalTensor(res, out, call.out_dtype)
+        result = GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
+    else:
+        xp = backend.get_xp(out.placement.type)
+        shards = [o.to_local() for o in call.operands if isinstance(o, GlobalTensor)]
+        res = local_result(call.name, call.kernel, xp, args, shape, call.out_dtype, out,
+                           shards, view)
+        result = GlobalTensor(res, out, call.out_dtype)
+    if view:
+        result._mark_view(call.operands[0])
+    elif call.view:
+        result._mark_copy(copy_note(call, best.inputs[0]))
+    return result
+
+
+def copy_note(call: OpCall, moved_to: Any) -> str:
+    """What made the result of view op ``call`` a copy: its operand moved to ``moved_to``."""
+    x = call.operands[0]
+    sbp = ", ".join(repr(s) for s in x.sbp)
+    to = ", ".join(repr(s) for s in moved_to.sbp) if moved_to is not None else "?"
+    return (f"{call.name}({call.params}) of a tensor of shape {x.shape} laid out as ({sbp}) "
+            f"had to move it to ({to}) first: the selection crosses its layout")
 
 
 class GlobalOp:

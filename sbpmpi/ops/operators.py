@@ -7,10 +7,11 @@ module makes one method per name by its form (:data:`.registry.OPERATOR_METHODS`
 - forward ``x + y`` and reflected ``2 + x``: the op itself, ``op(x, y)`` / ``op(y, x)``;
 - in place ``x += y``: ``x`` takes the value of ``x + y`` (the array API standard's rule:
   its dtype and shape must be those of ``x``, refused when ``x`` or ``y`` requires grad)
-  and keeps its layout; the same object is returned;
+  and keeps its layout and buffer (views of ``x`` see the new values); the same object
+  is returned;
 - unary ``-x``, ``+x``, ``~x``, ``abs(x)``;
 - ``x[key]`` (basic keys: ``getitem``; a key holding global arrays: ``getitem_arrays``)
-  and ``x[key] = value`` (``setitem``: ``x`` keeps its layout and gets a new shard).
+  and ``x[key] = value`` (``setitem``: written into the buffer of ``x``, in its layout).
 
 So ``x + y``, ``np.add(x, y)``, ``xp.add(x, y)`` and ``sm.add(x, y)`` run the same op.
 """
@@ -21,11 +22,15 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from ..core.sbp import broadcast
+from ..creation import tensor
 from ..tensor import GlobalTensor
 from .op import GlobalOp, run_call
 from .registry import OPERATOR_METHODS, REGISTRY, OperatorMethod
 
-__all__ = ["METHODS", "install", "inplace_result"]
+__all__ = ["METHODS", "install", "inplace_result", "write_through"]
 
 
 def inplace_result(symbol: str, op: GlobalOp, x: GlobalTensor, y: Any) -> GlobalTensor:
@@ -54,18 +59,43 @@ def inplace_result(symbol: str, op: GlobalOp, x: GlobalTensor, y: Any) -> Global
     return out
 
 
-def _integer_scalars(key: Any) -> Any:
+def _normalised_key(key: Any, x: GlobalTensor) -> Any:
     """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
-    API allows) read as a Python int (collective, like the getitem that follows)."""
+    API allows) read as a Python int (collective, like the getitem that follows), and each
+    NumPy integer or boolean array made a global array on the placement of ``x``
+    (broadcast: a key every rank passes alike, as scikit-learn's ``dist[np.arange(n),
+    idx]``)."""
     def one(k: Any) -> Any:
         if isinstance(k, GlobalTensor) and k.ndim == 0 and k.dtype.kind in "iu":
             return operator.index(k)
+        if isinstance(k, np.ndarray) and k.dtype.kind in "iub":
+            if k.ndim == 0:
+                return bool(k) if k.dtype.kind == "b" else int(k)
+            return tensor(k, placement=x.placement, sbp=(broadcast,) * x.placement.ndim)
         if isinstance(k, slice) and any(isinstance(b, GlobalTensor)
                                         for b in (k.start, k.stop, k.step)):
             return slice(one(k.start), one(k.stop), one(k.step))
         return k
 
     return tuple(map(one, key)) if isinstance(key, tuple) else one(key)
+
+
+def write_through(t: GlobalTensor, what: str,
+                  write: Callable[[GlobalTensor], GlobalTensor]) -> None:
+    """Make the write ``write`` into the write-through copy ``t = base[key]`` as NumPy's
+    view would: on the current value of ``base[key]`` (``write`` returns the new value,
+    computed from that, without writing), written back with ``base[key] = new`` (the base's
+    own door: its views, its own source, its checks), then into ``t`` (collective)."""
+    src = t._copy_of
+    assert src is not None
+    t._check_writable(what)
+    current = REGISTRY["getitem"].op(src.base, src.key)  # a copy: the same data moves
+    new = write(current)
+    src.base[src.key] = new
+    if new.layout != t.layout:
+        new = new.to_global(placement=t.placement, sbp=t.sbp)
+    t._write_data(new.to_local())
+    t._set_node(None)
 
 
 def _method(name: str, how: OperatorMethod, op: GlobalOp) -> Callable[..., Any]:
@@ -83,8 +113,13 @@ def _method(name: str, how: OperatorMethod, op: GlobalOp) -> Callable[..., Any]:
         symbol = how.symbol
 
         def inplace(self: GlobalTensor, other: Any) -> GlobalTensor:
+            if self._copy_of is not None:  # x[key] += y of a copy: forwarded to x
+                write_through(self, f"x {symbol}= y",
+                              lambda cur: inplace_result(symbol, op, cur, other))
+                return self
+            self._check_writable(f"x {symbol}= y")
             out = inplace_result(symbol, op, self, other)
-            self._set_data(out.to_local(), out.layout)
+            self._write_data(out.to_local())  # into x's buffer: views of x see it
             self._set_node(None)
             return self
         method = inplace
@@ -96,20 +131,34 @@ def _method(name: str, how: OperatorMethod, op: GlobalOp) -> Callable[..., Any]:
         arrays = REGISTRY["getitem_arrays"].op
 
         def getitem(self: GlobalTensor, key: Any) -> Any:
-            key = _integer_scalars(key)
+            key = _normalised_key(key, self)
             if any(isinstance(k, GlobalTensor)
                    for k in (key if isinstance(key, tuple) else (key,))):
-                return arrays(self, key)  # a mask or integer arrays
-            return op(self, key)
+                return arrays(self, key)  # a mask or integer arrays (a copy, as NumPy's)
+            out = op(self, key)
+            if out._copy_note is not None and out._base is None:
+                # basic indexing that moved data: a copy whose writes reach x as NumPy's
+                # view's would (a view of a refused copy stays refused)
+                out._mark_write_through(self, key)
+            return out
         method = getitem
     else:
         def setitem(self: GlobalTensor, key: Any, value: Any) -> None:
             """``x[key] = value`` (collective): ints, slices, None, ``...`` or one boolean
             array; ``value`` a scalar or an array broadcast to the selection. ``x`` keeps its
-            layout (a partial ``x`` is reduced first) and gets a new shard buffer; it must
-            not require grad (see :func:`sbpmpi.ops.setitem`)."""
-            out = op(self, _integer_scalars(key), value)
-            self._set_data(out.to_local(), out.layout)
+            layout and its buffer: the values are written into it, so views of ``x`` (and
+            the tensor ``x`` views) see them, as in NumPy. It must not require grad (see
+            :func:`sbpmpi.ops.setitem`), nor view a tensor that does, nor be a copy where
+            NumPy would give a view (``CopyWriteError``)."""
+            key = _normalised_key(key, self)
+            if self._copy_of is not None:  # a write into the copy x[k]: forwarded to x
+                write_through(self, "x[key] = value", lambda cur: op(cur, key, value))
+                return
+            self._check_writable("x[key] = value")
+            out = op(self, key, value)
+            if out.layout != self.layout:  # a partial x was reduced: back to its layout
+                out = out.to_global(placement=self.placement, sbp=self.sbp)
+            self._write_data(out.to_local())
         method = setitem
     method.__name__ = method.__qualname__ = name
     if method.__doc__ is None:

@@ -36,8 +36,9 @@ from .setitem import setitem
 from .signature import Signature
 
 __all__ = ["Kind", "KINDS", "OpEntry", "REGISTRY", "OPS", "PUBLIC", "OperatorMethod",
-           "OPERATOR_METHODS", "attach_backward", "backward_rule", "entry_for_ufunc",
-           "entry_for_function", "entry_for_array_api", "entry_for_dunder"]
+           "OPERATOR_METHODS", "ComposedFunction", "COMPOSED", "attach_backward",
+           "backward_rule", "entry_for_ufunc", "entry_for_function", "entry_for_array_api",
+           "entry_for_dunder", "composed_for_function"]
 
 Kind = Literal["pointwise", "reduction", "linalg", "shape", "index", "normalization",
                "embedding", "loss", "gradient", "step"]
@@ -281,6 +282,72 @@ def entry_for_array_api(name: str) -> OpEntry | None:
 def entry_for_dunder(name: str) -> OpEntry | None:
     """The entry implementing ``GlobalTensor.<name>``, if any."""
     return _DUNDER.get(name)
+
+
+# ---- NumPy functions composed of ops -----------------------------------------------------------
+#
+# NumPy functions (NEP 18) that no single op answers but a function of the layers above
+# does, by calling registered ops (``np.unique``, ``np.atleast_2d``, ``np.sort``): SciPy
+# and scikit-learn call them on arrays their array-API paths do not convert. The registry
+# names the function that answers each (a dotted name: ops sit below the array API and do
+# not import it); ``protocols.ADAPTERS`` maps NumPy's arguments to it, as for the ops.
+
+class ComposedFunction(NamedTuple):
+    """``np.<numpy>`` of a GlobalTensor runs ``<target>``, a function above the ops that
+    composes registered ops (``"module:qualified.name"``, resolved on first call)."""
+
+    numpy: str
+    target: str
+
+
+def _composed(rows: Iterable[tuple[str, str]]) -> dict[str, ComposedFunction]:
+    """The rows this NumPy has, by NumPy name; a name an op answers, a NumPy ufunc or a
+    row given twice is an error."""
+    out: dict[str, ComposedFunction] = {}
+    for numpy_name, target in rows:
+        if not hasattr(np, numpy_name):
+            continue  # a name of another NumPy version
+        if numpy_name in _FUNCTION:
+            raise ValueError(f"op registry: np.{numpy_name} is claimed by the op "
+                             f"{_FUNCTION[numpy_name].name!r} and by a composed function")
+        if numpy_name in out:
+            raise ValueError(f"op registry: composed np.{numpy_name} is listed twice")
+        if isinstance(getattr(np, numpy_name), np.ufunc):
+            raise ValueError(f"op registry: np.{numpy_name} is a ufunc: an op answers it")
+        if ":" not in target:
+            raise ValueError(f"op registry: composed np.{numpy_name}: target {target!r} is not "
+                             f"'module:name'")
+        out[numpy_name] = ComposedFunction(numpy_name, target)
+    return out
+
+
+_XP = "sbpmpi.array_api"
+#: NumPy function name -> the function above the ops that answers it (NEP 18).
+COMPOSED: Mapping[str, ComposedFunction] = _composed([
+    ("unique", "sbpmpi.array_api._searching:numpy_unique"),
+    ("atleast_1d", f"{_XP}:reshape"), ("atleast_2d", f"{_XP}:reshape"),
+    ("atleast_3d", f"{_XP}:reshape"), ("expand_dims", f"{_XP}:expand_dims"),
+    ("squeeze", f"{_XP}:squeeze"), ("stack", f"{_XP}:stack"),
+    ("moveaxis", f"{_XP}:moveaxis"), ("flip", f"{_XP}:flip"), ("roll", f"{_XP}:roll"),
+    ("tile", f"{_XP}:tile"), ("repeat", f"{_XP}:repeat"),
+    ("broadcast_to", f"{_XP}:broadcast_to"), ("sort", f"{_XP}:sort"),
+    ("argsort", f"{_XP}:argsort"), ("argmax", f"{_XP}:argmax"), ("argmin", f"{_XP}:argmin"),
+    ("cumsum", f"{_XP}:cumulative_sum"), ("cumprod", f"{_XP}:cumulative_prod"),
+    ("prod", f"{_XP}:prod"), ("std", f"{_XP}:std"), ("all", f"{_XP}:all"),
+    ("any", f"{_XP}:any"), ("count_nonzero", f"{_XP}:count_nonzero"),
+    ("diff", f"{_XP}:diff"), ("take", f"{_XP}:take"),
+    ("take_along_axis", f"{_XP}:take_along_axis"), ("searchsorted", f"{_XP}:searchsorted"),
+    ("nonzero", f"{_XP}:nonzero"), ("tensordot", f"{_XP}:tensordot"),
+    ("zeros_like", f"{_XP}:zeros_like"), ("ones_like", f"{_XP}:ones_like"),
+    ("empty_like", f"{_XP}:empty_like"), ("full_like", f"{_XP}:full_like"),
+    ("copy", "sbpmpi.tensor:GlobalTensor.copy"), ("clip", f"{_XP}:clip"),
+    ("einsum", "sbpmpi.contraction:einsum"),
+])
+
+
+def composed_for_function(name: str) -> ComposedFunction | None:
+    """The composed function answering ``np.<name>`` (NEP 18), if any."""
+    return COMPOSED.get(name)
 
 
 # ---- backward rules, attached from above ------------------------------------------------------

@@ -1,7 +1,7 @@
 """``setitem``: the value of ``x[key] = value`` as a new global tensor in the layout of ``x``.
 
-``GlobalTensor.__setitem__`` gives ``x`` the result (the same object; its shard is a new
-buffer, so arrays that shared the old one keep their values). Each rank writes the part
+``GlobalTensor.__setitem__`` writes the result into the buffer of ``x`` (the same object
+and memory, so the views of ``x`` see the values, as in NumPy). Each rank writes the part
 of the selection its shard holds; the value (and a boolean mask) are converted to
 broadcast on the placement of ``x`` by inference, that is through ``runtime.redistribute``:
 every rank of ``x`` receives the whole value. A partial ``x`` is reduced first (its

@@ -211,12 +211,15 @@ def _getitem(x: Any, key: Any) -> OpCall:
         return local[0][k]
 
     return OpCall("getitem", (x,), MOVE, {"d": matches}, out_shape, x.dtype, kernel,
-                  params=f"key={key!r}", labels=("x",))
+                  params=f"key={key!r}", labels=("x",), view=True)
 
 
 getitem = GlobalOp("getitem", _getitem, MOVE, doc=(
     "``x[key]`` with ints, slices (any step), None and ``...`` on any dim. A dim kept "
-    "whole (``:``) keeps its split; a split dim that is indexed is boxed first."))
+    "whole (``:``) keeps its split; a split dim that is indexed is boxed first. As "
+    "NumPy's basic indexing, the result is a view of ``x`` (writes into either reach the "
+    "other) where nothing moved; where ``x`` had to be boxed it is a copy, and writes "
+    "into it raise ``CopyWriteError``."))
 
 
 # ---- astype --------------------------------------------------------------------------------

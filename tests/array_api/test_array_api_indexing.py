@@ -128,17 +128,22 @@ def test_setitem_with_a_boolean_mask_matches_numpy(data):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_setitem_writes_a_new_buffer_and_leaves_other_arrays_alone():
+def test_setitem_writes_into_the_buffer_of_x_and_its_views_see_it():
+    """As NumPy: ``x[key] = value`` writes into the memory of ``x`` (the same buffer), so a
+    view of ``x`` (basic indexing that moved nothing) shows the new values."""
     value = np.arange(12.0).reshape(4, 3)
-    x = xp.asarray(value)
-    view = x[1:3]
+    x = xp.asarray(value)  # split along the rows
+    cols = x[:, 1:]  # a view: the rows stay split
+    assert cols.base is x
     old = x.to_local()
-    before = old.copy()
-    x[1:3, 0] = -1.0
-    agree(lambda: np.testing.assert_array_equal(old, before))
-    same(view, value[1:3])
+    x[1:3, 1] = -1.0
     want = value.copy()
-    want[1:3, 0] = -1
+    want[1:3, 1] = -1
+    assert x.to_local() is old
+    same(x, want)
+    same(cols, want[:, 1:])
+    cols[0] = 7.0  # and the other way
+    want[0, 1:] = 7.0
     same(x, want)
 
 

@@ -96,10 +96,36 @@ def test_every_numpy_ufunc_and_function_we_accept_is_a_registered_op():
             assert protocols.UFUNCS[getattr(np, u)] is e.op
         for f in e.functions:
             assert getattr(np, f) in protocols.FUNCTIONS
+    for name in registry.COMPOSED:  # the functions composed of ops, from the registry too
+        assert getattr(np, name) in protocols.FUNCTIONS, name
     for func in protocols.FUNCTIONS:
-        assert registry.entry_for_function(func.__name__) is not None, func
+        name = func.__name__
+        assert (registry.entry_for_function(name) is not None) != (
+            registry.composed_for_function(name) is not None), func
     # the metadata functions compute nothing: no op answers them
     assert not set(protocols.METADATA_FUNCTIONS) & set(protocols.FUNCTIONS)
+
+
+def test_every_composed_function_resolves_to_a_callable_target():
+    import importlib
+
+    for name, row in registry.COMPOSED.items():
+        module, _, qualname = row.target.partition(":")
+        f = importlib.import_module(module)
+        for part in qualname.split("."):
+            f = getattr(f, part)
+        assert callable(f), (name, row.target)
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([("sum", "sbpmpi.array_api:sum")], "claimed by the op 'sum'"),
+    ([("unique", "m:f"), ("unique", "m:g")], "listed twice"),
+    ([("exp", "m:f")], "is a ufunc"),
+    ([("unique", "sbpmpi.array_api.unique")], "not 'module:name'"),
+])
+def test_the_composed_table_refuses_a_second_claim_a_ufunc_and_a_bad_target(rows, match):
+    with pytest.raises(ValueError, match=match):
+        registry._composed(rows)
 
 
 def test_every_array_api_elementwise_name_is_an_alias_of_a_registered_op():

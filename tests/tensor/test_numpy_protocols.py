@@ -172,7 +172,7 @@ def test_other_numpy_functions_name_the_function_and_suggest_numpy():
     pl = placements()[0]
     x = sm.tensor(np.ones((4, 3)), placement=pl, sbp=sm.sbp.split(0))
     for fn, name in ((lambda: np.allclose(x, x), "np.allclose"),
-                     (lambda: np.cumsum(x), "np.cumsum"),
+                     (lambda: np.median(x), "np.median"),
                      (lambda: np.sum(x, out=np.empty(())), "np.sum"),
                      (lambda: np.where(x > 0), "np.where")):
         kind, msg = errors_of(fn)
