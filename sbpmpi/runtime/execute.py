@@ -20,13 +20,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import backend, comm
-from . import hierarchical
 from ..boxing.plan import Box, Plan, Step, group_of
 from ..boxing.schedule import Transfer, is_contiguous_box, slots_of, transfer_schedule
 from ..comm.mpi_library import max_count
 from ..core.layout import Layout, balanced_range, empty_shape
 from ..core.reduction import REDUCTIONS, identity_value, reduction
 from ..core.sbp import Partial, Split
+from . import hierarchical
 
 __all__ = ["Program", "compile_plan", "TAG", "AxisSetup", "Receive", "Send", "LocalCopy", "Moves",
            "rank_moves", "run_moves"]
