@@ -144,6 +144,8 @@ def render(layout: Layout, dtype: Any = None, nodes: Sequence[int] | None = None
     empty = [r for r in pl.rank_list
              if any(b <= a for a, b in (layout.local_ranges(r) or ()))]
     lines = [head]
+    if nodes is not None and max(pl.rank_list) >= len(nodes):
+        nodes = None  # a layout of a larger world than the one given: no hosts known
     hosts = _hosts_line(layout, nodes) if nodes is not None else None
     if hosts:
         lines.append(hosts)
