@@ -18,6 +18,7 @@ from ._version import __version__
 from .backend import node as _node
 from .comm import abort as _abort
 from .comm import exit_agreement as _exit_agreement
+from .comm import settings_agreement as _settings_agreement
 from .comm import world as _world
 from .comm.trace import trace
 from .core import placement as _placement
@@ -27,6 +28,7 @@ from .core.placement import Placement, placement
 from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .ops import operators as _operators
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
@@ -34,22 +36,17 @@ from .visualize import visualize  # a submodule import would otherwise shadow th
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
 _placement.set_topology_source(_world.topology)  # placements by node: {node: [local ranks]}
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion, _tape)  # GlobalTensor's methods
+_operators.install(GlobalTensor)  # its operators, from the op registry
 _tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use
 _abort.install()  # an uncaught exception on any rank aborts the job (SBPMPI_ABORT_ON_ERROR=0: off)
+_settings_agreement.check()  # collective: the SBPMPI_* settings agree (raises on every rank)
 _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 _world.init()  # the node split is collective: every rank takes part now, not in a later call
 _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  # GPU, pool
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {
-    # ops
-    **{name: "sbpmpi.ops" for name in (
-        "matmul", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
-        "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "tanh",
-        "relu", "sigmoid", "sum", "mean", "max", "min", "softmax", "log_softmax",
-        "transpose", "reshape", "astype", "cat", "where",
-        "erf", "var", "tril", "triu",
-    )},
+    **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",
@@ -62,6 +59,7 @@ _SUBMODULES: dict[str, str] = {
     "checkpoint": "sbpmpi.checkpoint", "optim": "sbpmpi.optim", "nn": "sbpmpi.nn",
     "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
     "array_api": "sbpmpi.array_api",  # the Array API namespace (x.__array_namespace__())
+    "linalg": "sbpmpi.linalg",  # linear algebra at the size of the data (lstsq, cg, ...)
     "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 

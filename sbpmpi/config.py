@@ -46,6 +46,9 @@ __all__ = [
     "report",
     "format_report",
     "markdown",
+    "MAX_SECONDS",
+    "startup_errors",
+    "comparison",
     # the settings, one per SBPMPI_* variable
     "abort_on_error",
     "array_api_sbp",
@@ -113,6 +116,12 @@ def _check_switch(s: Setting[Any], value: Any) -> bool | None:
     return value  # type: ignore[no-any-return]
 
 
+#: The longest timeout a setting takes, in seconds (about 31 years): within what a timer
+#: accepts (``threading.TIMEOUT_MAX``, 2**63 ns on Linux), so that a watchdog never fails
+#: with OverflowError on a value the parser let through.
+MAX_SECONDS = min(1e9, threading.TIMEOUT_MAX)
+
+
 def _parse_seconds(s: Setting[Any], text: str) -> float | None:
     if text.lower() in ("0", "off", "none"):
         return None
@@ -120,18 +129,19 @@ def _parse_seconds(s: Setting[Any], text: str) -> float | None:
         seconds = float(text)
     except ValueError:
         seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise s.bad_text(text, "a positive number of seconds (e.g. 600), or 0 / unset for off")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise s.bad_text(text, f"a positive number of seconds up to {MAX_SECONDS:.0f} (e.g. "
+                               f"600), or 0 / unset for off")
     return seconds
 
 
 def _check_seconds(s: Setting[Any], value: Any) -> float | None:
     if value is None:
         return None
-    expected = "a positive number of seconds, or None for off"
+    expected = f"a positive number of seconds up to {MAX_SECONDS:.0f}, or None for off"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise s.bad_value(value, expected)
-    if not 0 < value < float("inf"):
+    if not 0 < value <= MAX_SECONDS:
         raise s.bad_value(value, expected, ValueError)
     return float(value)
 
@@ -248,14 +258,17 @@ class Setting(Generic[T]):
         One line: what the setting does.
     details : str
         More about it, for the documentation (Markdown; may be empty).
+    per_rank : bool
+        The value may differ between ranks (it changes only what one process does
+        alone); every other setting is compared across the ranks at start.
     """
 
     __slots__ = ("name", "env", "kind", "default", "default_text", "choices", "help",
-                 "details", "value", "source", "_callbacks")
+                 "details", "per_rank", "value", "source", "_callbacks")
 
     def __init__(self, name: str, kind: _Kind, default: T, help: str, *,
-                 default_text: str = "", choices: tuple[str, ...] = (), details: str = ""
-                 ) -> None:
+                 default_text: str = "", choices: tuple[str, ...] = (), details: str = "",
+                 per_rank: bool = False) -> None:
         self.name = name
         self.env = PREFIX + name.upper()
         self.kind = kind
@@ -264,6 +277,7 @@ class Setting(Generic[T]):
         self.choices = choices
         self.help = help
         self.details = details
+        self.per_rank = per_rank
         self.value: T = default
         self.source = DEFAULT
         self._callbacks: list[Callable[[Any], None]] = []
@@ -358,8 +372,9 @@ cuda_aware: Setting[bool | None] = _declare(Setting(
     "Whether MPI takes device pointers: 1 hands GPU arrays to MPI directly, 0 stages them "
     "through pinned host buffers.",
     default_text="what the MPI library reports",
-    details="Detected at the first GPU transfer: Open MPI's `MPIX_Query_cuda_support`, "
-    "MPICH's `MPIX_GPU_query_support`, Cray's `MPICH_GPU_SUPPORT_ENABLED`, MVAPICH's "
+    details="Detected at the first GPU transfer: Open MPI's `MPIX_Query_cuda_support` and "
+    "its run-time switch `opal_cuda_support` (read through MPI_T), MPICH's "
+    "`MPIX_GPU_query_support`, Cray's `MPICH_GPU_SUPPORT_ENABLED`, MVAPICH's "
     "`MV2_USE_CUDA`, Intel MPI's `I_MPI_OFFLOAD`. `python -m sbpmpi info` shows the verdict "
     "and the reason. It wins over `gpu_transport=mpi|staged`."))
 debug: Setting[bool] = _declare(Setting(
@@ -381,7 +396,11 @@ gpu_transport: Setting[str | None] = _declare(Setting(
     details="`ipc` copies straight out of the other ranks' GPU memory when the ranks of a "
     "collective share a node; across nodes with the same number of ranks on each, "
     "all-reduce and all-gather are hierarchical (IPC on each node, one staged MPI exchange "
-    "between nodes); other calls take the `mpi` or `staged` path, on every rank alike. "
+    "between nodes); other calls take the `mpi` or `staged` path. The ranks of a call "
+    "decide its route together, in one small exchange: one rank with host arrays or memory "
+    "that cannot be exported sends the whole group down the MPI path. `ipc` stays off "
+    "where device pointers go to MPI (a CUDA-aware MPI maps its peers' buffers itself); "
+    "`SBPMPI_CUDA_AWARE=0` keeps it on there. "
     "`ipc` is not the default yet: it has been tested against a stand-in device only. "
     "`python -m sbpmpi info` and `sm.comm.info()` say which transport is in use and why."))
 host_pool_bytes: Setting[int | None] = _declare(Setting(
@@ -392,7 +411,7 @@ host_pool_bytes: Setting[int | None] = _declare(Setting(
     details="Large host shards made by a conversion (1 MiB and up) reuse memory that a "
     "freed shard gave back, instead of fresh pages every call; memory is reused only once "
     "no array or view over it is alive. Lowering the limit frees idle blocks over it at "
-    "once."))
+    "once.", per_rank=True))
 ipc_node_size: Setting[int | None] = _declare(Setting(
     "ipc_node_size", COUNT, None,
     "With gpu_transport=ipc: every k consecutive ranks of a node act as one node, so one "
@@ -401,12 +420,12 @@ ipc_node_size: Setting[int | None] = _declare(Setting(
 mpiexec: Setting[str | None] = _declare(Setting(
     "mpiexec", TEXT, None,
     "The mpiexec that python -m sbpmpi.launch uses (a path or a command on PATH).",
-    default_text="the one of mpi4py's MPI library"))
+    default_text="the one of mpi4py's MPI library", per_rank=True))
 mpiexec_args: Setting[str] = _declare(Setting(
     "mpiexec_args", TEXT, "",
     "Extra arguments for mpiexec in python -m sbpmpi.launch, split like a shell; they come "
     "before those of --mpiexec-args.",
-    default_text="none"))
+    default_text="none", per_rank=True))
 timeout: Setting[float | None] = _declare(Setting(
     "timeout", SECONDS, None,
     "Seconds a rank may wait inside one collective; then it prints the op, the ranks it "
@@ -500,17 +519,25 @@ def reset(*names: str) -> None:
 def _from_environment(chosen: list[Setting[Any]], environ: Mapping[str, str]
                       ) -> dict[Setting[Any], tuple[Any, str]]:
     """(value, source) of each setting from ``environ``; every error at once."""
+    out, errors = _read_environment(chosen, environ)
+    if errors:
+        raise ValueError("; ".join(errors.values()))
+    return out
+
+
+def _read_environment(chosen: list[Setting[Any]], environ: Mapping[str, str]
+                      ) -> tuple[dict[Setting[Any], tuple[Any, str]], dict[str, str]]:
+    """(value, source) of each setting ``environ`` sets readably, and the error message
+    of each variable it does not (variable -> message)."""
     out: dict[Setting[Any], tuple[Any, str]] = {}
-    errors = []
+    errors: dict[str, str] = {}
     for s in chosen:
         text = environ.get(s.env)
         try:
             out[s] = (s.parse(text), ENVIRONMENT if text is not None and text.strip() else DEFAULT)
         except ValueError as e:
-            errors.append(str(e))
-    if errors:
-        raise ValueError("; ".join(errors))
-    return out
+            errors[s.env] = str(e)
+    return out, errors
 
 
 def on_update(name: str, callback: Callable[[Any], None]) -> None:
@@ -568,7 +595,10 @@ def markdown() -> str:
         "`with sm.config.override(...):` for a block) wins over the environment, which "
         "wins over the default. The environment is read when sbpmpi is imported; a value "
         "it does not understand raises an error naming the variable. Set a value on every "
-        "rank alike.",
+        "rank alike: at import the ranks compare their settings (one 16-byte all-reduce), "
+        "and a variable that differs between ranks, or that some rank cannot read, raises "
+        "`ValueError` on every rank naming the variable and the ranks on each side. Only "
+        "the settings marked *per rank* below may differ.",
         "",
         "```python",
         "import sbpmpi as sm",
@@ -593,7 +623,7 @@ def markdown() -> str:
     ]
     for s in SETTINGS.values():
         lines.append(f"| `{s.env}` | `{s.name}` | {s.kind.name} | {s.default_text} | "
-                     f"{_allowed(s)} | {s.help} |")
+                     f"{_allowed(s)} | {s.help}{' *Per rank.*' if s.per_rank else ''} |")
     lines += ["", "## Details", ""]
     for s in SETTINGS.values():
         if s.details:
@@ -616,7 +646,7 @@ def _allowed(s: Setting[Any]) -> str:
         return ", ".join(f"`{c}`" for c in s.choices) + " or unset"
     return {
         "switch": "`1` / `0` (and synonyms)" + (" or unset" if s.default is None else ""),
-        "seconds": "seconds > 0; `0` or unset: off",
+        "seconds": f"seconds > 0, up to {MAX_SECONDS:.0f}; `0` or unset: off",
         "bytes": "bytes, with `K`, `M`, `G`; `0`: off",
         "positive int": "an integer >= 1 or unset",
         "text": "any text",
@@ -626,9 +656,30 @@ def _allowed(s: Setting[Any]) -> str:
 
 # -- the environment, read once at import ------------------------------------------------------
 
-for _s, (_value, _source) in _from_environment(list(SETTINGS.values()), os.environ).items():
+def startup_errors() -> dict[str, str]:
+    """The variables whose text could not be read at import: variable -> message.
+
+    Their settings keep the default meanwhile. This module does not raise at import:
+    a rank that stopped here would leave the others waiting in their first collective.
+    ``import sbpmpi`` raises instead, on every rank alike, once the ranks have compared
+    their settings (:mod:`sbpmpi.comm.settings_agreement`).
+    """
+    return dict(_STARTUP_ERRORS)
+
+
+def comparison() -> dict[str, str]:
+    """What the ranks compare at start: each setting that is not ``per_rank``, by variable:
+    its value as the environment spells it (``"unset"`` for an automatic one), or the
+    text it could not read."""
+    return {s.env: f"{_STARTUP_TEXT[s.env]!r} (not understood)" if s.env in _STARTUP_ERRORS
+            else s.kind.spell(s.value) for s in SETTINGS.values() if not s.per_rank}
+
+
+_values, _STARTUP_ERRORS = _read_environment(list(SETTINGS.values()), os.environ)
+_STARTUP_TEXT = {name: os.environ.get(name, "") for name in _STARTUP_ERRORS}
+for _s, (_value, _source) in _values.items():
     _s.value, _s.source = _value, _source
-del _s, _value, _source
+del _s, _value, _source, _values
 
 
 class _ConfigModule(types.ModuleType):

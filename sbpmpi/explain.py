@@ -22,24 +22,35 @@ def explain(op: Any, *args: Any, placement: Placement | None = None,
 
     Parameters
     ----------
-    op : GlobalOp, str or GlobalTensor
+    op : GlobalOp, str, linalg function or GlobalTensor
         An op (``sm.matmul``) or its name (``"matmul"``), followed by the op's
-        arguments; or a GlobalTensor to explain its conversion to ``placement`` and
-        ``sbp`` (either may be left out to keep the tensor's own).
+        arguments; a linear-algebra function with a layout rule (``xp.linalg.qr``,
+        ``sm.linalg.lstsq``, ...) and its arguments; or a GlobalTensor to explain its
+        conversion to ``placement`` and ``sbp`` (either may be left out to keep the
+        tensor's own).
 
     Returns
     -------
     Inference or Explanation
         An object that prints as a table: for an op, :class:`sbpmpi.ops.Inference`
         (every candidate signature with its boxing costs and partial-output charge, the
-        chosen one marked); for a conversion, the boxing plan of
-        ``boxing.explain_conversion``.
+        chosen one marked); for a linalg function, :class:`sbpmpi.linalg.LinalgPath` (the
+        path its call takes: local, gathered, tall, wide or refused, and why); for a
+        conversion, the boxing plan of ``boxing.explain_conversion``.
     """
     if isinstance(op, GlobalTensor):
         if args or kwargs:
             raise TypeError("explain(x, placement=..., sbp=...) takes no other arguments for a "
                             "tensor conversion")
         return _conversion(op, placement, sbp)
+    from .linalg.paths import explainer_of
+
+    path = explainer_of(op)
+    if path is not None:  # a linalg function: the path it takes at this layout
+        if placement is not None or sbp is not None:
+            raise TypeError("explain: placement= and sbp= are for explaining a tensor "
+                            "conversion, explain(x, placement=..., sbp=...)")
+        return path(*args, **kwargs)
     from . import ops
 
     if isinstance(op, str):

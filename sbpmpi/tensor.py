@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,58 +50,6 @@ def bind_array_api(loader: Any) -> None:
 
 def _xp() -> Any:
     return _array_api_loader()
-
-
-def _inplace(name: str) -> Any:
-    """``x <op>= y`` of the Array API: ``x`` takes the value of ``x <op> y``, which must keep
-    its shape and dtype (the standard's rule); ``x`` is returned (the same object)."""
-
-    def method(self: GlobalTensor, other: Any) -> GlobalTensor:
-        xp = _xp()
-        if self._requires_grad or getattr(other, "_requires_grad", False):
-            raise RuntimeError(f"x {name}= y: in-place operators are not recorded by autograd; "
-                               f"write x = x {name} y for a tensor that requires grad")
-        dt = xp.result_type(self, other)
-        out = _BINARY[name](self, other) if dt == self._dtype else None
-        if out is None or out.dtype != self._dtype:
-            raise TypeError(f"x {name}= y: the result dtype {dt if out is None else out.dtype} "
-                            f"differs from x's dtype {self._dtype} (in-place operators keep "
-                            f"the dtype of x)")
-        if out.shape != self.shape:
-            raise ValueError(f"x {name}= y: y broadcasts x of shape {self.shape} to "
-                             f"{out.shape} (in-place operators keep the shape of x)")
-        self._set_data(out._local, out._layout)
-        self._set_node(None)
-        return self
-
-    return method
-
-
-def _namespace_call(fn: str) -> Any:
-    return lambda a, b: getattr(_xp(), fn)(a, b)
-
-
-def _integer_scalars(key: Any) -> Any:
-    """``key`` with each 0-d integer GlobalTensor (an index or a slice bound, as the Array
-    API allows) read as a Python int (collective, like the getitem that follows)."""
-    def one(k: Any) -> Any:
-        if isinstance(k, GlobalTensor) and k.ndim == 0 and k.dtype.kind in "iu":
-            return operator.index(k)
-        if isinstance(k, slice) and any(isinstance(b, GlobalTensor)
-                                        for b in (k.start, k.stop, k.step)):
-            return slice(one(k.start), one(k.stop), one(k.step))
-        return k
-
-    return tuple(map(one, key)) if isinstance(key, tuple) else one(key)
-
-
-#: Operator -> the namespace function computing it (``sbpmpi.array_api``).
-_BINARY: dict[str, Any] = {
-    op: _namespace_call(fn) for op, fn in (
-        ("+", "add"), ("-", "subtract"), ("*", "multiply"), ("/", "divide"),
-        ("//", "floor_divide"), ("%", "remainder"), ("**", "pow"), ("@", "matmul"),
-        ("&", "bitwise_and"), ("|", "bitwise_or"), ("^", "bitwise_xor"),
-        ("<<", "bitwise_left_shift"), (">>", "bitwise_right_shift"))}
 
 
 class GlobalTensor:
@@ -316,45 +263,69 @@ class GlobalTensor:
         """Accumulate gradients into the ``.grad`` of the leaves (collective)."""
         _autograd.backward(self, gradient)
 
-    # -- operators: computed by sbpmpi.ops -----------------------------------------
+    # -- operators: installed from the op registry -------------------------------------
+    # ``sbpmpi.ops.operators.install`` sets every operator method (+ - * / // % ** @ & | ^
+    # << >>, their reflected and in-place forms, comparisons, -x +x ~x abs(x), x[k],
+    # x[k] = v) from ``sbpmpi.ops.registry`` when sbpmpi is imported; the declarations
+    # below are for type checkers only (tests/test_registry.py checks they match).
+    __hash__ = None  # type: ignore[assignment]  # __eq__ is elementwise
+
+    if TYPE_CHECKING:
+        def __add__(self, o: Any) -> Any: ...
+        def __radd__(self, o: Any) -> Any: ...
+        def __iadd__(self, o: Any) -> Any: ...
+        def __sub__(self, o: Any) -> Any: ...
+        def __rsub__(self, o: Any) -> Any: ...
+        def __isub__(self, o: Any) -> Any: ...
+        def __mul__(self, o: Any) -> Any: ...
+        def __rmul__(self, o: Any) -> Any: ...
+        def __imul__(self, o: Any) -> Any: ...
+        def __truediv__(self, o: Any) -> Any: ...
+        def __rtruediv__(self, o: Any) -> Any: ...
+        def __itruediv__(self, o: Any) -> Any: ...
+        def __floordiv__(self, o: Any) -> Any: ...
+        def __rfloordiv__(self, o: Any) -> Any: ...
+        def __ifloordiv__(self, o: Any) -> Any: ...
+        def __mod__(self, o: Any) -> Any: ...
+        def __rmod__(self, o: Any) -> Any: ...
+        def __imod__(self, o: Any) -> Any: ...
+        def __pow__(self, o: Any) -> Any: ...
+        def __rpow__(self, o: Any) -> Any: ...
+        def __ipow__(self, o: Any) -> Any: ...
+        def __matmul__(self, o: Any) -> Any: ...
+        def __rmatmul__(self, o: Any) -> Any: ...
+        def __imatmul__(self, o: Any) -> Any: ...
+        def __and__(self, o: Any) -> Any: ...
+        def __rand__(self, o: Any) -> Any: ...
+        def __iand__(self, o: Any) -> Any: ...
+        def __or__(self, o: Any) -> Any: ...
+        def __ror__(self, o: Any) -> Any: ...
+        def __ior__(self, o: Any) -> Any: ...
+        def __xor__(self, o: Any) -> Any: ...
+        def __rxor__(self, o: Any) -> Any: ...
+        def __ixor__(self, o: Any) -> Any: ...
+        def __lshift__(self, o: Any) -> Any: ...
+        def __rlshift__(self, o: Any) -> Any: ...
+        def __ilshift__(self, o: Any) -> Any: ...
+        def __rshift__(self, o: Any) -> Any: ...
+        def __rrshift__(self, o: Any) -> Any: ...
+        def __irshift__(self, o: Any) -> Any: ...
+        def __lt__(self, o: Any) -> Any: ...
+        def __le__(self, o: Any) -> Any: ...
+        def __gt__(self, o: Any) -> Any: ...
+        def __ge__(self, o: Any) -> Any: ...
+        def __eq__(self, o: Any) -> Any: ...  # type: ignore[override]
+        def __ne__(self, o: Any) -> Any: ...  # type: ignore[override]
+        def __neg__(self) -> Any: ...
+        def __pos__(self) -> Any: ...
+        def __invert__(self) -> Any: ...
+        def __abs__(self) -> Any: ...
+        def __getitem__(self, key: Any) -> Any: ...
+        def __setitem__(self, key: Any, value: Any) -> None: ...
+
+    # -- methods: computed by sbpmpi.ops ---------------------------------------------------
     def _op(self, name: str, *args: Any, **kw: Any) -> Any:
         return getattr(_ops, name)(*args, **kw)
-
-    def __add__(self, o: Any) -> Any: return self._op("add", self, o)
-    def __radd__(self, o: Any) -> Any: return self._op("add", o, self)
-    def __sub__(self, o: Any) -> Any: return self._op("sub", self, o)
-    def __rsub__(self, o: Any) -> Any: return self._op("sub", o, self)
-    def __mul__(self, o: Any) -> Any: return self._op("mul", self, o)
-    def __rmul__(self, o: Any) -> Any: return self._op("mul", o, self)
-    def __truediv__(self, o: Any) -> Any: return self._op("div", self, o)
-    def __rtruediv__(self, o: Any) -> Any: return self._op("div", o, self)
-    def __pow__(self, o: Any) -> Any: return self._op("pow", self, o)
-    def __rpow__(self, o: Any) -> Any: return self._op("pow", o, self)
-    def __matmul__(self, o: Any) -> Any: return self._op("matmul", self, o)
-    def __rmatmul__(self, o: Any) -> Any: return self._op("matmul", o, self)
-    def __neg__(self) -> Any: return self._op("neg", self)
-    def __abs__(self) -> Any: return self._op("abs", self)
-    def __lt__(self, o: Any) -> Any: return self._op("lt", self, o)
-    def __le__(self, o: Any) -> Any: return self._op("le", self, o)
-    def __gt__(self, o: Any) -> Any: return self._op("gt", self, o)
-    def __ge__(self, o: Any) -> Any: return self._op("ge", self, o)
-    def __eq__(self, o: Any) -> Any: return self._op("eq", self, o)  # type: ignore[override]
-    def __ne__(self, o: Any) -> Any: return self._op("ne", self, o)  # type: ignore[override]
-    __hash__ = None  # type: ignore[assignment]
-
-    def __getitem__(self, key: Any) -> Any:
-        key = _integer_scalars(key)
-        if any(isinstance(k, GlobalTensor) for k in (key if isinstance(key, tuple) else (key,))):
-            return self._op("getitem_arrays", self, key)  # a mask or integer arrays
-        return self._op("getitem", self, key)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        """``x[key] = value`` (collective): ints, slices, None, ``...`` or one boolean
-        array; ``value`` a scalar or an array broadcast to the selection. ``x`` keeps its
-        layout (a partial ``x`` is reduced first) and gets a new shard buffer; it must not
-        require grad (see :func:`sbpmpi.ops.setitem`)."""
-        out = self._op("setitem", self, _integer_scalars(key), value)
-        self._set_data(out._local, out._layout)
 
     @property
     def T(self) -> Any:
@@ -411,26 +382,3 @@ class GlobalTensor:
     def mT(self) -> Any:
         """The last two axes swapped."""
         return _xp().matrix_transpose(self)
-
-    def __pos__(self) -> Any: return _xp().positive(self)
-    def __invert__(self) -> Any: return _xp().bitwise_invert(self)
-    def __floordiv__(self, o: Any) -> Any: return _xp().floor_divide(self, o)
-    def __rfloordiv__(self, o: Any) -> Any: return _xp().floor_divide(o, self)
-    def __mod__(self, o: Any) -> Any: return _xp().remainder(self, o)
-    def __rmod__(self, o: Any) -> Any: return _xp().remainder(o, self)
-    def __and__(self, o: Any) -> Any: return _xp().bitwise_and(self, o)
-    def __rand__(self, o: Any) -> Any: return _xp().bitwise_and(o, self)
-    def __or__(self, o: Any) -> Any: return _xp().bitwise_or(self, o)
-    def __ror__(self, o: Any) -> Any: return _xp().bitwise_or(o, self)
-    def __xor__(self, o: Any) -> Any: return _xp().bitwise_xor(self, o)
-    def __rxor__(self, o: Any) -> Any: return _xp().bitwise_xor(o, self)
-    def __lshift__(self, o: Any) -> Any: return _xp().bitwise_left_shift(self, o)
-    def __rlshift__(self, o: Any) -> Any: return _xp().bitwise_left_shift(o, self)
-    def __rshift__(self, o: Any) -> Any: return _xp().bitwise_right_shift(self, o)
-    def __rrshift__(self, o: Any) -> Any: return _xp().bitwise_right_shift(o, self)
-
-    __iadd__, __isub__, __imul__ = _inplace("+"), _inplace("-"), _inplace("*")
-    __itruediv__, __ifloordiv__, __imod__ = _inplace("/"), _inplace("//"), _inplace("%")
-    __ipow__, __imatmul__, __iand__ = _inplace("**"), _inplace("@"), _inplace("&")
-    __ior__, __ixor__, __ilshift__ = _inplace("|"), _inplace("^"), _inplace("<<")
-    __irshift__ = _inplace(">>")

@@ -7,7 +7,8 @@ Rows (medians of ``--reps`` calls, microseconds, every rank timing the same loop
 - ``raw Allreduce 16 B``: the blocking all-reduce the consistency check used before.
 - ``raw Iallreduce+Wait 16 B``: the same exchange non-blocking.
 - ``check_collective``: the whole check now (Iallreduce polled with MPI_Test plus one
-  MPI_Iprobe per poll for "finished" notices, hashing included).
+  MPI_Testsome per poll over the receives posted for the peers' notices, one per peer,
+  hashing included).
 - ``check_collective, exchange not polled (before)``: the same check with its exchange
   simply waited for (what the blocking all-reduce cost before, hashing included).
 - ``sm.comm.all_reduce 8 B, exit watch on / off``: a small sm.comm collective with the

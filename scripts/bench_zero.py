@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import sbpmpi as sm  # noqa: E402
-from sbpmpi.zero import ShardedModule  # noqa: E402
+from sbpmpi.parallel.zero import ZeroModule  # noqa: E402
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -95,7 +95,7 @@ def sbpmpi_run(kind: str, pl: sm.Placement, x: np.ndarray, y: np.ndarray, hidden
     elif kind.startswith("ZeRO"):
         model, opt = sm.nn.shard(model, opt, stage=int(kind[5]), prefetch="no prefetch" not in kind)
     xt = sm.tensor(x, placement=pl, sbp=S(0))
-    sharded = model if isinstance(model, ShardedModule) else None
+    sharded = model if isinstance(model, ZeroModule) else None
 
     def step() -> None:
         if sharded is not None:

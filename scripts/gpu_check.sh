@@ -1,172 +1,267 @@
 #!/usr/bin/env bash
-# The GPU check of issue 24, in steps that each fit one command on the GPU machine (10 minutes):
+# The GPU check: one run of at most 8 minutes on a GPU machine (one `run` of the device tool),
+# steps in priority order, each under its own time limit, with time kept back for the later
+# ones. A summary and every step's log are written under OUTDIR after every step, so a run
+# killed at any point still returns what it did.
 #
-#   bash scripts/gpu_check.sh list              # the steps and their time limits
-#   bash scripts/gpu_check.sh STEP [OUTDIR]     # one step, under `timeout` (at most 540 s)
-#   bash scripts/gpu_check.sh all [OUTDIR]      # every step in turn (far longer than 10 minutes)
-#   GPU_CHECK_DRY=1 bash scripts/gpu_check.sh STEP   # print the step's commands, run nothing
+#   bash scripts/gpu_check.sh                  # every step that fits the budget
+#   bash scripts/gpu_check.sh STEP...          # only these steps (same budget rules)
+#   bash scripts/gpu_check.sh list             # the steps: limit, time kept for each, needs
+#   GPU_CHECK_DRY=1 bash scripts/gpu_check.sh  # print each step's commands, run nothing
+#   GPU_CHECK_REHEARSE=1 bash scripts/gpu_check.sh STEP...  # without a GPU: run the GPU
+#       steps anyway, on "cpu" placements (the tests skip their cuda cases), to try the
+#       script's own plumbing before the device time is spent
 #
-# Prepare on the CPU machine, in the project's root (../shared travels to the GPU machine only as
-# copied into the tree):
-#   bash ../shared/gpu/wheels.sh                           # .whl/: mpi4py >= 4 and pytest-mpi
-#   bash ../shared/gpu/build-cuda-openmpi.sh .ompi-cuda    # for the aware-* steps only (~10 min)
-#   mkdir -p shared/gpu && cp ../shared/gpu/env.sh shared/gpu/
-# Then with the run tool: command "bash scripts/gpu_check.sh STEP", carry [".whl", ".ompi-cuda"];
-# the logs land in OUTDIR (default $OUT, else gpu-check/), one file per step and command.
+# Where CuPy sees no GPU every GPU step reports SKIP (a CPU machine runs the whole script in
+# well under 4 minutes: tests/tools/test_gpu_check_script.py). docs/gpu.md has the exact run command
+# for the device tool, with the wheels that travel (../shared/gpu/wheels.sh pytest-timeout).
 #
-# Steps (the README's test command is scripts/run_tests.py; the "cuda" parameters are active on
-# a machine where CuPy sees a GPU):
-#   info                   nvidia-smi, versions, `sbpmpi info` per transport
-#   serial                 the serial tests
-#   suite-nN-a, -b         the MPI tests at n = N (1..4), default transport (staged on an MPI
-#                          that is not CUDA-aware), in two halves of the test files
-#   ipc-nN                 the comm and GPU transport tests at n = N with SBPMPI_GPU_TRANSPORT=ipc
-#   ipc-boxing-nN          boxing and ops at n = N (2, 4) over IPC
-#   ipc-unit               the serial GPU transport and cost tests with the IPC transport
-#   ipc-hier               n = 3 and 4 on pseudo-nodes of 2 ranks (SBPMPI_IPC_NODE_SIZE=2)
-#   calibrate              `sbpmpi info --calibrate` per transport (staged, ipc) at n = 2
-#   bench-T-nN             `python -m sbpmpi bench --device cuda` with transport T (staged, ipc)
-#                          at n = N (2, 4): the staged mpi4py call and the device-copy proxy too
-#   aware-check            the CUDA-aware Open MPI of .ompi-cuda: built with CUDA, what sbpmpi says
-#   aware-nN               the comm and boxing tests at n = N (2, 4) with SBPMPI_GPU_TRANSPORT=mpi
-#                          on it: device pointers straight into MPI
-#   aware-bench-T-nN       the benchmark on it, T = mpi (Open MPI's own CUDA path) or ipc (ours)
-# Environment: BENCH_SIZES (default 1M,16M,64M), OMPI_CUDA (default .ompi-cuda), LOGS (the
-# run_tests.py logs, default /tmp/gpu-check-logs), PYTHON.
+# Steps, in priority order (limit s / kept s / needs):
+#   env             versions, nvidia-smi, `sbpmpi info` per transport at n = 2       (any)
+#   gpu-n2-staged   the comm tests' CuPy cases at n = 2, default transport (staged
+#                   on an MPI that is not CUDA-aware)                                  (gpu)
+#   gpu-n2-ipc      the same with SBPMPI_GPU_TRANSPORT=ipc, and the IPC transport's
+#                   own tests (CuPy, and the stand-in device under this MPI)           (gpu)
+#   cuda-core-n2    core and boxing checks on "cuda" placements, serial and at n = 2
+#                   (the cuda cases of the global-tensor, boxing, ops, plan and
+#                   parallel-layout tests)                                             (gpu)
+#   bench-n2        the timing table at n = 2 (staged, ipc): `sbpmpi bench --device
+#                   cuda` against the device-to-device copy; OUTDIR/gpu-table.md       (gpu)
+#   gpt-n2          a few GPT training steps per layout on cuda, each step's loss
+#                   checked against the NumPy reference, and compared with cpu         (gpu)
+#   gpu-n4-ipc      (if time remains) the IPC tests at n = 4                          (gpu)
+#   pseudo-nodes    (if time remains) hierarchical IPC: n = 3, 4 on pseudo-nodes of 2  (gpu)
+#   bench-n4        (if time remains) the timing table at n = 4                       (gpu)
+#   aware-n2        (if time remains) CUDA-aware Open MPI from OMPI_CUDA (built by
+#                   ../shared/gpu/build-cuda-openmpi.sh): tests and timing at n = 2   (ompi)
+#
+# Environment: OUTDIR (2nd way: $OUT, else gpu-check/), GPU_CHECK_BUDGET (seconds for all
+# steps, default 460), GPU_CHECK_NO_GPU=1 (treat the machine as having no GPU), BENCH_SIZES
+# (default 1M,16M,64M), GPT_LAYOUTS (default "dp tp sp 2d"), OMPI_CUDA (default .ompi-cuda),
+# LOGS (run_tests.py's rank logs, default /tmp/gpu-check-logs), PYTHON (default python3).
 set -u
-STEP=${1:-}
-OUTDIR=${2:-${OUT:-gpu-check}}
+OUTDIR=${OUTDIR:-${OUT:-gpu-check}}
+BUDGET=${GPU_CHECK_BUDGET:-460}  # the device tool allows 600 s a command: this leaves the rest
 BENCH_SIZES=${BENCH_SIZES:-1M,16M,64M}
+GPT_LAYOUTS=${GPT_LAYOUTS:-dp tp sp 2d}
+DEVICE=cuda  # the placement type of bench and gpt (cpu in a rehearsal without a GPU)
 OMPI_CUDA=${OMPI_CUDA:-.ompi-cuda}
-LOGS=${LOGS:-/tmp/gpu-check-logs}  # rank logs and JUnit files (not in OUTDIR: few files come back)
+LOGS=${LOGS:-/tmp/gpu-check-logs}
 PY=${PYTHON:-python3}
-LIMIT=540  # seconds per step: the run tool allows 600 per command, with the start around it
+LOG_BYTES=400000  # each step's log is cut to its last bytes: few bytes come back from a run
+MIN_STEP=15       # a step is started only with at least this many seconds for it
 
 COMM_TESTS="tests/comm/test_comm_collectives.py tests/comm/test_comm_vcollectives.py tests/comm/test_comm_p2p.py"
-GPU_TESTS="tests/comm/gpu/test_gpu_transport_cuda.py tests/comm/gpu/test_gpu_transport_mpi.py"
-BOXING_TESTS="tests/boxing/test_every_conversion.py tests/ops/test_every_op.py"
+IPC_TESTS="tests/comm/gpu/test_gpu_transport_cuda.py tests/comm/gpu/test_gpu_transport_mpi.py"
+CORE_TESTS="tests/tensor/test_global_tensor.py tests/boxing/test_every_conversion.py tests/ops/test_every_op.py tests/boxing/test_plan.py tests/parallel/test_parallel_layouts.py"
+RT="\$PY scripts/run_tests.py --no-serial"  # the test command (its MPI runs only)
 
-# name|seconds|commands: one line per step; each step runs under `timeout seconds`
+# name|limit|kept|needs|commands, in priority order. "kept": seconds no earlier step may use,
+# so that this step still runs; "needs": any, gpu, or ompi (a CUDA-aware Open MPI in OMPI_CUDA).
 steps() {
-  echo "info|300|nvidia-smi; versions; for t in staged ipc; do SBPMPI_GPU_TRANSPORT=\$t mpiexec -n 2 \$PY -m sbpmpi info; done"
-  echo "serial|$LIMIT|\$PY scripts/run_tests.py --sizes '' --timeout 500 --logs \$LOGS/serial"
-  for n in 1 2 3 4; do
-    for half in a b; do
-      echo "suite-n$n-$half|$LIMIT|\$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/suite-n$n-$half -- \$(half $half)"
-    done
-  done
-  for n in 1 2 3 4; do
-    echo "ipc-n$n|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/ipc-n$n -- $GPU_TESTS $COMM_TESTS"
-  done
-  for n in 2 4; do
-    echo "ipc-boxing-n$n|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/ipc-boxing-n$n -- $BOXING_TESTS"
-  done
-  echo "ipc-unit|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc \$PY -m pytest -q -m 'not mpi' tests/comm/gpu/test_gpu_transport_unit.py tests/comm/gpu/test_gpu_costs.py tests/comm/test_comm_unit.py"
-  echo "ipc-hier|$LIMIT|SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2 \$PY scripts/run_tests.py --no-serial --sizes 3,4 --timeout 250 --logs \$LOGS/ipc-hier -- $GPU_TESTS tests/comm/test_comm_collectives.py tests/boxing/test_every_conversion.py"
-  echo "calibrate|$LIMIT|for t in staged ipc; do SBPMPI_GPU_TRANSPORT=\$t mpiexec -n 2 \$PY -m sbpmpi info --calibrate; done"
-  for n in 2 4; do
-    for t in staged ipc; do
-      echo "bench-$t-n$n|$LIMIT|SBPMPI_GPU_TRANSPORT=$t mpiexec -n $n \$PY -m sbpmpi bench --device cuda --sizes \$BENCH_SIZES --out '' --json \$OUTDIR/bench-$t-n$n.json --csv \$OUTDIR/bench-$t-n$n.csv"
-    done
-  done
-  echo "aware-check|300|aware; \$PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; ompi_info --parsable --all | grep mpi_built_with_cuda_support:value; mpiexec -n 2 \$PY -m sbpmpi info"
-  for n in 2 4; do
-    echo "aware-n$n|$LIMIT|aware; SBPMPI_GPU_TRANSPORT=mpi \$PY scripts/run_tests.py --no-serial --sizes $n --timeout 500 --logs \$LOGS/aware-n$n -- $COMM_TESTS tests/boxing/test_every_conversion.py"
-  done
-  for n in 2 4; do
-    for t in mpi ipc; do
-      echo "aware-bench-$t-n$n|$LIMIT|aware; SBPMPI_GPU_TRANSPORT=$t mpiexec -n $n \$PY -m sbpmpi bench --device cuda --sizes \$BENCH_SIZES --out '' --json \$OUTDIR/aware-bench-$t-n$n.json --csv \$OUTDIR/aware-bench-$t-n$n.csv"
-    done
-  done
+  cat <<EOF
+env|45|20|any|versions; for t in staged ipc; do SBPMPI_GPU_TRANSPORT=\$t mpiexec -n 2 \$PY -m sbpmpi info; done
+gpu-n2-staged|100|40|gpu|$RT --sizes 2 --timeout \$STEP_SECS --logs \$LOGS/gpu-n2-staged -- $COMM_TESTS -k cupy
+gpu-n2-ipc|120|45|gpu|export SBPMPI_GPU_TRANSPORT=ipc; $RT --sizes 2 --timeout \$STEP_SECS --logs \$LOGS/gpu-n2-ipc-a -- $IPC_TESTS && $RT --sizes 2 --timeout \$STEP_SECS --logs \$LOGS/gpu-n2-ipc-b -- $COMM_TESTS -k cupy
+cuda-core-n2|120|45|gpu|\$PY scripts/run_tests.py --sizes 2 --timeout \$STEP_SECS --logs \$LOGS/cuda-core-n2 -- $CORE_TESTS -k cuda
+bench-n2|120|60|gpu|bench 2 staged && bench 2 ipc; table
+gpt-n2|90|40|gpu|for l in \$GPT_LAYOUTS; do gpt \$l || exit 1; done
+gpu-n4-ipc|120|0|gpu|export SBPMPI_GPU_TRANSPORT=ipc; $RT --sizes 4 --timeout \$STEP_SECS --logs \$LOGS/gpu-n4-ipc-a -- $IPC_TESTS && $RT --sizes 4 --timeout \$STEP_SECS --logs \$LOGS/gpu-n4-ipc-b -- $COMM_TESTS -k cupy
+pseudo-nodes|120|0|gpu|export SBPMPI_GPU_TRANSPORT=ipc SBPMPI_IPC_NODE_SIZE=2; $RT --sizes 3,4 --timeout \$STEP_SECS --logs \$LOGS/pseudo-nodes -- $IPC_TESTS
+bench-n4|120|0|gpu|bench 4 staged && bench 4 ipc; table
+aware-n2|150|0|ompi|aware && SBPMPI_GPU_TRANSPORT=mpi $RT --sizes 2 --timeout \$STEP_SECS --logs \$LOGS/aware-n2 -- $COMM_TESTS -k cupy && bench 2 mpi; table
+EOF
 }
 
-# -- what the step commands use ---------------------------------------------------------------
-
-half() {  # the first (a) or second (b) half of the test files, in path order
-  local files n
-  mapfile -t files < <(find tests -name 'test_*.py' | LC_ALL=C sort)
-  n=$(( (${#files[@]} + 1) / 2 ))
-  if [ "$1" = a ]; then echo "${files[@]:0:$n}"; else echo "${files[@]:$n}"; fi
-}
+# -- what the step commands use (exported to their shells) -----------------------------------
 
 versions() {
-  "$PY" -c "import cupy, mpi4py, numpy; print('cupy', cupy.__version__, 'mpi4py', \
-mpi4py.__version__, 'numpy', numpy.__version__)"
+  "$PY" - <<'PYEOF'
+import importlib, platform
+print("python", platform.python_version())
+for m in ("numpy", "cupy", "mpi4py", "pytest", "torch"):
+    try:
+        print(m, importlib.import_module(m).__version__)
+    except Exception as e:
+        print(m, "-", type(e).__name__)
+from mpi4py import MPI
+print(MPI.Get_library_version().replace("\0", "").strip().splitlines()[0])
+PYEOF
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  return 0
 }
 
-aware() {  # the CUDA-aware Open MPI built by ../shared/gpu/build-cuda-openmpi.sh into OMPI_CUDA
-  if [ ! -x "$OMPI_CUDA/bin/mpiexec" ]; then
-    echo "no CUDA-aware Open MPI in $OMPI_CUDA: build it with ../shared/gpu/build-cuda-openmpi.sh" \
-      "$OMPI_CUDA on the CPU machine and carry it" >&2
-    return 1
+bench() {  # bench N TRANSPORT: the timing rows of one transport at N ranks, as JSON in OUTDIR
+  SBPMPI_GPU_TRANSPORT=$2 mpiexec -n "$1" "$PY" -m sbpmpi bench --device "$DEVICE" \
+    --sizes "$BENCH_SIZES" --repeats 10 --overhead-repeats 100 --out '' \
+    --json "$OUTDIR/bench-$2-n$1.json" --csv "$OUTDIR/bench-$2-n$1.csv"
+}
+
+table() {  # the GPU table of every timing file so far
+  "$PY" scripts/gpu_table.py "$OUTDIR"/bench-*-n*.json | tee "$OUTDIR/gpu-table.md"
+}
+
+gpt() {  # gpt LAYOUT: a few steps on cuda and on cpu, each checked against NumPy; the same losses
+  local dev
+  for dev in "$DEVICE" cpu; do
+    mpiexec -n 2 "$PY" examples/train_gpt.py --layout "$1" --device "$dev" --steps 3 --check \
+      --sample 0 > "$OUTDIR/gpt-$1-$dev.txt" 2>&1 || { tail -n 20 "$OUTDIR/gpt-$1-$dev.txt"; return 1; }
+  done
+  grep '^step' "$OUTDIR/gpt-$1-$DEVICE.txt"
+  if diff <(grep '^step' "$OUTDIR/gpt-$1-$DEVICE.txt" | cut -d'(' -f1) \
+          <(grep '^step' "$OUTDIR/gpt-$1-cpu.txt" | cut -d'(' -f1); then
+    echo "gpt $1: $DEVICE and cpu losses agree, both within the reference's tolerance"
+  else
+    echo "gpt $1: $DEVICE and cpu losses differ"; return 1
   fi
+}
+
+aware() {  # the CUDA-aware Open MPI of OMPI_CUDA in front of the machine's
   local prefix
   prefix=$(cd "$OMPI_CUDA" && pwd)
-  export OPAL_PREFIX=$prefix PATH=$prefix/bin:$PATH
+  export OPAL_PREFIX=$prefix PATH=$prefix/bin:$PATH OMPI_MCA_opal_cuda_support=true
   export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export OMPI_MCA_opal_cuda_support=true
+  "$PY" -c 'from sbpmpi.comm import cuda_aware; d = cuda_aware.detect_library(); print(d); assert d.aware'
 }
 
 setup() {
-  # The machine's Python has no package index: install the carried wheels (mpi4py >= 4,
-  # pytest-mpi) into a private site, as ../shared/gpu/wheels.sh explains.
+  # The machine's Python has no package index: the wheels carried in .whl/ (mpi4py >= 4,
+  # pytest-mpi, pytest-timeout: ../shared/gpu/wheels.sh) go into a private site.
   if compgen -G ".whl/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/gpu-check-site .whl/*.whl \
+      >"$OUTDIR/setup.log" 2>&1 || echo "setup: pip install failed (see setup.log)"
+    export PYTHONPATH=/tmp/gpu-check-site:$PWD
   else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   fi
   # Open MPI 4.1 as root, oversubscribed, shared memory inside a VM (../shared/gpu/env.sh)
-  if [ -f shared/gpu/env.sh ]; then
-    . shared/gpu/env.sh
-  elif [ -f ../shared/gpu/env.sh ]; then
-    . ../shared/gpu/env.sh
-  else
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    export OMPI_MCA_rmaps_base_oversubscribe=1
-    export OMPI_MCA_btl_vader_single_copy_mechanism=none
-    export PYTHONUNBUFFERED=1
-  fi
-  export SBPMPI_COST_CACHE=${SBPMPI_COST_CACHE:-$OUTDIR/cost-tables.json}
-  export PY OUTDIR BENCH_SIZES OMPI_CUDA LOGS
-  export -f half versions aware
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export PYTHONUNBUFFERED=1 SBPMPI_COST_CACHE=off
+  mkdir -p "$LOGS"  # run_tests.py makes one folder in it per run
+  export PY OUTDIR BENCH_SIZES GPT_LAYOUTS OMPI_CUDA LOGS DEVICE
+  export -f versions bench table gpt aware
+}
+
+have() {  # have NEEDS: "" when this machine has it, else why not
+  case "$1" in
+    any) echo "";;
+    gpu) if [ -n "${GPU_CHECK_NO_GPU:-}" ]; then echo "GPU_CHECK_NO_GPU is set"
+         elif [ -z "$GPU" ] && [ -z "${GPU_CHECK_REHEARSE:-}" ]; then echo "no GPU: CuPy sees none"
+         else echo ""; fi;;
+    ompi) if [ -z "$GPU" ] || [ -n "${GPU_CHECK_NO_GPU:-}" ]; then echo "no GPU: CuPy sees none"
+          elif [ ! -x "$OMPI_CUDA/bin/mpiexec" ]; then echo "no CUDA-aware Open MPI in $OMPI_CUDA"
+          else echo ""; fi;;
+  esac
+}
+
+# -- the summary, written after every step ---------------------------------------------------
+
+declare -A STATUS SECS NOTE
+ORDER=()
+
+write_summary() {
+  {
+    echo "# GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
+    echo
+    echo "budget ${BUDGET} s, $((SECONDS)) s used; device: ${GPU:-none}"
+    echo
+    echo "| step | status | seconds | note |"
+    echo "|---|---|---|---|"
+    local n
+    for n in "${ORDER[@]}"; do
+      echo "| $n | ${STATUS[$n]} | ${SECS[$n]:-} | ${NOTE[$n]:-} |"
+    done
+  } > "$OUTDIR/summary.md"
 }
 
 run_step() {  # run_step NAME SECONDS COMMANDS
-  local name=$1 secs=$2 cmds=$3 t0=$SECONDS rc
-  echo "== $name (at most $secs s): $cmds"
-  if [ -n "${GPU_CHECK_DRY:-}" ]; then
-    return 0
-  fi
-  timeout -k 10 "$secs" bash -c "$cmds" </dev/null >"$OUTDIR/$name.txt" 2>&1
+  local name=$1 secs=$2 cmds=$3 t0=$SECONDS rc log="$OUTDIR/$1.log"
+  STATUS[$name]=RUNNING; NOTE[$name]="at most $secs s"; write_summary
+  STEP_SECS=$secs timeout -k 10 "$secs" bash -c "$cmds" </dev/null >"$log" 2>&1
   rc=$?
-  [ $rc -eq 124 ] && echo "   timed out after $secs s"
-  echo "   rc=$rc in $((SECONDS - t0)) s; last lines of $OUTDIR/$name.txt:"
-  tail -n 6 "$OUTDIR/$name.txt" | sed 's/^/   | /'
-  return $rc
+  SECS[$name]=$((SECONDS - t0))
+  if [ $rc -eq 0 ]; then STATUS[$name]=PASS; NOTE[$name]=""
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then STATUS[$name]=TIMEOUT; NOTE[$name]="killed after $secs s"
+  else STATUS[$name]=FAIL; NOTE[$name]="exit $rc"
+  fi
+  if [ "$(wc -c <"$log")" -gt $LOG_BYTES ]; then
+    tail -c $LOG_BYTES "$log" > "$log.tail" && mv "$log.tail" "$log"
+  fi
+  write_summary
+  echo "== $name: ${STATUS[$name]} in ${SECS[$name]} s (at most $secs s); last lines of $log:"
+  tail -n 8 "$log" | sed 's/^/   | /'
 }
 
-case "$STEP" in
-  ""|-h|--help)
-    sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'
-    exit 0;;
-  list)
-    steps | while IFS='|' read -r name secs _; do printf '%-22s %4s s\n' "$name" "$secs"; done
-    exit 0;;
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+  list) steps | while IFS='|' read -r name limit kept needs _; do
+          printf '%-14s %4s s  kept %3s s  %s\n' "$name" "$limit" "$kept" "$needs"; done
+        exit 0;;
 esac
-mkdir -p "$OUTDIR"
-[ -n "${GPU_CHECK_DRY:-}" ] || setup
-failed=0
-found=0
-while IFS='|' read -r name secs cmds; do
-  if [ "$STEP" = all ] || [ "$STEP" = "$name" ]; then
-    found=1
-    run_step "$name" "$secs" "$cmds" || failed=$((failed + 1))
+wanted=("$@")
+known=$(steps | cut -d'|' -f1)
+for w in "${wanted[@]}"; do
+  if ! grep -qx -- "$w" <<<"$known"; then
+    echo "gpu_check.sh: no step named '$w' (see: bash scripts/gpu_check.sh list)" >&2
+    exit 2
   fi
-done < <(steps)
-if [ $found -eq 0 ]; then
-  echo "gpu_check.sh: no step named '$STEP' (see: bash scripts/gpu_check.sh list)" >&2
-  exit 2
+done
+if [ -n "${GPU_CHECK_DRY:-}" ]; then
+  steps | while IFS='|' read -r name limit kept needs cmds; do
+    if [ ${#wanted[@]} -eq 0 ] || printf '%s\n' "${wanted[@]}" | grep -qx -- "$name"; then
+      echo "== $name (at most $limit s, $needs): $cmds"
+    fi
+  done
+  exit 0
 fi
-echo "== $failed step(s) failed; logs in $OUTDIR"
-exit $failed
+
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+setup
+GPU=$("$PY" -c 'import cupy; n = cupy.cuda.runtime.getDeviceCount(); assert n > 0
+name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+print(name.decode() if isinstance(name, bytes) else name, "x", n)' 2>/dev/null)
+[ -z "$GPU" ] && DEVICE=cpu  # a rehearsal: the GPU steps' plumbing on cpu placements
+export DEVICE
+mapfile -t LINES < <(steps)
+for line in "${LINES[@]}"; do
+  IFS='|' read -r name _ _ _ _ <<<"$line"
+  if [ ${#wanted[@]} -eq 0 ] || printf '%s\n' "${wanted[@]}" | grep -qx -- "$name"; then
+    ORDER+=("$name"); STATUS[$name]=pending
+  fi
+done
+write_summary
+for i in "${!LINES[@]}"; do
+  IFS='|' read -r name limit kept needs cmds <<<"${LINES[$i]}"
+  [ -n "${STATUS[$name]:-}" ] || continue
+  why=$(have "$needs")
+  if [ -n "$why" ]; then
+    STATUS[$name]=SKIP; NOTE[$name]=$why; write_summary
+    echo "== $name: SKIP ($why)"
+    continue
+  fi
+  later=0  # the time kept for the later steps of this run that this machine can run
+  for line in "${LINES[@]:$((i + 1))}"; do
+    IFS='|' read -r n2 _ k2 needs2 _ <<<"$line"
+    [ -n "${STATUS[$n2]:-}" ] && [ -z "$(have "$needs2")" ] && later=$((later + k2))
+  done
+  secs=$(( BUDGET - SECONDS - later ))
+  [ "$secs" -gt "$limit" ] && secs=$limit
+  if [ "$secs" -lt $MIN_STEP ]; then
+    STATUS[$name]=SKIP; NOTE[$name]="no time: $((BUDGET - SECONDS)) s left, $later s kept for later steps"
+    write_summary
+    echo "== $name: SKIP (${NOTE[$name]})"
+    continue
+  fi
+  run_step "$name" "$secs" "$cmds"
+done
+failed=0
+for n in "${ORDER[@]}"; do
+  case "${STATUS[$n]}" in FAIL|TIMEOUT) failed=$((failed + 1));; esac
+done
+echo
+cat "$OUTDIR/summary.md"
+echo
+echo "== $failed step(s) failed or timed out; summary and logs in $OUTDIR"
+[ $failed -eq 0 ]

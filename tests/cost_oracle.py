@@ -17,7 +17,7 @@ def independent_total(call, cand):
             return 0.0
         red = Layout(lay.shape, lay.placement,
                      tuple(broadcast if isinstance(s, Partial) else s for s in lay.sbp))
-        return boxing.conversion_cost(lay, red, itemsize, lay.placement.type)
+        return boxing.conversion_cost(lay, red, itemsize)
 
     t = 0.0
     owed = 0.0
@@ -25,7 +25,7 @@ def independent_total(call, cand):
         if not isinstance(o, GlobalTensor):
             continue
         if need != o.layout:
-            t += boxing.conversion_cost(o.layout, need, o.dtype.itemsize, need.placement.type)
+            t += boxing.conversion_cost(o.layout, need, o.dtype.itemsize)
         else:
             owed += reduce_cost(o.layout, o.dtype.itemsize)
     charge = reduce_cost(cand.output, call.out_dtype.itemsize)

@@ -166,11 +166,13 @@ def test_owners_follow_their_settings():
         assert host_pool.host_pool_limit() == 3 << 20
     with config.override(cuda_aware=True, gpu_transport=None):
         assert cuda_aware.is_cuda_aware() and select.gpu_transport().name == "mpi"
+        config.update(gpu_transport="ipc")  # beside device pointers to MPI, ipc stays off
+        assert not route.ENABLED and select.gpu_transport().name == "mpi"
         version = cost_table.version()
-        config.update(gpu_transport="ipc")
+        config.update(cuda_aware=False)
         assert route.ENABLED and select.gpu_transport().name == "ipc"
         assert cost_table.version() != version  # the plan caches see the new default table
-        config.update(cuda_aware=False, gpu_transport=None)
+        config.update(gpu_transport=None)
         assert not cuda_aware.is_cuda_aware() and select.gpu_transport().name == "staged"
         assert not route.ENABLED
 

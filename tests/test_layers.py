@@ -50,8 +50,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort")),
 )
 
-#: (importer, imported) pairs that go up the layers on purpose, with the reason.
+#: (importer, imported) pairs that go up the layers, or close a package-level circle
+#: inside one layer, on purpose, with the reason.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {
+    ("sbpmpi.nn", "sbpmpi.parallel"):
+        "sm.nn.DataParallel, no_sync and shard are the public names of the parallel wing "
+        "(as torch.nn.parallel under torch.nn); the wing builds on nn.module, so the two "
+        "packages of the api layer point at each other, but no module does back: "
+        "nn/__init__ looks the names up on first use -> parallel -> nn.module "
+        "(test_no_import_circles; test_the_parallel_wing_imports_first_or_second)",
     ("sbpmpi", "sbpmpi.launch"):
         "sm.launch is the public name of the launcher's functions (README: expect_world, "
         "find_mpiexec); imported only when a program touches sm.launch",
@@ -487,3 +494,66 @@ def test_the_private_walk_sees_a_private_name() -> None:
     assert private_imports("sbpmpi.ops.setitem", root / "setitem.py",
                            "from ..array_api import _sort\n", mods) == \
         ["sbpmpi.ops.setitem:1 _sort"]
+
+
+# ---- the parallel wing keeps no state at module level ----------------------------------------
+
+def module_level_state(path: pathlib.Path, source: str) -> list[str]:
+    """``path:line name`` for each module-level name bound to a container that is filled
+    at run time: a list or set (literal, comprehension or call), or an empty dict
+    (``{}``, ``dict()``). Non-empty dict literals (tables written once, such as
+    ``ZERO_BACKWARD_RULES``) and ``__all__`` are not state."""
+    found = []
+    for node in ast.parse(source, str(path)).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"]
+        mutable = isinstance(value, (ast.List, ast.Set, ast.ListComp, ast.SetComp)) or (
+            isinstance(value, ast.Dict) and not value.keys) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in ("list", "set", "dict", "deque", "defaultdict")
+            and (value.func.id != "dict" or not (value.args or value.keywords)))
+        if mutable:
+            found += [f"{path.name}:{node.lineno} {n}" for n in names]
+    return found
+
+
+def test_the_parallel_wing_keeps_no_module_level_state() -> None:
+    """Each DataParallel's reducer and each ZeRO module owns its state (the buckets' old
+    ``_SLOTS``, ``_TOUCHED``, ``INFLIGHT``, ``_SYNC`` are gone for good)."""
+    bad = []
+    for m, path in sorted(MODULES.items()):
+        if m == "sbpmpi.parallel" or m.startswith("sbpmpi.parallel."):
+            bad += [f"{m}: {w}" for w in module_level_state(path, path.read_text())]
+    assert not bad, "module-level state in the parallel wing:\n" + "\n".join(bad)
+
+
+def test_the_state_walk_sees_lists_sets_and_empty_dicts() -> None:
+    src = ("__all__ = ['a']\n_SLOTS: dict[int, int] = {}\n_TOUCHED = []\nINFLIGHT: list = list()\n"
+           "_SYNC = [True]\nTABLE = {'a': 1}\nN = 3\nS = set()\nD = dict(a=1)\n")
+    assert module_level_state(PKG / "made_up.py", src) == [
+        "made_up.py:2 _SLOTS", "made_up.py:3 _TOUCHED", "made_up.py:4 INFLIGHT",
+        "made_up.py:5 _SYNC", "made_up.py:8 S"]
+
+
+@pytest.mark.parametrize("first", ["sbpmpi.parallel", "sbpmpi.parallel.zero",
+                                   "sbpmpi.parallel.data_parallel", "sbpmpi.nn", "sbpmpi"])
+def test_the_parallel_wing_imports_first_or_second(first: str) -> None:
+    """sm.nn re-exports the wing, which builds on nn.module: whichever a program imports
+    first, both load and the names are the same objects (a fresh interpreter each)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nimport sbpmpi.nn as nn, sbpmpi.parallel as par\n"
+            "assert nn.DataParallel is par.DataParallel and nn.shard is par.shard\n"
+            "assert nn.no_sync is par.no_sync\nfrom sbpmpi.nn import DataParallel\n"
+            "print('imports ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=PKG.parent,
+                       env={**os.environ, "PYTHONPATH": str(PKG.parent)})
+    assert r.returncode == 0 and "imports ok" in r.stdout, r.stdout + r.stderr

@@ -1,260 +1,184 @@
-"""Elementwise functions: every one of the standard, computed on local shards.
+"""Elementwise functions: every one of the standard, each an alias of a registered op.
 
-Elementwise functions need no communication on any layout: a split operand keeps its
-split, a partial one is reduced first (see :mod:`._local`). The kernels are NumPy's
-ufuncs, which follow the standard's special cases for NaN, infinities and signed zeros.
-Python scalars take the dtype of the array operands (the standard's rule).
+The op registry (:mod:`sbpmpi.ops.registry`) names the op behind each of the standard's
+elementwise names (``subtract`` is ``sm.ops.sub``, ``sin`` is ``sm.ops.sin``, ...), so
+``xp.add(x, y)``, ``x + y``, ``np.add(x, y)`` and ``sm.add(x, y)`` run one op, with its
+signature table (a partial sum stays lazy where the op is linear) and its kernel (NumPy's
+ufuncs, with the standard's special cases where NumPy's differ). What this door adds is
+the standard's argument rules: a Python scalar takes the dtype of the array operands,
+and combinations the standard does not define (a Python float with an integer array,
+bool with a number) raise a TypeError (:func:`._dtypes.result_type`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from ..ops.call import tensor_arg
+from ..ops.registry import REGISTRY, OpEntry, entry_for_array_api
 from ..tensor import GlobalTensor
 from ._dtypes import bool as bool_
 from ._dtypes import result_type
-from ._local import array_arg, elementwise
 
-#: The standard's name -> NumPy's ufunc name, for the unary functions.
-UNARY: dict[str, str] = {
-    "abs": "absolute", "acos": "arccos", "acosh": "arccosh", "asin": "arcsin",
-    "asinh": "arcsinh", "atan": "arctan", "atanh": "arctanh", "bitwise_invert": "invert",
-    "conj": "conjugate", "cos": "cos", "cosh": "cosh", "exp": "exp", "expm1": "expm1",
-    "imag": "imag", "isfinite": "isfinite", "isinf": "isinf", "isnan": "isnan", "log": "log",
-    "log1p": "log1p", "log2": "log2", "log10": "log10", "logical_not": "logical_not",
-    "negative": "negative", "positive": "positive", "real": "real",
-    "reciprocal": "reciprocal", "sign": "sign", "signbit": "signbit", "sin": "sin",
-    "sinh": "sinh", "square": "square", "sqrt": "sqrt", "tan": "tan", "tanh": "tanh",
-}
-#: Unary rounding functions: the identity on integers (the standard keeps their dtype).
-ROUNDING: dict[str, str] = {"ceil": "ceil", "floor": "floor", "trunc": "trunc",
-                            "round": "round"}
-#: The standard's name -> NumPy's ufunc name, for the binary functions.
-BINARY: dict[str, str] = {
-    "add": "add", "atan2": "arctan2", "bitwise_and": "bitwise_and",
-    "bitwise_left_shift": "left_shift", "bitwise_or": "bitwise_or",
-    "bitwise_right_shift": "right_shift", "bitwise_xor": "bitwise_xor",
-    "copysign": "copysign", "divide": "true_divide", "equal": "equal",
-    "floor_divide": "floor_divide", "greater": "greater", "greater_equal": "greater_equal",
-    "hypot": "hypot", "less": "less", "less_equal": "less_equal", "logaddexp": "logaddexp",
-    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
-    "maximum": "maximum", "minimum": "minimum", "multiply": "multiply",
-    "nextafter": "nextafter", "not_equal": "not_equal", "pow": "power",
-    "remainder": "remainder", "subtract": "subtract",
+#: The standard's elementwise functions (2024.12), in its order: name -> number of array
+#: operands (clip takes one array and optional bounds).
+STANDARD: dict[str, int] = {
+    **dict.fromkeys((
+        "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "bitwise_invert", "ceil",
+        "conj", "cos", "cosh", "exp", "expm1", "floor", "imag", "isfinite", "isinf", "isnan",
+        "log", "log1p", "log2", "log10", "logical_not", "negative", "positive", "real",
+        "reciprocal", "round", "sign", "signbit", "sin", "sinh", "square", "sqrt", "tan",
+        "tanh", "trunc"), 1),
+    **dict.fromkeys((
+        "add", "atan2", "bitwise_and", "bitwise_left_shift", "bitwise_or",
+        "bitwise_right_shift", "bitwise_xor", "copysign", "divide", "equal", "floor_divide",
+        "greater", "greater_equal", "hypot", "less", "less_equal", "logaddexp", "logical_and",
+        "logical_or", "logical_xor", "maximum", "minimum", "multiply", "nextafter",
+        "not_equal", "pow", "remainder", "subtract"), 2),
+    "where": 3,
+    "clip": 1,
 }
 
-__all__ = [*UNARY, *ROUNDING, *BINARY, "clip", "where", "ELEMENTWISE"]
+__all__ = [*STANDARD, "ELEMENTWISE", "STANDARD", "entry_of"]
 
 
-def _complex_cases(xp: ModuleType, a: Any, out: Any,
-                   cases: tuple[tuple[Callable[[Any, Any], Any], complex], ...]) -> Any:
-    """``out`` with the standard's values where ``case(real, imag)`` holds (first match)."""
-    re, im = a.real, a.imag
-    for case, value in reversed(cases):
-        out = xp.where(case(re, im), xp.asarray(value, dtype=out.dtype), out)
-    return out
+def entry_of(name: str) -> OpEntry:
+    """The registry entry behind the standard's ``name``."""
+    entry = entry_for_array_api(name)
+    if entry is None:
+        raise LookupError(f"array API: {name!r} has no op in the registry")
+    return entry
 
 
-def _pos_zero(v: Any) -> Any:
-    return (v == 0) & ~np.signbit(v)
+def _standard_scalars(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The operands with each Python scalar in the dtype the standard gives it (the array
+    operands' promoted dtype); a TypeError for a combination the standard does not define."""
+    for a in args:
+        if not isinstance(a, (GlobalTensor, int, float, complex, np.generic)):
+            raise TypeError(f"{name}: arguments must be global arrays or Python scalars, got "
+                            f"{type(a).__name__} {a!r}")
+    if not any(isinstance(a, GlobalTensor) for a in args):
+        raise TypeError(f"{name}: at least one argument must be a global array")
+    if all(isinstance(a, GlobalTensor) for a in args):
+        return args
+    common = result_type(*args)
+    return tuple(a if isinstance(a, GlobalTensor) else np.asarray(a).astype(common)[()]
+                 for a in args)
 
 
-def _expm1(xp: ModuleType, a: Any) -> Any:
-    """NumPy's expm1, with the standard's complex special cases (NumPy's complex kernel
-    gives other values for infinite and NaN parts)."""
-    out = xp.expm1(a)
-    if a.dtype.kind != "c":
-        return out
-    inf, nan = np.inf, np.nan
-    return _complex_cases(xp, a, out, (
-        (lambda r, i: (r == inf) & _pos_zero(i), complex(inf, 0.0)),
-        (lambda r, i: (r == -inf) & (i == inf), complex(-1.0, 0.0)),
-        (lambda r, i: (r == inf) & (i == inf), complex(inf, nan)),
-        (lambda r, i: (r == -inf) & xp.isnan(i), complex(-1.0, 0.0)),
-        (lambda r, i: (r == inf) & xp.isnan(i), complex(inf, nan)),
-        (lambda r, i: xp.isnan(r) & _pos_zero(i), complex(nan, 0.0)),
-    ))
-
-
-def _tanh(xp: ModuleType, a: Any) -> Any:
-    """NumPy's tanh; for complex ``+-inf + bj`` with finite ``b``: ``+-1`` with a zero
-    imaginary part of the sign of ``b`` (the standard's case; NumPy's complex kernel may
-    give NaN, depending on its code path)."""
-    out = xp.tanh(a)
-    if a.dtype.kind != "c":
-        return out
-    fix = xp.isinf(a.real) & xp.isfinite(a.imag)
-    value = xp.empty_like(out)
-    value.real = xp.sign(a.real)
-    value.imag = xp.where(xp.signbit(a.imag), -0.0, 0.0)
-    return xp.where(fix, value, out)
-
-
-#: Unary functions whose kernel is not NumPy's ufunc alone.
-UNARY_KERNELS: dict[str, Callable[..., Any]] = {"expm1": _expm1, "tanh": _tanh}
-
-
-def _unary(name: str, ufunc: str) -> Callable[[GlobalTensor], GlobalTensor]:
-    kernel = UNARY_KERNELS.get(name) or (lambda xp, a: getattr(xp, ufunc)(a))
-
-    def f(x: GlobalTensor, /) -> GlobalTensor:
-        array_arg(name, x)
-        return elementwise(name, kernel, x)
-
+def _function(name: str) -> Callable[..., GlobalTensor]:
+    entry = entry_of(name)
+    op = entry.op
+    f: Callable[..., GlobalTensor]
+    if STANDARD[name] == 1:
+        def unary(x: GlobalTensor, /) -> GlobalTensor:
+            return op(tensor_arg(name, x))  # type: ignore[no-any-return]
+        f = unary
+    else:
+        def binary(x1: Any, x2: Any, /) -> GlobalTensor:
+            return op(*_standard_scalars(name, (x1, x2)))  # type: ignore[no-any-return]
+        f = binary
     f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise ``{name}`` of a global array (NumPy's ``{ufunc}`` on each shard)."
+    f.__doc__ = (f"The standard's ``{name}``: :func:`sbpmpi.ops.{entry.name}` (its signatures "
+                 f"and kernel), with the standard's scalar rules.")
     return f
-
-
-def _rounding(name: str, fn: str) -> Callable[[GlobalTensor], GlobalTensor]:
-    def kernel(xp: ModuleType, a: Any) -> Any:
-        return a.copy() if a.dtype.kind in "biu" else getattr(xp, fn)(a)
-
-    def f(x: GlobalTensor, /) -> GlobalTensor:
-        array_arg(name, x)
-        return elementwise(name, kernel, x, dtype=x.dtype)
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = (f"Elementwise ``{name}`` of a global array (integers are returned "
-                 f"unchanged, in their dtype).")
-    return f
-
-
-def _floor_divide(xp: ModuleType, a: Any, b: Any) -> Any:
-    """NumPy's floor_divide with the standard's special cases for infinite operands:
-    ``+-inf // finite`` is an infinity and ``finite // +-inf`` a zero of the quotient's
-    sign (NumPy gives NaN, or -1 for a negative quotient)."""
-    q = xp.floor_divide(a, b)
-    if q.dtype.kind != "f":
-        return q
-    exact = (xp.isinf(a) & xp.isfinite(b) & (b != 0)) | (xp.isfinite(a) & xp.isinf(b))
-    return xp.where(exact, a / b, q)
-
-
-#: Binary functions whose kernel is not NumPy's ufunc alone.
-KERNELS: dict[str, Callable[..., Any]] = {"floor_divide": _floor_divide}
-
-
-def _binary(name: str, ufunc: str) -> Callable[[Any, Any], GlobalTensor]:
-    kernel = KERNELS.get(name) or (lambda xp, a, b: getattr(xp, ufunc)(a, b))
-
-    def f(x1: Any, x2: Any, /) -> GlobalTensor:
-        return elementwise(name, kernel, x1, x2)
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = (f"Elementwise ``{name}`` of global arrays or Python scalars, with "
-                 f"broadcasting (NumPy's ``{ufunc}`` on each shard).")
-    return f
-
-
-# One module-level name per function (the namespace imports them by name).
-abs = _unary("abs", "absolute")  # noqa: A001
-acos = _unary("acos", "arccos")
-acosh = _unary("acosh", "arccosh")
-asin = _unary("asin", "arcsin")
-asinh = _unary("asinh", "arcsinh")
-atan = _unary("atan", "arctan")
-atanh = _unary("atanh", "arctanh")
-bitwise_invert = _unary("bitwise_invert", "invert")
-conj = _unary("conj", "conjugate")
-cos = _unary("cos", "cos")
-cosh = _unary("cosh", "cosh")
-exp = _unary("exp", "exp")
-expm1 = _unary("expm1", "expm1")
-imag = _unary("imag", "imag")
-isfinite = _unary("isfinite", "isfinite")
-isinf = _unary("isinf", "isinf")
-isnan = _unary("isnan", "isnan")
-log = _unary("log", "log")
-log1p = _unary("log1p", "log1p")
-log2 = _unary("log2", "log2")
-log10 = _unary("log10", "log10")
-logical_not = _unary("logical_not", "logical_not")
-negative = _unary("negative", "negative")
-positive = _unary("positive", "positive")
-real = _unary("real", "real")
-reciprocal = _unary("reciprocal", "reciprocal")
-sign = _unary("sign", "sign")
-signbit = _unary("signbit", "signbit")
-sin = _unary("sin", "sin")
-sinh = _unary("sinh", "sinh")
-square = _unary("square", "square")
-sqrt = _unary("sqrt", "sqrt")
-tan = _unary("tan", "tan")
-tanh = _unary("tanh", "tanh")
-ceil = _rounding("ceil", "ceil")
-floor = _rounding("floor", "floor")
-trunc = _rounding("trunc", "trunc")
-round = _rounding("round", "round")  # noqa: A001
-add = _binary("add", "add")
-atan2 = _binary("atan2", "arctan2")
-bitwise_and = _binary("bitwise_and", "bitwise_and")
-bitwise_left_shift = _binary("bitwise_left_shift", "left_shift")
-bitwise_or = _binary("bitwise_or", "bitwise_or")
-bitwise_right_shift = _binary("bitwise_right_shift", "right_shift")
-bitwise_xor = _binary("bitwise_xor", "bitwise_xor")
-copysign = _binary("copysign", "copysign")
-divide = _binary("divide", "true_divide")
-equal = _binary("equal", "equal")
-floor_divide = _binary("floor_divide", "floor_divide")
-greater = _binary("greater", "greater")
-greater_equal = _binary("greater_equal", "greater_equal")
-hypot = _binary("hypot", "hypot")
-less = _binary("less", "less")
-less_equal = _binary("less_equal", "less_equal")
-logaddexp = _binary("logaddexp", "logaddexp")
-logical_and = _binary("logical_and", "logical_and")
-logical_or = _binary("logical_or", "logical_or")
-logical_xor = _binary("logical_xor", "logical_xor")
-maximum = _binary("maximum", "maximum")
-minimum = _binary("minimum", "minimum")
-multiply = _binary("multiply", "multiply")
-nextafter = _binary("nextafter", "nextafter")
-not_equal = _binary("not_equal", "not_equal")
-pow = _binary("pow", "power")  # noqa: A001
-remainder = _binary("remainder", "remainder")
-subtract = _binary("subtract", "subtract")
-
-#: Every elementwise function of the namespace by name.
-ELEMENTWISE: dict[str, Callable[..., GlobalTensor]] = {
-    name: globals()[name] for name in (*UNARY, *ROUNDING, *BINARY)}
 
 
 def clip(x: GlobalTensor, /, min: Any = None, max: Any = None) -> GlobalTensor:  # noqa: A002
     """``x`` limited to ``[min, max]`` (either may be None, a Python scalar or a global
-    array); the result has the dtype of ``x``."""
-    array_arg("clip", x)
-    bounds = [b for b in (min, max) if b is not None]
-    lo, hi = min is not None, max is not None
-
-    def kernel(xp: ModuleType, a: Any, *b: Any) -> Any:
-        out = a
-        if lo:
-            out = xp.where(xp.isnan(b[0]) if b[0].dtype.kind in "fc" else False, b[0],
-                           xp.maximum(out, b[0]))
-        if hi:
-            m = b[-1]
-            out = xp.where(xp.isnan(m) if m.dtype.kind in "fc" else False, m,
-                           xp.minimum(out, m))
-        return xp.array(out, copy=True)
-
-    def scalar_ok(b: Any) -> Any:
-        return b if isinstance(b, GlobalTensor) else np.asarray(b).astype(x.dtype)[()]
-
-    return elementwise("clip", kernel, x, *map(scalar_ok, bounds), dtype=x.dtype,
-                       scalar_dtype=x.dtype)
+    array); the result has the dtype of ``x`` (:func:`sbpmpi.ops.clip`)."""
+    tensor_arg("clip", x)
+    return REGISTRY["clip"].op(x, min, max)  # type: ignore[no-any-return]
 
 
 def where(condition: GlobalTensor, x1: Any, x2: Any, /) -> GlobalTensor:
     """Elements of ``x1`` where ``condition`` is true, else of ``x2`` (global arrays or
-    Python scalars), with broadcasting."""
-    array_arg("where", condition)
+    Python scalars), with broadcasting (:func:`sbpmpi.ops.where`)."""
+    tensor_arg("where", condition, "condition")
     if condition.dtype != bool_:
         raise TypeError(f"where: condition must be a bool array, got dtype {condition.dtype}")
+    for a in (x1, x2):
+        if not isinstance(a, (GlobalTensor, int, float, complex, np.generic)):
+            raise TypeError(f"where: arguments must be global arrays or Python scalars, got "
+                            f"{type(a).__name__} {a!r}")
     dt = result_type(x1, x2)
-    return elementwise("where", lambda xp, c, a, b: xp.where(c, a, b), condition, x1, x2,
-                       dtype=dt, scalar_dtype=dt)
+    x1, x2 = (a if isinstance(a, GlobalTensor) else np.asarray(a).astype(dt)[()]
+              for a in (x1, x2))
+    out = REGISTRY["where"].op(condition, x1, x2)
+    return out if out.dtype == dt else out.astype(dt)  # type: ignore[no-any-return]
+
+
+# One module-level name per function (the namespace imports them by name).
+abs = _function("abs")  # noqa: A001
+acos = _function("acos")
+acosh = _function("acosh")
+asin = _function("asin")
+asinh = _function("asinh")
+atan = _function("atan")
+atanh = _function("atanh")
+bitwise_invert = _function("bitwise_invert")
+ceil = _function("ceil")
+conj = _function("conj")
+cos = _function("cos")
+cosh = _function("cosh")
+exp = _function("exp")
+expm1 = _function("expm1")
+floor = _function("floor")
+imag = _function("imag")
+isfinite = _function("isfinite")
+isinf = _function("isinf")
+isnan = _function("isnan")
+log = _function("log")
+log1p = _function("log1p")
+log2 = _function("log2")
+log10 = _function("log10")
+logical_not = _function("logical_not")
+negative = _function("negative")
+positive = _function("positive")
+real = _function("real")
+reciprocal = _function("reciprocal")
+round = _function("round")  # noqa: A001
+sign = _function("sign")
+signbit = _function("signbit")
+sin = _function("sin")
+sinh = _function("sinh")
+square = _function("square")
+sqrt = _function("sqrt")
+tan = _function("tan")
+tanh = _function("tanh")
+trunc = _function("trunc")
+add = _function("add")
+atan2 = _function("atan2")
+bitwise_and = _function("bitwise_and")
+bitwise_left_shift = _function("bitwise_left_shift")
+bitwise_or = _function("bitwise_or")
+bitwise_right_shift = _function("bitwise_right_shift")
+bitwise_xor = _function("bitwise_xor")
+copysign = _function("copysign")
+divide = _function("divide")
+equal = _function("equal")
+floor_divide = _function("floor_divide")
+greater = _function("greater")
+greater_equal = _function("greater_equal")
+hypot = _function("hypot")
+less = _function("less")
+less_equal = _function("less_equal")
+logaddexp = _function("logaddexp")
+logical_and = _function("logical_and")
+logical_or = _function("logical_or")
+logical_xor = _function("logical_xor")
+maximum = _function("maximum")
+minimum = _function("minimum")
+multiply = _function("multiply")
+nextafter = _function("nextafter")
+not_equal = _function("not_equal")
+pow = _function("pow")  # noqa: A001
+remainder = _function("remainder")
+subtract = _function("subtract")
+
+#: Every elementwise function of the namespace by name.
+ELEMENTWISE: dict[str, Callable[..., GlobalTensor]] = {
+    name: globals()[name] for name in STANDARD}

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..ops.call import tensor_arg
 from ..tensor import GlobalTensor
 from ._dtypes import result_type
 from ._local import axis_op, norm_axes
@@ -21,28 +22,16 @@ from ._manipulation import broadcast_arrays, permute_dims
 __all__ = ["matmul", "matrix_transpose", "tensordot", "vecdot"]
 
 
-def _x(name: str, x: Any, what: str) -> GlobalTensor:
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: {what} must be a global array, got {type(x).__name__}")
-    return x
+_x = tensor_arg
 
 
 def matmul(x1: GlobalTensor, x2: GlobalTensor, /) -> GlobalTensor:
-    """Matrix product with NumPy's rules (1-D operands are a row or a column, then dropped)."""
+    """Matrix product with NumPy's rules (1-D operands are a row or a column, then dropped):
+    :func:`sbpmpi.ops.matmul`, with the standard's dtype promotion."""
     _x("matmul", x1, "x1")
     _x("matmul", x2, "x2")
-    if x1.ndim == 0 or x2.ndim == 0:
-        raise ValueError("matmul: operands must have at least one dim")
     dt = result_type(x1, x2)
-    a = ops.reshape(x1, (1, x1.shape[0])) if x1.ndim == 1 else x1
-    b = ops.reshape(x2, (x2.shape[0], 1)) if x2.ndim == 1 else x2
-    a = a if a.dtype == dt else ops.astype(a, dt)
-    b = b if b.dtype == dt else ops.astype(b, dt)
-    out = ops.matmul(a, b)
-    if x1.ndim == 1 or x2.ndim == 1:
-        shape = out.shape[:-2] + (() if x1.ndim == 1 else out.shape[-2:-1]) + \
-            (() if x2.ndim == 1 else out.shape[-1:])
-        out = ops.reshape(out, shape)
+    out = ops.matmul(x1, x2)
     return out if out.dtype == dt else ops.astype(out, dt)  # type: ignore[no-any-return]
 
 

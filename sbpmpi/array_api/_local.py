@@ -1,5 +1,5 @@
-"""Namespace functions as global ops that compute on local shards (no op of their own in
-:mod:`sbpmpi.ops`).
+"""Namespace functions that are not registered ops, computed on local shards (creation
+functions of index arrays, sorting and searching steps, axis-wise functions).
 
 Each is an :class:`~sbpmpi.ops.OpCall` whose signature table has two rows: split a dim
 the function carries whole (``S(d)`` on every operand holding it) and broadcast. Dims
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ops import OpCall, execute
+from ..ops import OpCall, run_call
+from ..ops.call import shape_of, tensor_arg
 from ..ops.elementwise import broadcast_matches
 from ..ops.signature import S_D, B, DimMatch, Signature
 from ..tensor import GlobalTensor
@@ -49,11 +50,7 @@ def run_local(name: str, operands: Sequence[Any], kernel: Callable[..., Any],
 
     call = OpCall(name, ops_, _table(len(ops_)), {"d": carried}, tuple(out_shape),
                   np.dtype(dtype), k, labels=tuple(f"x{i + 1}" for i in range(len(ops_))))
-    return execute(call)
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return x.shape if isinstance(x, GlobalTensor) else ()
+    return run_call(call)
 
 
 def elementwise(name: str, f: Callable[..., Any], *args: Any,
@@ -68,7 +65,7 @@ def elementwise(name: str, f: Callable[..., Any], *args: Any,
         if not isinstance(a, (GlobalTensor, int, float, complex, np.generic)):
             raise TypeError(f"{name}: arguments must be global arrays or Python scalars, got "
                             f"{type(a).__name__} {a!r}")
-    shapes = [_shape(a) for a in args]
+    shapes = [shape_of(a) for a in args]
     try:
         out_shape = tuple(int(n) for n in np.broadcast_shapes(*shapes))
     except ValueError:
@@ -93,10 +90,9 @@ def elementwise(name: str, f: Callable[..., Any], *args: Any,
 
 
 def array_arg(name: str, x: Any) -> GlobalTensor:
-    """``x`` if it is a global array, else a TypeError naming ``name``."""
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__} {x!r}")
-    return x
+    """``x`` if it is a global array, else a TypeError naming ``name`` (the ops' one check,
+    :func:`sbpmpi.ops.call.tensor_arg`)."""
+    return tensor_arg(name, x)
 
 
 def norm_axes(name: str, axis: Any, ndim: int) -> tuple[int, ...]:
@@ -122,8 +118,7 @@ def axis_op(name: str, x: GlobalTensor, whole: tuple[int, ...], kernel: Callable
     """``kernel(xp, local_x, *local_others)`` with the dims ``whole`` of ``x`` held whole on
     each rank; ``kept`` maps the other dims of ``x`` to output dims (``others`` have the
     shape of ``x``)."""
-    if not isinstance(x, GlobalTensor):
-        raise TypeError(f"{name}: x must be a global array, got {type(x).__name__}")
+    tensor_arg(name, x)
     n = 1 + len(others)
     carried = tuple(DimMatch((d,) * n, j) for d, j in kept.items() if d not in whole)
     return run_local(name, (x, *others), kernel, out_shape, np.dtype(dtype), carried)

@@ -11,7 +11,13 @@ Two kinds of function, two algorithms:
   the array module of the placement) and nothing is communicated; a split of a matrix
   dim is boxed away first (``runtime.redistribute``: the matrices are gathered). The
   results keep the batch splits of the operands; the matrix dims of the results are
-  broadcast.
+  broadcast. Except at the size of the data: ``qr``, ``svd`` (``full_matrices=False``),
+  ``svdvals``, ``matrix_rank``, ``pinv`` and ``matrix_norm`` (2, -2, ``"nuc"``) of a
+  split non-square 2-D matrix factor it where it lies, by TSQR (:mod:`sbpmpi.linalg.tall`):
+  its long dim stays split in the results, the small factors are broadcast. Q's R has a
+  non-negative real diagonal there, and each row of V^H its largest entry real positive,
+  so R, U and V^H equal NumPy's up to signs (phases). :func:`sbpmpi.linalg.paths.path_of`
+  is the rule; ``sm.explain(xp.linalg.qr, x)`` prints the path of a call.
 - **Elementwise-like functions** (``cross``, ``matmul``, ``matrix_norm``,
   ``matrix_transpose``, ``outer``, ``tensordot``, ``trace``, ``vecdot``,
   ``vector_norm``) are the namespace's distributed ops: a split of a reduced axis gives
@@ -30,10 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from ..linalg import paths, tall
+from ..linalg.paths import explains
+from ..linalg.results import EighResult, QRResult, SlogdetResult, SVDResult
 from ..ops.elementwise import broadcast_matches
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
@@ -55,35 +64,6 @@ __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "m
            "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace",
            "vecdot", "vector_norm", "EighResult", "QRResult", "SlogdetResult",
            "SVDResult"]
-
-
-class EighResult(NamedTuple):
-    """``eigh``'s result: eigenvalues in ascending order and the eigenvectors (columns)."""
-
-    eigenvalues: GlobalTensor
-    eigenvectors: GlobalTensor
-
-
-class QRResult(NamedTuple):
-    """``qr``'s result: ``x = Q @ R``."""
-
-    Q: GlobalTensor
-    R: GlobalTensor
-
-
-class SlogdetResult(NamedTuple):
-    """``slogdet``'s result: ``det(x) = sign * exp(logabsdet)``."""
-
-    sign: GlobalTensor
-    logabsdet: GlobalTensor
-
-
-class SVDResult(NamedTuple):
-    """``svd``'s result: ``x = U @ diag(S) @ Vh``, ``S`` in descending order."""
-
-    U: GlobalTensor
-    S: GlobalTensor
-    Vh: GlobalTensor
 
 
 def _array(name: str, x: Any, what: str = "x") -> GlobalTensor:
@@ -329,10 +309,24 @@ def _tolerant(name: str, x: GlobalTensor, rtol: Any, tail: tuple[int, ...],
     return _parts(name, run, kernel, batch, (tail,), (dtype,))[0]
 
 
+def _scalar_rtol(name: str, x: GlobalTensor, rtol: Any) -> float | None:
+    """``rtol`` of a single matrix as a float (None: the default); a global array is
+    0-d there (the stack shape is ())."""
+    value, array = _rtol(name, x, rtol)
+    return float(array) if array is not None else value
+
+
+def _rank_path(x: Any, /, *, rtol: Any = None) -> paths.LinalgPath:
+    return paths.path_of("matrix_rank", _matrices("matrix_rank", x))
+
+
+@explains(_rank_path)
 def matrix_rank(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
     """The rank of each matrix: its singular values above ``rtol`` times the largest
     (default ``max(M, N) * eps``); ``rtol`` may be a global array per matrix."""
     _matrices("matrix_rank", x)
+    if _rank_path(x).kind in ("tall", "wide"):
+        return tall.matrix_rank(x, _scalar_rtol("matrix_rank", x, rtol))
 
     def f(xp: ModuleType, a: Any, r: Any) -> Any:
         s = xp.linalg.svd(a, compute_uv=False)
@@ -344,10 +338,17 @@ def matrix_rank(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
     return _tolerant("matrix_rank", x, rtol, (), np.dtype(np.int64), f)
 
 
+def _pinv_path(x: Any, /, *, rtol: Any = None) -> paths.LinalgPath:
+    return paths.path_of("pinv", _matrices("pinv", x))
+
+
+@explains(_pinv_path)
 def pinv(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
     """The Moore-Penrose pseudo-inverses: singular values at or below ``rtol`` times the
     largest are dropped (default ``max(M, N) * eps``)."""
     _matrices("pinv", x)
+    if _pinv_path(x).kind in ("tall", "wide"):
+        return tall.pinv(x, _scalar_rtol("pinv", x, rtol))
 
     def f(xp: ModuleType, a: Any, r: Any) -> Any:
         return xp.linalg.pinv(a, rcond=xp.asarray(r))
@@ -355,14 +356,28 @@ def pinv(x: GlobalTensor, /, *, rtol: Any = None) -> GlobalTensor:
     return _tolerant("pinv", x, rtol, x.shape[-1:] + x.shape[-2:-1], x.dtype, f)
 
 
-def qr(x: GlobalTensor, /, *, mode: str = "reduced") -> QRResult:
-    """The QR factorization of each matrix; ``mode`` ``"reduced"`` (``Q`` is M x K) or
-    ``"complete"`` (``Q`` is M x M)."""
+def _qr_path(x: Any, /, *, mode: str = "reduced") -> paths.LinalgPath:
+    return paths.path_of("qr", _matrices("qr", x), square_factor=mode == "complete")
+
+
+@explains(_qr_path)
+def qr(x: GlobalTensor, /, *, mode: str = "reduced") -> Any:
+    """The QR factorization of each matrix; ``mode`` ``"reduced"`` (``Q`` is M x K),
+    ``"complete"`` (``Q`` is M x M) or ``"r"`` (NumPy's: ``R`` alone, not a tuple)."""
     _matrices("qr", x)
-    if mode not in ("reduced", "complete"):
-        raise ValueError(f"linalg.qr: mode {mode!r} is not 'reduced' or 'complete'")
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"linalg.qr: mode {mode!r} is not 'reduced', 'complete' or 'r'")
+    path = _qr_path(x, mode=mode)
+    if path.kind == "refused":
+        raise ValueError(f"linalg.qr: mode 'complete' of x {x.shape}: {path.why}")
+    if path.kind in ("tall", "wide"):
+        q_t, r_t = tall.qr(x, mode)
+        return r_t if q_t is None else QRResult(q_t, r_t)
     m, n = x.shape[-2:]
     k = m if mode == "complete" else min(m, n)
+    if mode == "r":
+        return _checked("qr", x, lambda xp, a: xp.linalg.qr(a, mode="r"), (min(m, n), n),
+                        x.dtype)
     q, r = _stacked_parts("qr", x, lambda xp, a: tuple(xp.linalg.qr(a, mode=mode)),
                           ((m, k), (k, n)), (x.dtype, x.dtype))
     return QRResult(q, r)
@@ -411,10 +426,20 @@ def solve(x1: GlobalTensor, x2: GlobalTensor, /) -> GlobalTensor:
     return _parts("solve", run, kernel, batch, (tail,), (dt,))[0]
 
 
+def _svd_path(x: Any, /, *, full_matrices: bool = True) -> paths.LinalgPath:
+    return paths.path_of("svd", _matrices("svd", x), square_factor=bool(full_matrices))
+
+
+@explains(_svd_path)
 def svd(x: GlobalTensor, /, *, full_matrices: bool = True) -> SVDResult:
     """The singular value decomposition of each matrix; ``U`` is M x M and ``Vh`` N x N
     when ``full_matrices``, else M x K and K x N."""
     _matrices("svd", x)
+    path = _svd_path(x, full_matrices=full_matrices)
+    if path.kind == "refused":
+        raise ValueError(f"linalg.svd: full_matrices=True of x {x.shape}: {path.why}")
+    if path.kind in ("tall", "wide"):
+        return SVDResult(*tall.svd(x))
     m, n = x.shape[-2:]
     k = min(m, n)
     full = bool(full_matrices)
@@ -425,9 +450,15 @@ def svd(x: GlobalTensor, /, *, full_matrices: bool = True) -> SVDResult:
     return SVDResult(u, s, vh)
 
 
+def _svdvals_path(x: Any, /) -> paths.LinalgPath:
+    return paths.path_of("svdvals", _matrices("svdvals", x))
+
+
+@explains(_svdvals_path)
 def svdvals(x: GlobalTensor, /) -> GlobalTensor:
     """The singular values of each matrix, in descending order."""
-    _matrices("svdvals", x)
+    if _svdvals_path(x).kind in ("tall", "wide"):
+        return tall.svdvals(x)
     return _checked("svdvals", x, lambda xp, a: xp.linalg.svd(a, compute_uv=False),
                     (min(x.shape[-2:]),), _real(x.dtype))
 

@@ -12,8 +12,17 @@ from typing import Any
 
 from ..grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ..tape import Node
+from . import rules as rules  # attaches every op's backward rule to the op registry
+from .hooks import (
+    HookHandle,
+    register_backward_end_hook,
+    register_leaf_hook,
+    register_poll_hook,
+)
 
-__all__ = ["no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "Node", "backward"]
+__all__ = ["no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "Node", "backward",
+           "HookHandle", "register_leaf_hook", "register_backward_end_hook",
+           "register_poll_hook"]
 
 
 def backward(tensor: Any, gradient: Any = None) -> None:

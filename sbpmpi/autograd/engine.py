@@ -7,13 +7,14 @@ reduce-scatter for a split one) and added to ``leaf.grad``. Everything is decide
 metadata, so every rank makes the same calls and argument errors are raised on every
 rank before any communication.
 
-Parameters of a :class:`sbpmpi.nn.DataParallel` model take another road at the leaf:
-their gradient is written into a bucket of :mod:`.buckets`, whose all-reduce starts as
-soon as the bucket is full; the loop lets MPI advance the buckets in flight between rules
-and waits for all of them before ``backward`` returns (so ``.grad`` is never read in
-flight). With ``sm.trace()`` active each rule leaves a mark (``"backward <op>"``, then
-``"backward end"``) among the comm records, which shows the buckets' all-reduces starting
-while backward computes.
+The engine knows nothing of data parallelism: code above it takes part through the hooks
+of :mod:`.hooks`. A leaf's hooks see each of its gradient contributions (and may take
+them over: a data-parallel reducer writes them into a bucket instead of ``.grad``), the
+poll hooks run before each rule (the reducers let MPI advance the buckets in flight
+there), and the end hooks run once when backward ends, failed or not (the reducers wait
+for their buckets, so ``.grad`` is never read in flight). With ``sm.trace()`` active
+each rule leaves a mark (``"backward <op>"``, then ``"backward end"``) among the comm
+records, which shows the buckets' all-reduces starting while backward computes.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from ..creation import full
 from ..grad_mode import no_grad
 from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
-from . import buckets
 from .gradients import accumulate
-from .rules import RULES
+from .hooks import HOOKS, LeafCalls
+from .rules import rule_for
 
 __all__ = ["backward", "accumulate"]
 
@@ -90,52 +91,53 @@ def backward(root: GlobalTensor, gradient: Any = None) -> None:
         raise RuntimeError("backward: the tensor does not require grad and has no grad_fn "
                            "(make a leaf with requires_grad=True, outside sm.no_grad())")
     g = _seed(root, gradient)
+    failed = True
     with no_grad():
         try:
             if root._node is None:
-                _to_leaf(root, g)
-                slot = buckets.slot_of(root)
-                if slot is not None:
-                    buckets.done(slot)
+                _to_leaf(root, g, HOOKS.root_calls(root))
             else:
                 _run(root._node, g)
             if ACTIVE:
                 mark("backward end")
-            buckets.finish()
-        except BaseException:
-            buckets.abandon()  # no bucket left in flight
-            raise
+            failed = False
+        finally:
+            HOOKS.end_backward(failed)  # e.g. the buckets in flight waited for
 
 
-def _to_leaf(leaf: GlobalTensor, g: GlobalTensor) -> None:
-    """``g`` into ``leaf``'s bucket when it has one, else :func:`accumulate`."""
-    slot = buckets.slot_of(leaf)
-    if slot is None:
+def _to_leaf(leaf: GlobalTensor, g: GlobalTensor, calls: dict[int, LeafCalls]) -> None:
+    """``g`` to ``leaf``'s hooks, then, unless one took it over, into ``leaf.grad``."""
+    c = calls.get(id(leaf)) if calls else None
+    if c is None or not c.call(leaf, g):
         accumulate(leaf, g)
-    else:
-        buckets.add(slot, g)
+
+
+def _missing(x: Any, calls: dict[int, LeafCalls]) -> None:
+    """A gradient of ``x`` that will not come: its leaf hooks are told (they count)."""
+    c = calls.get(id(x))
+    if c is not None:
+        c.call(x, None)
 
 
 def _run(root: Node, g: GlobalTensor) -> None:
     """Apply the rules from ``root`` (gradient ``g``) back to the leaves."""
     grads: dict[int, GlobalTensor] = {id(root): g}
     order = _order(root)
-    # a bucketed leaf's slot is complete when its last gradient has come (a parameter
-    # used twice gets two), so the engine counts them down
-    expected = buckets.contributions(order)
+    calls = HOOKS.leaf_calls(order)
+    polls = HOOKS.polls()
     for node in order:
         gy = grads.pop(id(node), None)
         if gy is None:
-            if expected:
+            if calls:
                 for x, need in zip(node.inputs, node.needs):
                     if need:
-                        buckets.arrived(x, expected)
+                        _missing(x, calls)
             continue
-        rule = RULES.get(node.name)
+        rule = rule_for(node.name)
         if rule is None:  # e.g. the backward-only ops, called by hand with grad on
             raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
-        if buckets.INFLIGHT:
-            buckets.progress()
+        for poll in polls:
+            poll()
         if ACTIVE:
             mark(f"backward {node.name}")
         gxs = rule(node, gy)
@@ -143,19 +145,15 @@ def _run(root: Node, g: GlobalTensor) -> None:
             if not need:
                 continue
             if gx is None:
-                if expected:
-                    buckets.arrived(x, expected)
+                if calls:
+                    _missing(x, calls)
                 continue
             assert isinstance(x, GlobalTensor) and gx.shape == x.shape, (node, gx, x)
             if x._node is None:
-                _to_leaf(x, gx)
-                if expected:
-                    buckets.arrived(x, expected)
+                _to_leaf(x, gx, calls)
                 continue
             if gx.dtype != x.dtype:
                 gx = ops.astype(gx, x.dtype)
             key = id(x._node)
             old = grads.get(key)
             grads[key] = gx if old is None else ops.add(old, gx)
-
-

@@ -55,21 +55,20 @@ def device_pointer(a: Any) -> int:
 
 
 def sync_for_transfer(a: Any) -> None:
-    """Wait until pending GPU work that produces ``a`` is done, before MPI reads or writes it.
+    """Wait until pending GPU work that produces ``a`` is done, before MPI (or a staging
+    copy) reads or writes it.
 
-    Synchronises CuPy's current stream and, for foreign arrays, the stream named in
-    ``__cuda_array_interface__`` (version 3). Host-backed stand-ins need nothing.
+    The work may have run on any stream of the process (CuPy's current one, a non-blocking
+    stream, a PyTorch stream), and neither a CuPy array nor ``cudaMemcpy`` says which, so
+    this waits for the whole device (``cudaDeviceSynchronize``). Host-backed stand-ins need
+    nothing.
     """
     if type(a) in arrays._HOST_BACKED:
         return
     cp = arrays._cupy()
     if cp is None:
         return
-    cp.cuda.get_current_stream().synchronize()
-    if not isinstance(a, cp.ndarray):
-        stream = a.__cuda_array_interface__.get("stream")
-        if isinstance(stream, int) and stream > 2:  # 1, 2: legacy/per-thread default
-            cp.cuda.ExternalStream(stream).synchronize()
+    cp.cuda.runtime.deviceSynchronize()
 
 
 def ascontiguous_device(a: Any) -> Any:

@@ -1,7 +1,7 @@
 """Special functions on shards: ``erf`` for NumPy (which has none) and CuPy.
 
 CuPy arrays go to ``cupyx.scipy.special.erf``; NumPy arrays to ``scipy.special.erf``
-where SciPy is installed (a compiled kernel, an order of magnitude faster than the
+where SciPy is installed (imported at the first call; a compiled kernel, an order of magnitude faster than the
 expansions below; SciPy is not a dependency). Without SciPy they are computed in float64
 by two expansions without cancellation, within a few units in the last place of
 ``math.erf``: below ``|x| = 2.5`` the series
@@ -74,22 +74,32 @@ def _erf_numpy(x: np.ndarray) -> np.ndarray:
     return np.copysign(out, x).astype(np.result_type(x.dtype, np.float16), copy=False)
 
 
-def _scipy_erf() -> Any:
-    try:
-        return importlib.import_module("scipy.special").erf
-    except ImportError:
-        return None
+_UNKNOWN: Any = object()
+# SciPy's erf, None without SciPy; looked up at the first erf call, not at import: SciPy
+# reads SCIPY_ARRAY_API once, at its own first import, so importing it here would fix that
+# choice before a program that imports sbpmpi has had a chance to set the variable.
+_scipy_erf: Any = _UNKNOWN
 
 
-_SCIPY_ERF: Any = _scipy_erf()
+def _scipy() -> Any:
+    """``scipy.special.erf``, or None without SciPy (imported at the first call)."""
+    global _scipy_erf
+    if _scipy_erf is _UNKNOWN:
+        try:
+            _scipy_erf = importlib.import_module("scipy.special").erf
+        except ImportError:
+            _scipy_erf = None
+    return _scipy_erf
 
 
 def erf(x: Any) -> Any:
     """The error function of a NumPy or CuPy array, elementwise, in its floating dtype."""
     if isinstance(x, np.ndarray) or np.isscalar(x):
         x = np.asarray(x)
-        if _SCIPY_ERF is not None and x.dtype in (np.float32, np.float64):
-            return _SCIPY_ERF(x)
+        if x.dtype in (np.float32, np.float64):
+            scipy_erf = _scipy()
+            if scipy_erf is not None:
+                return scipy_erf(x)
         return _erf_numpy(x)
     special = importlib.import_module("cupyx.scipy.special")
     return special.erf(x)

@@ -27,11 +27,18 @@ directory.
 All of them are collective over the world: every rank calls them with the same
 arguments.
 
-Modules: :mod:`.header` (the ``.npy`` header), :mod:`.atomic_write` (temporary
-name, rename once every rank succeeded), :mod:`.tensor_file` (one tensor: save, load),
+Every error is raised on every rank alike and names the file: each I/O step agrees
+across the ranks before the next (:mod:`sbpmpi.comm.file_io`), and a failed save removes
+what it created. The state index records each file's CRC-32, which ``sm.load_state``
+verifies (``verify=False`` skips it).
+
+Modules: :mod:`.header` (the ``.npy`` header), :mod:`.regular_file` (reading regular
+files only, without blocking), :mod:`.atomic_write` (temporary name, rename once every
+rank succeeded, permission bits kept), :mod:`.tensor_file` (one tensor: save, load),
 :mod:`.state_directory` (save_state, load_state) with :mod:`.state_index`
-(``index.json``) and :mod:`.progress` (``verbose=True``), :mod:`.arguments`;
-:mod:`.training_state` (a model's and an optimizer's state in one directory).
+(``index.json``), :mod:`.checksum` (a file's CRC-32, computed by the ranks together) and
+:mod:`.progress` (``verbose=True``), :mod:`.arguments`; :mod:`.training_state` (a model's
+and an optimizer's state in one directory).
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def sbp_arg(sbp: Any, what: str) -> Any:
     return sbp
 
 
-def verbose_arg(verbose: Any, what: str) -> bool:
-    """``verbose`` when it is a bool (not merely truthy)."""
+def verbose_arg(verbose: Any, what: str, name: str = "verbose") -> bool:
+    """``verbose`` (the argument ``name``) when it is a bool (not merely truthy)."""
     if not isinstance(verbose, bool):
-        raise TypeError(f"{what}: verbose must be True or False, got {verbose!r}")
+        raise TypeError(f"{what}: {name} must be True or False, got {verbose!r}")
     return verbose

@@ -10,14 +10,19 @@ from __future__ import annotations
 import ast
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.lib import format as npy_format
 
 from ..errors import CheckpointError
+from .regular_file import open_regular
 
-__all__ = ["npy_header", "read_header", "native"]
+__all__ = ["npy_header", "read_header", "native", "element_count", "shape_problem",
+           "dtype_problem"]
+
+#: The largest number of elements (and of bytes) an array may have: NumPy's own limit.
+MAX_SIZE = int(np.iinfo(np.intp).max)
 
 _MAX_HEADER = 1 << 20  # bytes; real headers are a few hundred
 # Width of the header-length field and the header's text encoding per format version.
@@ -42,6 +47,46 @@ def npy_header(dtype: np.dtype, shape: Sequence[int], fortran_order: bool = Fals
     return buf.getvalue()
 
 
+def element_count(shape: Iterable[int]) -> int:
+    """The number of elements of ``shape``, in Python integers (no int64 wrap)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def shape_problem(shape: object, itemsize: int = 1) -> str | None:
+    """Why ``shape`` is not the shape of an array NumPy can hold (None when it is one): a
+    tuple or list of Python ints (not bools) >= 0, whose elements, counted in Python
+    integers, and bytes (at ``itemsize``) stay within NumPy's limit."""
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return f"shape {shape!r} is not a sequence of non-negative ints"
+    if len(shape) > 64:  # NumPy's NPY_MAXDIMS
+        return f"shape {tuple(shape)} has {len(shape)} dimensions; NumPy allows 64"
+    nonzero = element_count(n for n in shape if n)  # NumPy bounds them even when one is 0
+    if any(n > MAX_SIZE for n in shape) or nonzero * max(itemsize, 1) > MAX_SIZE:
+        return (f"shape {_short(shape)} has more elements than an array can hold "
+                f"({MAX_SIZE} bytes at most)")
+    return None
+
+
+def _short(shape: Sequence[int]) -> str:
+    text = str(tuple(shape))
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` cannot be read into a global tensor (None when it can)."""
+    if dtype.hasobject:
+        return (f"dtype {dtype} holds pickled Python objects; sm.load reads numeric arrays "
+                f"only")
+    if dtype.itemsize == 0:
+        return (f"dtype {dtype} has zero-size elements, which cannot be laid out in a "
+                f"file or across ranks")
+    return None
+
+
 def native(dtype: np.dtype) -> np.dtype:
     """``dtype`` in native byte order (a big-endian file's dtype as it is held in memory)."""
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
@@ -63,15 +108,12 @@ def read_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool, int]:
     FileNotFoundError, IsADirectoryError, PermissionError
         The file cannot be opened.
     CheckpointError
-        Not a ``.npy`` file, an unknown version, a malformed header, or a file size
-        that does not match the header (truncated or with trailing bytes).
+        Not a regular file (a FIFO would block), not a ``.npy`` file, an unknown version,
+        a malformed header (a shape NumPy cannot hold, object or zero-size elements), or
+        a file size that does not match the header (truncated or with trailing bytes).
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such file {path!r}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path!r} is a directory, not a .npy file")
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         try:
             version: tuple[int, int] | None = npy_format.read_magic(f)
         except ValueError:  # wrong magic bytes, or fewer than 8 bytes
@@ -99,7 +141,7 @@ def read_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool, int]:
                               f"the header alone needs {start + hlen})")
     shape, dtype, fortran = _header_dict(path, raw, encoding)
     offset = start + hlen
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = element_count(shape) * dtype.itemsize
     if size != offset + nbytes:
         what = "is truncated" if size < offset + nbytes else "is corrupt (longer than its header says)"
         raise CheckpointError(
@@ -124,6 +166,9 @@ def _header_dict(path: str, raw: bytes, encoding: str) -> tuple[tuple[int, ...],
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise CheckpointError(f"{path!r} has a malformed .npy header: shape {shape!r} is not a "
                               f"tuple of non-negative ints")
+    problem = shape_problem(shape)
+    if problem is not None:
+        raise CheckpointError(f"{path!r} has a malformed .npy header: {problem}")
     if not isinstance(fortran, bool):
         raise CheckpointError(f"{path!r} has a malformed .npy header: fortran_order "
                               f"{fortran!r} is not a bool")
@@ -132,7 +177,9 @@ def _header_dict(path: str, raw: bytes, encoding: str) -> tuple[tuple[int, ...],
     except Exception as e:
         raise CheckpointError(f"{path!r} has a malformed .npy header: descr {descr!r} is not "
                               f"a dtype ({e})") from None
-    if dtype.hasobject:
-        raise CheckpointError(f"{path!r} holds pickled Python objects (dtype {dtype}); sm.load "
-                              f"reads numeric arrays only")
+    problem = dtype_problem(dtype)
+    if problem is None:
+        problem = shape_problem(shape, dtype.itemsize)
+    if problem is not None:
+        raise CheckpointError(f"{path!r}: {problem}")
     return tuple(shape), dtype, fortran

@@ -5,7 +5,7 @@ block writes it in one collective call (:mod:`sbpmpi.comm.file_io`), no rank gat
 the whole tensor, and the file is renamed into place once every rank has succeeded
 (:mod:`.atomic_write`). ``sm.load`` reads any ``.npy`` file into any placement and
 SBP, each rank only its own slice, after rank 0 has checked the header
-(:mod:`.header`).
+(:mod:`.header`). Every error of either is raised on every rank alike and names the file.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from ..core.sbp import SBP, Broadcast, Partial, Split
 from ..env import get_rank
 from ..runtime import consistency
 from ..tensor import GlobalTensor
-from . import atomic_write
+from . import atomic_write, checksum
 from .arguments import path_arg, placement_arg, sbp_arg, tensor_arg
-from .header import native, npy_header, read_header
+from .header import element_count, native, npy_header, read_header
 
-__all__ = ["save", "load", "write_tensor", "read_tensor"]
+__all__ = ["save", "load", "write_tensor", "read_tensor", "read_tensor_sized"]
 
 
 def save(x: GlobalTensor, path: str | os.PathLike[str]) -> None:
@@ -51,28 +51,46 @@ def save(x: GlobalTensor, path: str | os.PathLike[str]) -> None:
     write_tensor(x, p)
 
 
-def write_tensor(x: GlobalTensor, path: str) -> None:
+def write_tensor(x: GlobalTensor, path: str, what: str = "sm.save", crc32: bool = False,
+                 mode: int | None = None) -> int | None:
     """:func:`save` after its argument checks and consistency check (collective).
 
     For callers that have checked ``x`` and ``path`` and agreed on them across ranks
     already (``sm.save_state``), so that one tensor costs no exchange of its own for that.
+    ``crc32``: return the file's CRC-32 (:mod:`.checksum`, computed from the written file
+    before it is renamed into place). ``mode``: the file's permission bits (by default
+    those of the file it replaces).
     """
     y = _reduced(x)
     layout = y.layout
-
-    def write(tmp: str) -> None:
-        header = npy_header(y.dtype, y.shape)
-        local = None
-        starts: Sequence[int] = ()
-        me = get_rank()
+    me = get_rank()
+    local = None
+    starts: Sequence[int] = ()
+    error: Exception | None = None
+    try:
         if _writes(layout, me):
             ranges = layout.local_ranges(me)
             assert ranges is not None
             starts = [a for a, _ in ranges]
             local = np.asarray(backend.asnumpy(y.to_local()))
-        file_io.write_blocks(tmp, header, local, y.shape, starts, y.dtype)
+    except Exception as e:  # a device copy: the ranks agree before the file is opened
+        error = e
+    if y.placement.type != "cpu":  # on the host nothing above can fail on one rank only
+        agreement.raise_if_any(error, f"{what} {path!r}")
+    elif error is not None:
+        raise error
+    header = npy_header(y.dtype, y.shape)
+    crc: list[int] = []
 
-    atomic_write.write_collectively(path, "sm.save", write)
+    def write(tmp: str) -> None:
+        file_io.write_blocks(tmp, header, local, y.shape, starts, y.dtype,
+                             what=f"{what} {path!r}")
+        if crc32:
+            crc.append(checksum.file_crc32(tmp, len(header) + element_count(y.shape)
+                                           * y.dtype.itemsize, f"{what} {path!r}"))
+
+    atomic_write.write_collectively(path, what, write, mode)
+    return crc[0] if crc else None
 
 
 def _reduced(x: GlobalTensor) -> GlobalTensor:
@@ -113,30 +131,40 @@ def load(path: str | os.PathLike[str], *, placement: Placement | None = None,
     return read_tensor(p, pl, sbp)
 
 
-def read_tensor(path: str, pl: Placement, sbp: Any) -> GlobalTensor:
+def read_tensor(path: str, pl: Placement, sbp: Any, what: str = "sm.load") -> GlobalTensor:
     """:func:`load` after its argument checks and consistency check (collective).
 
     For callers that have checked the arguments and agreed on them across ranks already
-    (``sm.load_state``). Two exchanges: rank 0's verdict on the header, and one on
-    whether every rank read its slice.
+    (``sm.load_state``). The exchanges: rank 0's verdict on the header, the read's
+    steps (:func:`sbpmpi.comm.file_io.read_blocks`), and one on whether every rank
+    placed its slice. Every error names the file: ``"<what> '<path>': ..."``.
     """
-    shape, dtype, fortran, offset = agreement.decide_on_root(lambda: read_header(path),
-                                                               "sm.load")
-    layout = Layout.make(shape, pl, sbp)
-    nat = native(dtype)
-    _check_identities(layout, nat, "sm.load")
+    return read_tensor_sized(path, pl, sbp, what)[0]
+
+
+def read_tensor_sized(path: str, pl: Placement, sbp: Any, what: str = "sm.load"
+                      ) -> tuple[GlobalTensor, int]:
+    """:func:`read_tensor`, and the file's size as its header gives it."""
+    label = f"{what} {path!r}"
+    shape, dtype, fortran, offset = agreement.decide_on_root(lambda: read_header(path), what)
+    try:
+        layout = Layout.make(shape, pl, sbp)
+        nat = native(dtype)
+        _check_identities(layout, nat, what)
+    except (TypeError, ValueError) as e:  # the same on every rank: shape and dtype agree
+        raise type(e)(f"{label}: {e}") from None
     me = get_rank()
     member = me in pl
     op = layout.identity_op(me) if member else None
     reads = member and op is None
     ranges = layout.local_ranges(me) if reads else None
     lshape = layout.local_shape(me)
+    buf = file_io.read_blocks(path, offset, dtype, shape,
+                              None if ranges is None else [a for a, _ in ranges],
+                              lshape if reads else (0,), fortran, what=label)
     error: BaseException | None = None
     local: Any = None
     try:
-        buf = file_io.read_blocks(path, offset, dtype, shape,
-                                  None if ranges is None else [a for a, _ in ranges],
-                                  lshape if reads else (0,), fortran)
         if not member:
             local = np.empty(lshape, dtype=nat)
         elif op is not None:
@@ -148,8 +176,8 @@ def read_tensor(path: str, pl: Placement, sbp: Any) -> GlobalTensor:
             local = backend.to_device(buf, pl.type)
     except Exception as e:
         error = e
-    agreement.raise_if_any(error, f"sm.load {path!r}")
-    return GlobalTensor(local, layout, nat)
+    agreement.raise_if_any(error, label)
+    return GlobalTensor(local, layout, nat), offset + element_count(shape) * dtype.itemsize
 
 
 def _check_identities(layout: Layout, dtype: np.dtype, what: str) -> None:

@@ -28,15 +28,16 @@ def save_training_state(directory: str | os.PathLike[str], module: Any,
 
 
 def load_training_state(directory: str | os.PathLike[str], module: Any,
-                        optimizer: Any = None) -> None:
+                        optimizer: Any = None, *, verify: bool = True) -> None:
     """Restore what :func:`save_training_state` wrote, into the current layouts.
 
     Each tensor is read straight into the layout of the parameter (or state tensor) it
     belongs to, so the world size, placement and SBPs may differ from the saving run.
+    ``verify``: check each file's CRC-32 against the index (as ``sm.load_state``).
     """
     want = _training_state(module, optimizer)
     state = load_state(directory, placement={k: v.placement for k, v in want.items()},
-                       sbp={k: v.sbp for k, v in want.items()})
+                       sbp={k: v.sbp for k, v in want.items()}, verify=verify)
     module.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("model.")})
     if optimizer is not None:
         optimizer.load_state_dict({k[6:]: v for k, v in state.items()

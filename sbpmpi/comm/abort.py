@@ -9,10 +9,18 @@ calls ``MPI_Abort`` on the world, as ``python -m mpi4py`` does.
 It is on by default when the world has more than one process and off for a
 single process; the setting :data:`sbpmpi.config.abort_on_error`
 (``SBPMPI_ABORT_ON_ERROR=0`` / ``1``) turns it off or forces it on.
+
+Once a rank has decided to abort, it cannot exit 0: the abort pauses a quarter second
+before ``MPI_Abort`` so that its message reaches the launcher, and meanwhile the main
+thread may reach the end of the program. The exit path (:func:`wait_if_aborting`, an
+``atexit`` handler and the first step of the exit-time agreement) waits for the abort
+instead of finalizing, and ends the process with the abort's exit code if ``MPI_Abort``
+does not.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -24,13 +32,16 @@ from typing import Any, NoReturn
 
 from .. import config
 
-__all__ = ["enabled", "install", "uninstall", "installed", "abort", "format_report",
-           "main"]
+__all__ = ["enabled", "install", "uninstall", "installed", "abort", "aborting",
+           "wait_if_aborting", "format_report", "main"]
 
 _prev_sys_hook: Any = None
 _prev_thread_hook: Any = None
 _lock = threading.Lock()
 _aborting = False
+_code = 1  # the exit code of the abort under way
+_PAUSE = 0.25  # seconds the launcher's output forwarder gets before MPI_Abort
+_exit_hook = False  # wait_if_aborting is registered with atexit
 
 
 def _world() -> tuple[int, int]:
@@ -76,10 +87,11 @@ def abort(message: str, code: int = 1) -> NoReturn:
     Falls back to ``os._exit(code)`` if ``MPI_Abort`` returns (MPI not usable), which the
     launcher also treats as a failed job.
     """
-    global _aborting
+    global _aborting, _code
     with _lock:
         first = not _aborting
-        _aborting = True
+        if first:  # set before anything else: the exit path now waits for this abort
+            _aborting, _code = True, code
     if first:
         try:
             sys.stderr.write(message if message.endswith("\n") else message + "\n")
@@ -89,7 +101,7 @@ def abort(message: str, code: int = 1) -> NoReturn:
             pass
         # give the launcher's output forwarder a moment: MPI_Abort tears the job down at
         # once, and a message still in its pipe would be lost
-        time.sleep(0.25)
+        time.sleep(_PAUSE)
     try:
         from mpi4py import MPI
 
@@ -97,6 +109,23 @@ def abort(message: str, code: int = 1) -> NoReturn:
             MPI.COMM_WORLD.Abort(code)
     finally:
         os._exit(code)
+
+
+def aborting() -> bool:
+    """True once a thread of this process has decided to abort the job."""
+    return _aborting
+
+
+def wait_if_aborting() -> None:
+    """On the exit path: if a thread of this process is aborting the job, wait for it
+    instead of going on to exit (with code 0, as a batch system would record it); if the
+    abort has not ended the process a few seconds later, exit with its code."""
+    if not _aborting:
+        return
+    deadline = time.monotonic() + _PAUSE + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    os._exit(_code)
 
 
 def _interactive() -> bool:
@@ -127,10 +156,13 @@ def install(force: bool | None = None) -> bool:
 
     Idempotent. Called by ``import sbpmpi``.
     """
-    global _prev_sys_hook, _prev_thread_hook
+    global _prev_sys_hook, _prev_thread_hook, _exit_hook
     on = enabled() if force is None else bool(force)
     if not on:
         return False
+    if not _exit_hook:  # atexit runs it before mpi4py finalizes MPI
+        atexit.register(wait_if_aborting)
+        _exit_hook = True
     if sys.excepthook is not _sys_hook:
         _prev_sys_hook = sys.excepthook
         sys.excepthook = _sys_hook

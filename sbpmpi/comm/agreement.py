@@ -41,8 +41,10 @@ from .group import WORLD, Group
 from .trace import ACTIVE, CommRecord, record_agreement
 from .watchdog import watch
 
-__all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree", "gather", "all_ok",
-           "raise_if_any", "decide_on_root", "collective_errors", "build_error"]
+__all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree",
+           "agree_flagged", "Agreement", "gather", "all_ok",
+           "raise_if_any", "decide_on_root", "collective_errors", "build_error",
+           "raised_on_every_rank"]
 
 MASK63 = (1 << 63) - 1
 #: Watch labels of exchanges that poll for finished peers themselves start with this (the
@@ -81,6 +83,13 @@ def _pickled(obj: Any) -> int:
         return 0
 
 
+class Agreement(NamedTuple):
+    """The result of :func:`agree_flagged`."""
+
+    explanations: list[Any] | None  # None when every fingerprint was equal
+    any_flag: bool  # some rank raised its flag (meaningful when the fingerprints agree)
+
+
 def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
           group: Group | None = None) -> list[Any] | None:
     """None when every rank of ``group`` passed the same fingerprint ``fp``; else the list
@@ -105,10 +114,32 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
         On every rank of the group, when a peer reached the end of the program (or is stuck
         in a failed check) so that the exchange can never complete.
     """
+    return _agree(np.array([fp, -fp], dtype=np.int64), what, text, explain, group,
+                  False).explanations
+
+
+def agree_flagged(fp: int, what: str, text: str, explain: Callable[[], Any],
+                  group: Group | None = None, flag: bool = False) -> Agreement:
+    """:func:`agree` carrying one flag of every rank in the same 16 bytes (the GPU route
+    decision of comm's checked mode rides on its signature agreement).
+
+    The flag takes the fingerprint's lowest bit: the MAX of ``fp`` with that bit replaced
+    by the flag is the largest fingerprint plus whether any rank raised the flag, and the
+    MAX of ``-fp`` (bit cleared) is minus the smallest, so the fingerprints still compare
+    on their other 62 bits.
+    """
+    even = fp & ~1
+    buf = np.array([even | int(flag), -even], dtype=np.int64)
+    return _agree(buf, what, text, explain, group, True)
+
+
+def _agree(buf: np.ndarray, what: str, text: str, explain: Callable[[], Any],
+           group: Group | None, flagged: bool) -> Agreement:
+    """The exchange of :func:`agree` and :func:`agree_flagged` (``buf``: [fp, -fp], with
+    the flag in the low bit of ``fp`` when ``flagged``)."""
     comm, ranks = members(group)
     if len(ranks) == 1:
-        return None
-    buf = np.array([fp, -fp], dtype=np.int64)
+        return Agreement(None, flagged and bool(buf[0] & 1))
     if ACTIVE:
         _note("agreement", 16, ranks)
     # the wait below notices a peer that reached the end of the program: only a timeout
@@ -119,11 +150,13 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
         if failed is not None:
             raise CollectiveMismatchError(failed)
         if int(buf[0]) == -int(buf[1]):
-            return None
+            return Agreement(None, False)
+        if flagged and int(buf[0]) >> 1 == -int(buf[1]) >> 1:  # equal but for the flag
+            return Agreement(None, bool(buf[0] & 1))
         mine = explain()
         if ACTIVE:
             _note("agreement_gather", _pickled(mine), ranks)
-        return comm.allgather(mine)  # type: ignore[no-any-return]
+        return Agreement(comm.allgather(mine), False)
 
 
 def gather(obj: Any, what: str, group: Group | None = None) -> list[Any]:
@@ -141,8 +174,9 @@ def gather(obj: Any, what: str, group: Group | None = None) -> list[Any]:
 
 # -- collective decisions ---------------------------------------------------------------------
 
-def all_ok(ok: bool, group: Group | None = None) -> bool:
-    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce)."""
+def all_ok(ok: bool, group: Group | None = None, *, label: str = "collective decision") -> bool:
+    """True on every rank iff ``ok`` is true on every rank of ``group`` (one small all-reduce,
+    watched as ``label``)."""
     comm, ranks = members(group)
     if comm is None:
         raise ValueError(f"this rank is not a member of {group!r}")
@@ -151,7 +185,7 @@ def all_ok(ok: bool, group: Group | None = None) -> bool:
     buf = np.array([0 if ok else 1, 0], dtype=np.int64)  # the shape of agree's exchange
     if ACTIVE:
         _note("agreement", 16, ranks)
-    with watch("collective decision", ranks):
+    with watch(label, ranks):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
     return int(buf[0]) == 0
 
@@ -200,14 +234,33 @@ def build_error(module: str, qualname: str, text: str) -> BaseException:
         return RuntimeError(f"{qualname}: {text}")
 
 
-def raise_if_any(error: BaseException | None, what: str, group: Group | None = None) -> None:
+_EVERY_RANK = "_sbpmpi_every_rank"  # the mark of an error a collective decision raised
+
+
+def _everywhere(exc: BaseException) -> BaseException:
+    try:
+        setattr(exc, _EVERY_RANK, True)
+    except AttributeError:  # an exception type without a __dict__
+        pass
+    return exc
+
+
+def raised_on_every_rank(e: BaseException) -> bool:
+    """True for an error that :func:`raise_if_any` or :func:`decide_on_root` raised: every
+    rank of the group raised it alike, so no further agreement is needed to act on it."""
+    return bool(getattr(e, _EVERY_RANK, False))
+
+
+def raise_if_any(error: BaseException | None, what: str, group: Group | None = None, *,
+                 label: str = "collective decision") -> None:
     """Collective: if any rank of ``group`` passes an error, raise one on every rank.
 
     Every rank raises the same type (that of the lowest failing rank, when it can be built
     from a message; RuntimeError otherwise) with the same message
     ``"<what>: rank R: <message>"``, chained to the local error where there is one.
+    ``label``: what the watchdog and the exchange's watch call the all-reduce.
     """
-    if all_ok(error is None, group):
+    if all_ok(error is None, group, label=label):
         return
     mine = None if error is None else _Failure.of(error)
     infos = gather(mine, f"collective decision of {what}", group)
@@ -221,7 +274,7 @@ def raise_if_any(error: BaseException | None, what: str, group: Group | None = N
         text += (f" (and the same on rank{'s' if len(others) > 1 else ''} "
                  f"{', '.join(map(str, others))})" if same else
                  "".join(f"\n{what}: rank {r}: {i.message}" for r, i in failed[1:4]))
-    exc = build_error(first.module, first.qualname, text)
+    exc = _everywhere(build_error(first.module, first.qualname, text))
     if error is not None:
         raise exc from error
     raise exc
@@ -256,7 +309,7 @@ def decide_on_root(fn: Callable[[], T], what: str, root: int = 0,
     failure = verdict.failure
     if failure is None:
         return verdict.result  # type: ignore[no-any-return]
-    exc = build_error(failure.module, failure.qualname, f"{what}: {failure.message}")
+    exc = _everywhere(build_error(failure.module, failure.qualname, f"{what}: {failure.message}"))
     if local_error is not None:
         raise exc from local_error
     raise exc

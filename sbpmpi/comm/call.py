@@ -7,10 +7,10 @@ A buffer call is written as::
         m = output_array_meta(arr, "arr", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)                       #    (checked mode: raised on every rank)
-    if checks.checking():
-        c.agree(sig)                      # 3. ranks agree on the signature (checked mode)
-    if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
-        return                            #    GPU transports (CUDA IPC)
+    sig = _sig(...) if checks.checking() else None
+    if c.gpu(_gpu.all_reduce, m.on_gpu, sig, arr, m, op):
+        return                            # 3. agree on the signature (checked mode) and,
+                                          #    with the ipc transport, on the route
     red = c.nan_safe(red, op, m.dtype, arr)  #    NaN-propagating MAX/MIN
     with stager(m.on_gpu) as st:              # 4. stage; copy back on success; 7. release
         buf = st.out(arr, m, copy_in=True)
@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .. import backend
-from . import checks
+from . import agreement, checks
 from .buffers import ArrayMeta
 from .gpu import route as _gpu
 from .group import WORLD, WORLD_COMM, Group, resolve
@@ -67,9 +67,29 @@ class Call:
         ``checks.checking()`` first, so the signature is built only when checking)."""
         return checks.agree(self.g, self.name, None, sig, extra)
 
-    def gpu(self, route: Callable[..., bool], *args: Any) -> bool:
-        """True when the GPU transport ``route`` (a :mod:`.gpu.route` call) did the call."""
-        return _gpu.ENABLED and route(*args, self.g, self.comm)
+    def gpu(self, route: Callable[..., bool], device: bool,
+            sig: Sequence[tuple[str, Any]] | None, *args: Any) -> bool:
+        """Step 3: True when the GPU transport ``route`` (a :mod:`.gpu.route` call) carried
+        the call, on every rank of the group alike.
+
+        ``device``: every array of the call on this rank is a GPU array; ``sig``: the
+        checked-mode signature (None when not checking), agreed here. While the ``ipc``
+        transport is on, every rank (host arrays too) asks ``route``, and the group decides
+        the route in one exchange, which in checked mode is the signature agreement itself;
+        inside a step the ranks agreed on as a whole (:func:`.checks.agreed`, a layout
+        conversion), host arrays are host arrays on every rank, and need no exchange.
+        """
+        if not _gpu.ENABLED:
+            if sig is not None:
+                checks.agree(self.g, self.name, None, sig)
+            return False
+        if not device and checks.within_agreed():
+            return False  # an agreed step: every rank's arrays are host arrays, as here
+        vote = _RouteVote(self, sig)
+        done = route(vote, device, *args, self.g, self.comm)
+        if sig is not None and not vote.asked:  # the route was known: no vote was needed
+            checks.agree(self.g, self.name, None, sig)
+        return bool(done)
 
     def nan_safe(self, red: MPIReduction, op: ReduceOp, dtype: np.dtype,
                  inputs: Any) -> MPIReduction:
@@ -102,6 +122,24 @@ class Call:
             note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
                  device, staged, nonblocking)
         return watch(self.name, self.ranks)
+
+
+class _RouteVote:
+    """The group's decision of one call's route (:mod:`.gpu.route`'s ``agree``): whether
+    every rank of the group is ready for the IPC path, in one exchange (the signature
+    agreement in checked mode)."""
+
+    __slots__ = ("call", "sig", "asked")
+
+    def __init__(self, call: Call, sig: Sequence[tuple[str, Any]] | None) -> None:
+        self.call, self.sig, self.asked = call, sig, False
+
+    def __call__(self, ready: bool) -> bool:
+        self.asked = True
+        c = self.call
+        if self.sig is None:
+            return agreement.all_ok(ready, c.g)
+        return not checks.agree_flag(c.g, c.name, self.sig, not ready)
 
 
 def host_only(red: MPIReduction, a: Any, m: ArrayMeta) -> bool:

@@ -13,6 +13,9 @@ corrupting data.
 Inside :func:`agreed` (a layout conversion whose ranks already agreed on the whole
 conversion) the calls skip their own exchange: their arguments follow from the agreed
 layouts.
+
+A call whose route the group decides together (the ``ipc`` GPU transport:
+:mod:`.gpu.route`) carries its rank's vote in the same exchange (:func:`agree_flag`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from . import agreement
 from .group import Group
 from .mismatch import mismatch_message
 
-__all__ = ["checking", "agree", "agreed", "disagreement"]
+__all__ = ["checking", "agree", "agree_flag", "agreed", "within_agreed", "disagreement"]
 
 # The calls test this flag first (through checking()): the setting, off inside agreed().
 _enabled: bool = config.comm_check.value
@@ -46,6 +49,13 @@ def checking() -> bool:
     """True in checked mode (the setting :data:`sbpmpi.config.comm_check`, outside
     :func:`agreed`)."""
     return _enabled
+
+
+def within_agreed() -> bool:
+    """True inside :func:`agreed`: the ranks agreed on the whole step, its layouts included
+    (so every rank's arrays are where the agreed placement says: host arrays on every rank,
+    or device arrays on every rank)."""
+    return _agreed_depth > 0
 
 
 @contextmanager
@@ -93,6 +103,20 @@ def agree(group: Group, op: str, err: BaseException | None,
     if extra is None:
         return [(full[1:], None)] * len(group.ranks)
     return [(full[1:], x) for x in agreement.gather(extra, op, group)]
+
+
+def agree_flag(group: Group, op: str, sig: Sequence[tuple[str, Any]], flag: bool) -> bool:
+    """Checked mode's agreement on ``sig`` (as :func:`agree` for arguments that were valid
+    here), carrying one flag of every rank in the same exchange: True when some rank of
+    ``group`` raised ``flag``."""
+    full = (("call", op),) + tuple(sig)
+    text = f"{op}({_fmt(sig)})"
+    fp = agreement.fingerprint_of(repr((None, full)))
+    got = agreement.agree_flagged(fp, op, text, lambda: (text, (None, full)), group, flag)
+    if got.explanations is not None:
+        _explain(got.explanations, group)
+        return True  # compared in full without a verdict: taken as raised, on every rank
+    return got.any_flag
 
 
 def _error(mine: tuple[str, str], text: str) -> Exception:

@@ -48,9 +48,8 @@ def broadcast(arr: Any, src: int, group: Group | None = None) -> None:
         root = root_rank(c.g, src, "src", c.name)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree(_sig(m, size=m.size, src=src))
-    if m.on_gpu and c.gpu(_gpu.broadcast, arr, m, root):
+    sig = _sig(m, size=m.size, src=src) if checks.checking() else None
+    if c.gpu(_gpu.broadcast, m.on_gpu, sig, arr, m, root):
         return
     me = c.comm.Get_rank()
     with stager(m.on_gpu) as st:
@@ -123,9 +122,9 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree(_sig(m, size=m.size, op=op.name, **({"async_op": True} if async_op else {})))
-    if m.on_gpu and c.gpu(_gpu.all_reduce, arr, m, op):
+    sig = (_sig(m, size=m.size, op=op.name, **({"async_op": True} if async_op else {}))
+           if checks.checking() else None)
+    if c.gpu(_gpu.all_reduce, m.on_gpu, sig, arr, m, op):
         return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
     red = c.nan_safe(red, op, m.dtype, arr)
     if async_op:
@@ -291,9 +290,9 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
         metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree(_sig(m, size=m.size, **({"async_op": True} if async_op else {})))
-    if m.on_gpu and mo is not None and mo.on_gpu and c.gpu(_gpu.all_gather, out, arr, m):
+    sig = (_sig(m, size=m.size, **({"async_op": True} if async_op else {}))
+           if checks.checking() else None)
+    if c.gpu(_gpu.all_gather, m.on_gpu and mo is not None and mo.on_gpu, sig, out, arr, m):
         return CollectiveWork(c.name, None, HOST, None, None) if async_op else None
     if async_op:
         assert mo is not None
@@ -351,9 +350,9 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree(_sig(m, size=m.size, op=op.name))
-    if m.on_gpu and mi is not None and mi.on_gpu and c.gpu(_gpu.reduce_scatter, out, x, m, mi, op):
+    sig = _sig(m, size=m.size, op=op.name) if checks.checking() else None
+    if c.gpu(_gpu.reduce_scatter, m.on_gpu and mi is not None and mi.on_gpu, sig, out, x, m, mi,
+             op):
         return
     red = c.nan_safe(red, op, m.dtype, x)
     with stager(m.on_gpu or (mi is not None and mi.on_gpu), host_only(red, out, m)) as st:
@@ -398,10 +397,9 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree(_sig(m, block=m.size))
-    if (mo is not None and mi is not None and mo.on_gpu and mi.on_gpu
-            and c.gpu(_gpu.all_to_all, out, in_, m, mi)):
+    sig = _sig(m, block=m.size) if checks.checking() else None
+    if c.gpu(_gpu.all_to_all, mo is not None and mi is not None and mo.on_gpu and mi.on_gpu,
+             sig, out, in_, m, mi):
         return
     with stager(m.on_gpu or (mo is not None and mo.on_gpu) or (mi is not None and mi.on_gpu)) as st:
         if mi is not None:

@@ -18,9 +18,14 @@ finished ranks print it and exit with code 1, so the job ends within seconds und
 the default settings.
 
 The notices travel on a duplicate of the world communicator made at ``import sbpmpi``
-(collective), so they never match a user's messages. A check costs one ``MPI_Test``
-and one ``MPI_Iprobe`` per poll in addition to its all-reduce; nothing else is sent
-while the program runs.
+(collective), so they never match a user's messages. Every receive names its source:
+one 16-byte receive is posted per peer for the head of its next notice (kind, length),
+and the text follows from the same peer under a second tag. A receive from
+``MPI_ANY_SOURCE`` posted after its message had arrived never completes under MPICH
+with its UCX network layer (across hosts, or on one with ``MPIR_CVAR_NOLOCAL=1``),
+and every program would hang at exit. A check that is not answered at once costs one
+``MPI_Testsome`` over these receives per poll in addition to its all-reduce; nothing
+else is sent while the program runs.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
+from . import abort
 from .mismatch import SAME_CALLS, mismatch_message
 
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
@@ -44,7 +51,9 @@ __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", 
 
 FINISHED_TEXT = "reached the end of the program"
 GRACE = 3.0  # seconds a failing check waits to hear what the other ranks of its group do
-_TAG = 0x5BB1
+_TAG = 0x5BB1  # the head of a notice: int64 (kind, length of its text)
+_TEXT_TAG = 0x5BB2  # the text of a notice, from the same peer
+_KINDS = ("finished", "stuck", "verdict")  # a notice's kind, by its code in the head
 
 _comm: Any = None  # the duplicate of the world communicator (None for one process)
 _states: dict[int, str] = {}  # world rank -> what it is doing for good (finished / stuck in X)
@@ -52,9 +61,12 @@ _verdict: str | None = None  # the final message, once a failure has been agreed
 _broken = False  # this rank raised an exit-time mismatch: it must not wait at exit
 _sends: list[Any] = []  # notices in flight, with their buffers (kept alive until done)
 _MAX_NOTICE = 1 << 16  # bytes; longer texts are cut
-_rbuf = bytearray(_MAX_NOTICE)
-_notice: Any = None  # the receive posted for the next notice
-_lock = threading.RLock()  # the posted receive is tested by the main and the watchdog thread
+# One receive per peer, indexed by world rank (REQUEST_NULL for this rank): the head of
+# the peer's next notice, or, once the head has come, its text.
+_reqs: list[Any] = []
+_heads: Any = None  # int64 (size, 2): the heads' buffers
+_texts: dict[int, tuple[str, bytearray]] = {}  # peer -> (kind, buffer) of a text in flight
+_lock = threading.RLock()  # the receives are tested by the main and the watchdog thread
 _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before this rank exits
 # Checks and sm.comm collectives entered per group (the key names the kind and the group's
 # world ranks). A finished rank sends
@@ -67,25 +79,44 @@ _peer_checks: dict[int, dict[str, int] | None] = {}
 
 def init() -> None:
     """Duplicate the world communicator and register the exit handler (collective, at import)."""
-    global _comm
+    global _comm, _heads
     if _comm is not None or MPI.COMM_WORLD.Get_size() == 1:
         return
     _comm = MPI.COMM_WORLD.Dup()
-    _post()
+    me, size = _comm.Get_rank(), _comm.Get_size()
+    _heads = np.zeros((size, 2), dtype=np.int64)
+    _reqs[:] = [MPI.REQUEST_NULL] * size
+    for p in range(size):
+        if p != me:
+            _post_head(p)
     atexit.register(_at_exit)
 
 
-def _post() -> None:
-    global _notice
-    _notice = _comm.Irecv([_rbuf, MPI.BYTE], source=MPI.ANY_SOURCE, tag=_TAG)
+def _post_head(peer: int) -> None:
+    _reqs[peer] = _comm.Irecv([_heads[peer], MPI.INT64_T], source=peer, tag=_TAG)
 
 
-def _take(status: Any) -> None:
-    """Record the notice that just arrived in ``_rbuf`` and post the next receive."""
+def _arrived() -> None:
+    """Take every notice that has arrived (call under ``_lock``)."""
+    while True:
+        done = MPI.Request.Testsome(_reqs)
+        if not done:  # None: no receive posted; []: none completed
+            return
+        for p in done:
+            text = _texts.pop(p, None)
+            if text is None:  # the head: post the receive of the text it announces
+                code, length = (int(v) for v in _heads[p])
+                buf = bytearray(length)
+                _texts[p] = (_KINDS[code], buf)
+                _reqs[p] = _comm.Irecv([buf, MPI.BYTE], source=p, tag=_TEXT_TAG)
+            else:
+                _post_head(p)
+                _take(p, text[0], bytes(text[1]).decode(errors="replace"))
+
+
+def _take(src: int, kind: str, text: str) -> None:
+    """Record the notice of kind ``kind`` that rank ``src`` sent."""
     global _verdict
-    kind, _, text = bytes(_rbuf[:status.Get_count(MPI.BYTE)]).decode().partition("\0")
-    src = status.Get_source()
-    _post()
     if kind == "verdict":
         if _verdict is None:
             _verdict = text
@@ -130,21 +161,28 @@ def finished_ranks() -> list[int]:
 
 
 def poll() -> None:
-    """Receive the notices that have arrived (cheap: one ``MPI_Test`` when none has)."""
+    """Receive the notices that have arrived (cheap: one ``MPI_Testsome`` when none has)."""
     if _comm is None:
         return
-    status = MPI.Status()
     with _lock:
-        while _notice.Test(status):
-            _take(status)
+        _arrived()
 
 
 def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = False) -> list[Any]:
+    """Send a notice to ``ranks`` (its head, then its text); the requests to wait on.
+
+    ``synchronous``: the text is sent with ``MPI_Issend``, so that its request completes
+    only once the peer has received it."""
     me = _comm.Get_rank()
-    data = f"{kind}\0{text}".encode()[:_MAX_NOTICE]
+    data = text.encode()[:_MAX_NOTICE]
+    head = np.array([_KINDS.index(kind), len(data)], dtype=np.int64)
     send = _comm.Issend if synchronous else _comm.Isend
-    reqs = [send([data, MPI.BYTE], dest=r, tag=_TAG) for r in ranks if r != me]
-    _sends.append((reqs, data))
+    reqs = []
+    for r in ranks:
+        if r != me:
+            reqs.append(_comm.Isend([head, MPI.INT64_T], dest=r, tag=_TAG))
+            reqs.append(send([data, MPI.BYTE], dest=r, tag=_TEXT_TAG))
+    _sends.append((reqs, data, head))
     return reqs
 
 
@@ -222,13 +260,11 @@ def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
         request.Wait()
         return None
     key, seq = enter("check", ranks)
-    status = MPI.Status()
     spins = 0
     gone_since: float | None = None
     while not request.Test():
         with _lock:
-            while _notice.Test(status):
-                _take(status)
+            _arrived()
         if _states and any(cannot_meet(r, key, seq) for r in ranks):
             if gone_since is None:
                 gone_since = time.monotonic()
@@ -268,6 +304,7 @@ def _at_exit() -> None:
     comm = _comm
     if comm is None or MPI.Is_finalized():
         return
+    abort.wait_if_aborting()  # a thread is aborting the job: this rank must not finish
     me, size = comm.Get_rank(), comm.Get_size()
     if _broken:  # this rank already ended with an agreed failure: do not wait for anyone
         deadline = time.monotonic() + 2.0  # but let the finished ranks read the verdict
@@ -280,6 +317,7 @@ def _at_exit() -> None:
     stuck_since: float | None = None
     delay = 0.0005
     while True:
+        abort.wait_if_aborting()
         poll()
         if _verdict is not None:
             _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: {_verdict}")
@@ -292,8 +330,10 @@ def _at_exit() -> None:
                              f"{_compose(_states | {me: FINISHED_TEXT}, range(size))}")
         elif len(_states) == size - 1 and MPI.Request.Testall(mine):
             with _lock:  # every rank finished and has our notice: MPI_Finalize can go ahead
-                _notice.Cancel()
-                _notice.Wait()
+                for req in _reqs:
+                    if req != MPI.REQUEST_NULL:
+                        req.Cancel()
+                MPI.Request.Waitall(_reqs)
             return
         time.sleep(delay)
         delay = min(delay * 1.5, 0.02)

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-__all__ = ["library_line", "library_name", "max_count"]
+__all__ = ["library_version", "library_line", "library_name", "max_count"]
+
+
+def library_version() -> str:
+    """``MPI.Get_library_version()`` without NUL characters: Open MPI's string ends with
+    the C string's terminating NUL, which would reach messages, ``sbpmpi info`` and the
+    cost cache's keys."""
+    return MPI.Get_library_version().replace("\0", "")
 
 
 def library_line() -> str:
-    """First line of ``MPI.Get_library_version()``, stripped, e.g.
+    """First line of :func:`library_version`, stripped, e.g.
     ``"MPICH Version:      4.2.0"`` (``"unknown MPI"`` if the library says nothing)."""
-    lines = MPI.Get_library_version().strip().splitlines()
+    lines = library_version().strip().splitlines()
     return lines[0].strip() if lines else "unknown MPI"
 
 

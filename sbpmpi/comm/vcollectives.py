@@ -107,9 +107,8 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d)])
-    if m.on_gpu and mo.on_gpu and c.gpu(_gpu.all_gather_v, out, arr, m, cs, d, need):
+    sig = [("dtype", m.dtype.str), ("counts", cs), ("displs", d)] if checks.checking() else None
+    if c.gpu(_gpu.all_gather_v, m.on_gpu and mo.on_gpu, sig, out, arr, m, cs, d, need):
         return
     with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)
@@ -182,9 +181,8 @@ def reduce_scatter_v(out: Any, arr: Any, counts: Sequence[int], op: ReduceOp = R
         red = mpi_reduction(op, info)
     except (TypeError, ValueError) as e:
         c.refuse(e)
-    if checks.checking():
-        c.agree([("dtype", m.dtype.str), ("counts", cs), ("op", op.name)])
-    if m.on_gpu and mi.on_gpu and c.gpu(_gpu.reduce_scatter_v, out, arr, m, mi, cs, op):
+    sig = [("dtype", m.dtype.str), ("counts", cs), ("op", op.name)] if checks.checking() else None
+    if c.gpu(_gpu.reduce_scatter_v, m.on_gpu and mi.on_gpu, sig, out, arr, m, mi, cs, op):
         return
     red = c.nan_safe(red, op, m.dtype, arr)
     with stager(m.on_gpu or mi.on_gpu, host_only(red, out, m)) as st:
@@ -223,7 +221,9 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
                     raise ValueError(
                         f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
                         f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
-    if m.on_gpu and mo.on_gpu and c.gpu(_gpu.all_to_all_v, out, oc, od, oneed, arr, ic, idd, m):
+    # (checked mode agreed above, with the counts: the route takes a vote of its own)
+    if c.gpu(_gpu.all_to_all_v, m.on_gpu and mo.on_gpu, None, out, oc, od, oneed, arr, ic, idd,
+             m):
         return
     with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)

@@ -274,7 +274,9 @@ def _run() -> None:
                 now = time.monotonic()
                 late = min(_entries.values(), key=lambda e: e.deadline)
                 if late.deadline > now:
-                    _cond.wait(late.deadline - now)
+                    # a timer takes no more than TIMEOUT_MAX (config refuses longer timeouts;
+                    # watch(seconds=...) may still pass one): wake up and look again
+                    _cond.wait(min(late.deadline - now, threading.TIMEOUT_MAX))
                     continue
                 stack = [e for e in _entries.values() if e.thread_id == late.thread_id]
                 break

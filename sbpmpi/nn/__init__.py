@@ -7,7 +7,8 @@ their functional forms, gradient clipping, data parallelism and ZeRO.
 - :mod:`.functional`: ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``,
   ``embedding``, ``layer_norm``, ``dropout``.
 - :mod:`.clip`: ``clip_grad_norm_``.
-- ``DataParallel``, ``no_sync`` and ``shard`` (ZeRO) are the data-parallel wing's.
+- ``DataParallel``, ``no_sync`` and ``shard`` (ZeRO) are the parallel wing's
+  (:mod:`sbpmpi.parallel`), under the names torch gives them here.
 
 Layouts are the user's choice, per parameter (see :mod:`.layers`). Backward gives each
 parameter its gradient in its own layout, so any :mod:`sbpmpi.optim` optimizer updates
@@ -21,7 +22,6 @@ from typing import Any
 
 from .clip import clip_grad_norm_
 from .containers import ModuleList, Sequential
-from .data_parallel import DataParallel, no_sync, shard
 from .functional import (
     cross_entropy,
     dropout,
@@ -44,7 +44,22 @@ _MOVED = {"save_training_state": "checkpoint.save_training_state",
           "load_training_state": "checkpoint.load_training_state"}
 
 
+#: The parallel wing's names (:mod:`sbpmpi.parallel`), looked up on first use: the wing
+#: builds on ``nn.module``, so importing it here would make ``import sbpmpi.parallel``
+#: (which runs this ``__init__`` first) ask a package that is still loading.
+_PARALLEL = ("DataParallel", "no_sync", "shard")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PARALLEL))  # the lazy names too (autodoc, completion)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _PARALLEL:
+        from .. import parallel
+
+        value = globals()[name] = getattr(parallel, name)
+        return value
     if name in _MOVED:
         from .. import checkpoint
 

@@ -1,16 +1,66 @@
-"""``Module``: the base class of models and layers (parameters found by walking attributes)."""
+"""``Module``: the base class of models and layers (parameters found by walking attributes),
+with torch's forward hooks (code that runs around a module's forward without changing
+its class: ZeRO stage 3 gathers a layer's parameters there)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+import itertools
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..autograd.hooks import HookHandle
 from ..grad_mode import no_grad
 from ..tensor import GlobalTensor
 
-__all__ = ["Module"]
+__all__ = ["Module", "ForwardPreHook", "ForwardHook"]
+
+#: ``hook(module, args) -> None or new args``
+ForwardPreHook = Callable[["Module", tuple[Any, ...]], Any]
+#: ``hook(module, args, output) -> None or new output``
+ForwardHook = Callable[["Module", tuple[Any, ...], Any], Any]
+
+_HOOK_IDS = itertools.count()  # handle keys, unique per process: never reset
+
+
+class _PostHook(NamedTuple):
+    hook: ForwardHook
+    always: bool  # also when forward raises
+
+
+@dataclass(eq=False)
+class _ForwardHooks:
+    """One module's forward hooks, in registration order."""
+
+    pre: dict[int, ForwardPreHook] = field(default_factory=dict)
+    post: dict[int, _PostHook] = field(default_factory=dict)
+
+    def call(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``module.forward(*args, **kwargs)`` with the hooks around it."""
+        for pre in tuple(self.pre.values()):
+            new = pre(module, args)
+            if new is not None:
+                args = new if isinstance(new, tuple) else (new,)
+        try:
+            out = module.forward(*args, **kwargs)
+        except BaseException:
+            for post in tuple(self.post.values()):
+                if post.always:
+                    try:
+                        post.hook(module, args, None)
+                    except Exception as e:  # forward's own error is the one to see
+                        warnings.warn(f"a forward hook with always_call=True raised {e!r} "
+                                      f"after forward raised; silenced", RuntimeWarning,
+                                      stacklevel=3)
+            raise
+        for post in tuple(self.post.values()):
+            new = post.hook(module, args, out)
+            if new is not None:
+                out = new
+        return out
 
 
 class Module:
@@ -29,7 +79,47 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        hooks = self.__dict__.get("_forward_hooks")
+        if hooks is None:
+            return self.forward(*args, **kwargs)
+        return hooks.call(self, args, kwargs)
+
+    # -- forward hooks (torch's names) ------------------------------------------------------
+
+    def _forward_hook_table(self) -> _ForwardHooks:
+        hooks = self.__dict__.get("_forward_hooks")
+        if hooks is None:  # made on first use: subclasses need not call __init__
+            hooks = self.__dict__["_forward_hooks"] = _ForwardHooks()
+        return hooks
+
+    def register_forward_pre_hook(self, hook: ForwardPreHook) -> HookHandle:
+        """Call ``hook(module, args)`` before each forward (through ``module(...)``); a
+        result other than None replaces the positional arguments (a tuple, or one value).
+        Returns a handle whose ``remove()`` unregisters it."""
+        if not callable(hook):
+            raise TypeError(f"register_forward_pre_hook: hook must be callable, got "
+                            f"{type(hook).__name__}")
+        key = next(_HOOK_IDS)
+        table = self._forward_hook_table().pre
+        table[key] = hook
+        return HookHandle(lambda: table.pop(key, None))
+
+    def register_forward_hook(self, hook: ForwardHook, *, always_call: bool = False
+                              ) -> HookHandle:
+        """Call ``hook(module, args, output)`` after each forward; a result other than None
+        replaces the output. ``always_call``: also when forward raises (``output`` is
+        None, the result ignored, and forward's error propagates; an error of the hook
+        then is a warning). Returns a handle whose ``remove()`` unregisters it."""
+        if not callable(hook):
+            raise TypeError(f"register_forward_hook: hook must be callable, got "
+                            f"{type(hook).__name__}")
+        if not isinstance(always_call, (bool, np.bool_)):
+            raise TypeError(f"register_forward_hook: always_call must be a bool, got "
+                            f"{type(always_call).__name__} {always_call!r}")
+        key = next(_HOOK_IDS)
+        table = self._forward_hook_table().post
+        table[key] = _PostHook(hook, bool(always_call))
+        return HookHandle(lambda: table.pop(key, None))
 
     def _members(self) -> Iterator[tuple[str, Any]]:
         """``(name, value)`` of the attributes that may hold parameters or submodules."""
@@ -45,6 +135,21 @@ class Module:
                 for i, m in enumerate(v):
                     if isinstance(m, Module):
                         yield f"{k}.{i}", m
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """``(dotted path, module)`` of this module (path ``prefix``) and every submodule,
+        each once, parents first, in attribute order: the path of a parameter
+        ``"blocks.0.weight"`` is that of its module, ``"blocks.0"``."""
+        seen: set[int] = set()
+        stack: list[tuple[str, Module]] = [(prefix, self)]
+        while stack:
+            path, m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield path, m
+            stack.extend(reversed([(f"{path}.{k}" if path else k, c)
+                                   for k, c in m.named_children()]))
 
     def children(self) -> Iterator[Module]:
         """The direct submodules."""

@@ -26,7 +26,7 @@ import numpy as np
 from ..core.sbp import Broadcast, Split
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, tensor_arg
-from .op import execute
+from .op import GlobalOp, run_call
 from .signature import S_D, B, DimMatch, Signature
 
 __all__ = ["getitem_arrays", "is_array_key", "mask_of", "ARRAY_INDEX"]
@@ -81,9 +81,9 @@ def _integer_parts(x: GlobalTensor, items: tuple[Any, ...]) -> list[Any]:
     return list(items)
 
 
-def getitem_arrays(x: GlobalTensor, key: Any) -> GlobalTensor:
-    """``x[key]`` for a key with global arrays (see the module). Collective: the key's
-    arrays are gathered on every rank."""
+def _build(x: Any, key: Any) -> OpCall:
+    """Build the OpCall of ``getitem_arrays``. Collective: the key's arrays are gathered on
+    every rank (their values decide the result's shape)."""
     x = tensor_arg("getitem", x)
     items = key if isinstance(key, tuple) else (key,)
     mask = mask_of("getitem", key)
@@ -114,10 +114,24 @@ def getitem_arrays(x: GlobalTensor, key: Any) -> GlobalTensor:
             return xp.zeros(shape, dtype=local[0].dtype)
         return local[0][tuple(xp.asarray(i) for i in index)]
 
-    call = OpCall("getitem", (x,), ARRAY_INDEX, dims, out_shape, x.dtype, kernel,
+    return OpCall("getitem_arrays", (x,), ARRAY_INDEX, dims, out_shape, x.dtype, kernel,
                   params="key=<arrays>", labels=("x",))
-    out = execute(call)
-    return _balanced(out, x, k, len(lead))
+
+
+class _GetItemArrays(GlobalOp):
+    """getitem_arrays: the selection, then its first dim split again where ``x`` was split
+    along an indexed dim (a local slice)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = self.build(*args, **kwargs)
+        x = call.operands[0]
+        carried = len(call.dims["d"])  # the dims after the indexed ones
+        return _balanced(run_call(call), x, x.ndim - carried, len(call.out_shape) - carried)
+
+
+getitem_arrays = _GetItemArrays("getitem_arrays", _build, ARRAY_INDEX, fast=False, doc=(
+    "``x[key]`` for a key with global arrays: one boolean mask, or integer arrays and ints "
+    "(see :mod:`sbpmpi.ops.array_index`). Collective: the key is gathered on every rank."))
 
 
 def _balanced(out: GlobalTensor, x: GlobalTensor, k: int, n_lead: int) -> GlobalTensor:

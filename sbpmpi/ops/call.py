@@ -8,21 +8,18 @@ collective.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..tensor import GlobalTensor
+from .kernel import Kernel
 from .signature import DimMatch, Signature
 
-__all__ = ["OpCall", "Kernel", "is_scalar", "operand", "tensor_arg", "probe_dtype", "norm_dim",
-           "norm_dims", "arg_summary"]
-
-#: ``kernel(xp, operands, out_local_shape) -> local result``; tensor operands are local shards.
-Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
+__all__ = ["OpCall", "Kernel", "is_scalar", "operand", "tensor_arg", "shape_of", "probe_dtype",
+           "norm_dim", "norm_dims", "arg_summary"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,10 +98,16 @@ def operand(op: str, x: Any, what: str) -> Any:
 
 
 def tensor_arg(op: str, x: Any, what: str = "x") -> GlobalTensor:
-    """``x`` if it is a GlobalTensor, else a TypeError naming ``op`` and the argument."""
+    """``x`` if it is a GlobalTensor, else a TypeError naming ``op`` and the argument: the
+    one check of a tensor argument, in ops/ and in the array API namespace alike."""
     if not isinstance(x, GlobalTensor):
         raise TypeError(f"{op}: {what} must be a GlobalTensor, got {arg_summary(x)}")
     return x
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    """The global shape of an operand: a GlobalTensor's, ``()`` for a scalar."""
+    return x.shape if isinstance(x, GlobalTensor) else ()
 
 
 def probe_dtype(op: str, fn: Callable[..., Any], *args: Any) -> np.dtype:

@@ -19,10 +19,11 @@ Arguments that are not plain hashable values (lists, arrays, slices) are never c
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from ..tape import record_op
 from ..tensor import GlobalTensor
 from .kernel import Kernel, local_result
 
-__all__ = ["Fast", "key", "lookup", "remember", "clear", "entries", "SIZE"]
+__all__ = ["Fast", "Source", "From", "key", "lookup", "remember", "clear", "entries", "SIZE"]
 
 #: Most entries kept; the cache is emptied when full (a loop has few distinct calls).
 SIZE = 4096
@@ -82,13 +83,35 @@ def key(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ..
     return tuple(parts)
 
 
+class From(enum.Enum):
+    """Where a remembered call finds an operand."""
+
+    ARG = "positional argument"  # args[where]
+    KWARG = "keyword argument"   # kwargs[where]
+    VALUE = "value"              # where itself: a scalar the builder derived from the key
+
+
+class Source(NamedTuple):
+    """Where one operand of a remembered call comes from (see :class:`From`)."""
+
+    kind: From
+    where: Any
+
+    def get(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.kind is From.ARG:
+            return args[self.where]
+        if self.kind is From.KWARG:
+            return kwargs[self.where]
+        return self.where
+
+
 @dataclass(frozen=True, eq=False)
 class Fast:
     """What a repeated local-only call needs: where its operands come from, the kernel,
     the output layout and dtype, this rank's output shard shape, and the step's check."""
 
     name: str
-    sources: tuple[tuple[int, Any], ...]  # per operand: (0, arg index) (1, kwarg) (2, value)
+    sources: tuple[Source, ...]  # per operand
     identity: bool  # operands are exactly the positional args
     kernel: Kernel
     xp: ModuleType | None  # None: this rank is outside the output placement
@@ -100,8 +123,7 @@ class Fast:
     def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.identity:
             return args
-        return tuple(args[v] if k == 0 else kwargs[v] if k == 1 else v
-                     for k, v in self.sources)
+        return tuple(s.get(args, kwargs) for s in self.sources)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GlobalTensor:
         """Run the call: fold the step into the check, compute, wrap, record for autograd."""
@@ -134,24 +156,25 @@ def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
              operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, output: Layout,
              dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str) -> None:
     """Store the entry of a call that ran on local shards only (see the module doc)."""
-    sources: list[tuple[int, Any]] = []
+    sources: list[Source] = []
     for o in operands:
-        src: tuple[int, Any] | None = None
+        src: Source | None = None
         for i, a in enumerate(args):
             if a is o:
-                src = (0, i)
+                src = Source(From.ARG, i)
                 break
         if src is None:
             for n, a in kwargs.items():
                 if a is o:
-                    src = (1, n)
+                    src = Source(From.KWARG, n)
                     break
         if src is None:
             if isinstance(o, GlobalTensor):
                 return  # an operand the builder made: not a function of the key
-            src = (2, o)  # a scalar the builder derived from keyed arguments
+            src = Source(From.VALUE, o)  # a scalar the builder derived from keyed arguments
         sources.append(src)
-    identity = len(operands) == len(args) and all(s == (0, i) for i, s in enumerate(sources))
+    identity = len(operands) == len(args) and all(
+        s.kind is From.ARG and s.where == i for i, s in enumerate(sources))
     if len(_FAST) >= SIZE:
         _FAST.clear()
     _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),

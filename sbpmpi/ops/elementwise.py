@@ -1,14 +1,21 @@
-"""Elementwise ops: binary (NumPy broadcasting, Python scalars), unary, ``where``.
+"""Elementwise ops: binary (NumPy broadcasting, Python scalars), unary, ``where``, ``clip``.
 
 Wildcard ``S(d)``: a split of output dim ``d`` is a split of the matching dim of each
 input that has it at full size, and broadcast for an input broadcast along it (size 1,
 missing, or a scalar). Partial rows hold because the op is linear (``P`` rows) or
 monotone (``P(max)``/``P(min)`` rows) in that operand.
 
-Every op comes from one table, :data:`POINTWISE` (its array function and its rule), and
-its signature table from that rule in :data:`RULES` (linearity or monotonicity in each
-argument, jointly or alone: what a partial input allows), like PyTorch's pointwise
-strategy with its linearity table.
+Every op is one row of one table, :data:`POINTWISE`: its kernel, the family of
+:data:`LINEARITY` that gives its signature table (linearity or monotonicity in each
+argument, jointly or alone: what a partial input allows, like PyTorch's pointwise
+strategy with its linearity lists), the NumPy ufunc or function it answers to, its name
+in the array API standard, its Python operator, and whether it has a gradient. The op
+registry (:mod:`.registry`) makes every door of an op from that row.
+
+Kernels are NumPy's (CuPy's) ufuncs on the local shards; where the array API standard
+fixes a special case NumPy computes otherwise (``+-inf // finite``, complex ``expm1`` and
+``tanh`` at infinities), the kernel gives the standard's value, whichever door the op
+is called by.
 """
 
 from __future__ import annotations
@@ -16,26 +23,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..backend.special import erf as _erf_of
 from ..core.sbp import PARTIALS
 from ..tensor import GlobalTensor
-from .call import OpCall, operand, probe_dtype, tensor_arg
+from .call import OpCall, operand, probe_dtype, shape_of, tensor_arg
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
 
 __all__ = [
     "ADD", "SUB", "MUL", "DIV", "POW", "MAXIMUM", "MINIMUM", "COMPARE", "WHERE",
-    "NEG", "MONOTONE", "UNARY", "Pointwise", "RULES", "TABLES", "POINTWISE",
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-    "where", "neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "erf",
-    "broadcast_matches",
+    "NEG", "MONOTONE", "UNARY", "CLIP", "Pointwise", "LINEARITY", "TABLES", "Elementwise",
+    "POINTWISE", "POINTWISE_OPS", "broadcast_matches", "clip",
 ]
 
-# ---- signature tables (one mesh axis), generated from one rule per op ----------------------
+# ---- signature tables (one mesh axis), generated from one rule per family ------------------
 #: ``alone`` entries: partial kind of the one partial argument -> partial kind of the output.
 LINEAR = (("sum", "sum"),)                    # f(a1 + a2, b) = f(a1, b) + f(a2, b)
 UP = (("max", "max"), ("min", "min"))         # increasing: f(max(a_i)) = max(f(a_i))
@@ -79,8 +84,10 @@ class Pointwise:
         return tuple(rows)
 
 
-#: One rule per family of pointwise ops.
-RULES: dict[str, Pointwise] = {
+#: The linearity families: family name -> what its ops allow of partial inputs. A
+#: monotone op must also map the reductions' identities (+-inf) to values, not NaN
+#: (``log(-inf)`` is NaN, so ``log`` has no partial rows).
+LINEARITY: dict[str, Pointwise] = {
     "add": Pointwise(2, (0, 1), ("sum",), (UP, UP), float_order=True),
     "sub": Pointwise(2, (0, 1), ("sum",), (UP, DOWN), float_order=True),  # b - max = min
     "mul": Pointwise(2, alone=(LINEAR, LINEAR)),
@@ -89,17 +96,24 @@ RULES: dict[str, Pointwise] = {
     "maximum": Pointwise(2, (0, 1), ("max",), ((("max", "max"),),) * 2),
     "minimum": Pointwise(2, (0, 1), ("min",), ((("min", "min"),),) * 2),
     "compare": Pointwise(2),  # eq ne lt le gt ge
+    "binary": Pointwise(2),   # floor_divide, remainder, bitwise, atan2, ...: no partial rows
+    "increasing": Pointwise(2, alone=(UP, UP), float_order=True),  # logaddexp
     "where": Pointwise(3, (1, 2), ("sum", "max", "min")),  # where(cond, x, y): selecting
     "neg": Pointwise(1, alone=(LINEAR + DOWN,), float_order=True),
-    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu erf
-    "unary": Pointwise(1),  # abs sqrt log
+    "identity": Pointwise(1, alone=(LINEAR + UP,)),  # positive
+    "linear": Pointwise(1, alone=(LINEAR,)),  # real, imag, conj
+    "monotone": Pointwise(1, alone=(UP,)),  # exp tanh sigmoid relu erf floor sign ...
+    "unary": Pointwise(1),  # abs sqrt log sin ...: no partial rows
 }
 
-TABLES = {name: rule.table() for name, rule in RULES.items()}
+TABLES = {name: rule.table() for name, rule in LINEARITY.items()}
 ADD, SUB, MUL, DIV = TABLES["add"], TABLES["sub"], TABLES["mul"], TABLES["div"]
 POW, MAXIMUM, MINIMUM = TABLES["pow"], TABLES["maximum"], TABLES["minimum"]
 COMPARE, WHERE, NEG = TABLES["compare"], TABLES["where"], TABLES["neg"]
 MONOTONE, UNARY = TABLES["monotone"], TABLES["unary"]
+#: clip(x, min, max): x, a lower and an upper bound, no partial rows (the general case:
+#: a call with fewer bounds uses the table of its arity).
+CLIP = Pointwise(3).table()
 
 
 def broadcast_matches(shapes: Sequence[tuple[int, ...]],
@@ -116,12 +130,19 @@ def broadcast_matches(shapes: Sequence[tuple[int, ...]],
     return tuple(out)
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return x.shape if isinstance(x, GlobalTensor) else ()
+def _broadcast_shape(name: str, labels: Sequence[str],
+                     shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return tuple(int(n) for n in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(
+            f"{name}: operand shapes "
+            + ", ".join(f"{lab} {s}" for lab, s in zip(labels, shapes))
+            + " cannot be broadcast together") from None
 
 
 def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
-          labels: tuple[str, ...]) -> GlobalOp:
+          labels: tuple[str, ...], doc: str) -> GlobalOp:
     def build(*args: Any) -> OpCall:
         if len(args) != len(labels):
             raise TypeError(f"{name}() takes {len(labels)} operands ({', '.join(labels)}), "
@@ -129,14 +150,8 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
         ops = tuple(operand(name, a, lab) for a, lab in zip(args, labels))
         if not any(isinstance(o, GlobalTensor) for o in ops):
             raise TypeError(f"{name}: at least one operand must be a GlobalTensor")
-        shapes = [_shape(o) for o in ops]
-        try:
-            out_shape = tuple(int(n) for n in np.broadcast_shapes(*shapes))
-        except ValueError:
-            raise ValueError(
-                f"{name}: operand shapes "
-                + ", ".join(f"{lab} {s}" for lab, s in zip(labels, shapes))
-                + " cannot be broadcast together") from None
+        shapes = [shape_of(o) for o in ops]
+        out_shape = _broadcast_shape(name, labels, shapes)
         dtype = probe_dtype(name, lambda *z: f(np, *z), *ops)
 
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
@@ -146,13 +161,13 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
                       out_shape, dtype, kernel, labels=labels)
 
     build.__doc__ = f"Build the OpCall of ``{name}``."
-    return GlobalOp(name, build, table, doc=f"Elementwise ``{name}`` of global tensors "
-                    f"and scalars, with NumPy broadcasting (signatures: ``{name}.table``).")
+    return GlobalOp(name, build, table, doc=f"{doc} of global tensors and scalars, with "
+                    f"NumPy broadcasting (signatures: ``{name}.table``).")
 
 
 def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any], Any],
-           float_args: bool = False) -> GlobalOp:
-    """``float_args``: integer/bool inputs are cast to the result dtype before ``f``."""
+           doc: str, cast: bool = False) -> GlobalOp:
+    """``cast``: integer/bool inputs are cast to the result dtype before ``f``."""
 
     def build(x: Any) -> OpCall:
         x = tensor_arg(name, x)
@@ -160,7 +175,7 @@ def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any
 
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
             a = local[0]
-            if float_args and a.dtype != dtype:
+            if cast and a.dtype != dtype:
                 a = a.astype(dtype)
             return f(xp, a)
 
@@ -169,9 +184,11 @@ def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any
                       x.shape, dtype, kernel, labels=("x",))
 
     build.__doc__ = f"Build the OpCall of ``{name}``."
-    return GlobalOp(name, build, table, doc=f"Elementwise ``{name}`` of a global tensor "
+    return GlobalOp(name, build, table, doc=f"{doc} of a global tensor "
                     f"(signatures: ``{name}.table``).")
 
+
+# ---- kernels that are not one array-module function -------------------------------------------
 
 def _sigmoid(xp: ModuleType, x: Any) -> Any:
     if x.dtype.kind not in "fc":
@@ -191,39 +208,183 @@ def _erf(xp: ModuleType, x: Any) -> Any:
     return _erf_of(x)
 
 
-#: Every pointwise op: name -> (array-module function name, or a kernel ``f(xp, *args)``;
-#: the rule of :data:`RULES` that gives its signature table).
-POINTWISE: dict[str, tuple[str | Callable[..., Any], str]] = {
-    "add": ("add", "add"),
-    "sub": ("subtract", "sub"),
-    "mul": ("multiply", "mul"),
-    "div": ("true_divide", "div"),
-    "pow": ("power", "pow"),
-    "maximum": ("maximum", "maximum"),
-    "minimum": ("minimum", "minimum"),
-    "eq": ("equal", "compare"),
-    "ne": ("not_equal", "compare"),
-    "lt": ("less", "compare"),
-    "le": ("less_equal", "compare"),
-    "gt": ("greater", "compare"),
-    "ge": ("greater_equal", "compare"),
-    "where": ("where", "where"),
-    "neg": ("negative", "neg"),
-    "abs": ("abs", "unary"),
-    "exp": ("exp", "monotone"),
-    "log": ("log", "unary"),
-    "sqrt": ("sqrt", "unary"),
-    "tanh": ("tanh", "monotone"),
-    "relu": (_relu, "monotone"),
-    "sigmoid": (_sigmoid, "monotone"),
-    "erf": (_erf, "monotone"),
+def _complex_cases(xp: ModuleType, a: Any, out: Any,
+                   cases: tuple[tuple[Callable[[Any, Any], Any], complex], ...]) -> Any:
+    """``out`` with the standard's values where ``case(real, imag)`` holds (first match)."""
+    re, im = a.real, a.imag
+    for case, value in reversed(cases):
+        out = xp.where(case(re, im), xp.asarray(value, dtype=out.dtype), out)
+    return out
+
+
+def _pos_zero(v: Any) -> Any:
+    return (v == 0) & ~np.signbit(v)
+
+
+def _expm1(xp: ModuleType, a: Any) -> Any:
+    """NumPy's expm1, with the standard's complex special cases (NumPy's complex kernel
+    gives other values for infinite and NaN parts)."""
+    out = xp.expm1(a)
+    if a.dtype.kind != "c":
+        return out
+    inf, nan = np.inf, np.nan
+    return _complex_cases(xp, a, out, (
+        (lambda r, i: (r == inf) & _pos_zero(i), complex(inf, 0.0)),
+        (lambda r, i: (r == -inf) & (i == inf), complex(-1.0, 0.0)),
+        (lambda r, i: (r == inf) & (i == inf), complex(inf, nan)),
+        (lambda r, i: (r == -inf) & xp.isnan(i), complex(-1.0, 0.0)),
+        (lambda r, i: (r == inf) & xp.isnan(i), complex(inf, nan)),
+        (lambda r, i: xp.isnan(r) & _pos_zero(i), complex(nan, 0.0)),
+    ))
+
+
+def _tanh(xp: ModuleType, a: Any) -> Any:
+    """NumPy's tanh; for complex ``+-inf + bj`` with finite ``b``: ``+-1`` with a zero
+    imaginary part of the sign of ``b`` (the standard's case; NumPy's complex kernel may
+    give NaN, depending on its code path)."""
+    out = xp.tanh(a)
+    if a.dtype.kind != "c":
+        return out
+    fix = xp.isinf(a.real) & xp.isfinite(a.imag)
+    value = xp.empty_like(out)
+    value.real = xp.sign(a.real)
+    value.imag = xp.where(xp.signbit(a.imag), -0.0, 0.0)
+    return xp.where(fix, value, out)
+
+
+def _floor_divide(xp: ModuleType, a: Any, b: Any) -> Any:
+    """NumPy's floor_divide with the standard's special cases for infinite operands:
+    ``+-inf // finite`` is an infinity and ``finite // +-inf`` a zero of the quotient's
+    sign (NumPy gives NaN, or -1 for a negative quotient)."""
+    q = xp.floor_divide(a, b)
+    if q.dtype.kind != "f":
+        return q
+    exact = (xp.isinf(a) & xp.isfinite(b) & (b != 0)) | (xp.isfinite(a) & xp.isinf(b))
+    return xp.where(exact, a / b, q)
+
+
+def _rounding(fn: str) -> Callable[[ModuleType, Any], Any]:
+    """``fn`` of floats; integers unchanged, in their dtype (the standard's rule, and
+    NumPy's); bools as NumPy rounds them."""
+    def kernel(xp: ModuleType, a: Any) -> Any:
+        return a.copy() if a.dtype.kind in "iu" else getattr(xp, fn)(a)
+
+    return kernel
+
+
+def _part(fn: str) -> Callable[[ModuleType, Any], Any]:
+    """``real``/``imag`` in a new array (NumPy's may be a view of the operand)."""
+    def kernel(xp: ModuleType, a: Any) -> Any:
+        return xp.array(getattr(xp, fn)(a), copy=True)
+
+    return kernel
+
+
+class Elementwise(NamedTuple):
+    """One pointwise op of :data:`POINTWISE`.
+
+    ``kernel``: the array-module function's name, or ``f(xp, *local operands)``;
+    ``family``: its rule in :data:`LINEARITY`; ``numpy``: the NumPy ufunc (NEP 13) or
+    function (NEP 18) it answers to; ``array_api``: its name in the standard;
+    ``operator``: its Python operator symbol (``"abs"`` for ``abs(x)``); ``grad``:
+    whether it has a backward rule (ops of bool and integer results have none);
+    ``cast``: integer/bool inputs are cast to the result dtype before the kernel.
+    """
+
+    kernel: str | Callable[..., Any]
+    family: str
+    numpy: str | None = None
+    array_api: str | None = None
+    operator: str | None = None
+    grad: bool = True
+    cast: bool = False
+
+
+E = Elementwise
+#: Every pointwise op. Short names (add, sub, ...) are sbpmpi's; the others are the
+#: standard's, which NumPy and the array API share.
+POINTWISE: dict[str, Elementwise] = {
+    # name                   kernel                family       NumPy          array API       operator
+    "add": E("add", "add", "add", "add", "+"),
+    "sub": E("subtract", "sub", "subtract", "subtract", "-"),
+    "mul": E("multiply", "mul", "multiply", "multiply", "*"),
+    "div": E("true_divide", "div", "divide", "divide", "/"),
+    "pow": E("power", "pow", "power", "pow", "**"),
+    "floor_divide": E(_floor_divide, "binary", "floor_divide", "floor_divide", "//"),
+    "remainder": E("remainder", "binary", "remainder", "remainder", "%"),
+    "maximum": E("maximum", "maximum", "maximum", "maximum"),
+    "minimum": E("minimum", "minimum", "minimum", "minimum"),
+    "eq": E("equal", "compare", "equal", "equal", "==", grad=False),
+    "ne": E("not_equal", "compare", "not_equal", "not_equal", "!=", grad=False),
+    "lt": E("less", "compare", "less", "less", "<", grad=False),
+    "le": E("less_equal", "compare", "less_equal", "less_equal", "<=", grad=False),
+    "gt": E("greater", "compare", "greater", "greater", ">", grad=False),
+    "ge": E("greater_equal", "compare", "greater_equal", "greater_equal", ">=", grad=False),
+    "bitwise_and": E("bitwise_and", "binary", "bitwise_and", "bitwise_and", "&", grad=False),
+    "bitwise_or": E("bitwise_or", "binary", "bitwise_or", "bitwise_or", "|", grad=False),
+    "bitwise_xor": E("bitwise_xor", "binary", "bitwise_xor", "bitwise_xor", "^", grad=False),
+    "bitwise_left_shift": E("left_shift", "binary", "left_shift", "bitwise_left_shift", "<<",
+                            grad=False),
+    "bitwise_right_shift": E("right_shift", "binary", "right_shift", "bitwise_right_shift",
+                             ">>", grad=False),
+    "logical_and": E("logical_and", "binary", "logical_and", "logical_and", grad=False),
+    "logical_or": E("logical_or", "binary", "logical_or", "logical_or", grad=False),
+    "logical_xor": E("logical_xor", "binary", "logical_xor", "logical_xor", grad=False),
+    "atan2": E("arctan2", "binary", "arctan2", "atan2"),
+    "copysign": E("copysign", "binary", "copysign", "copysign"),
+    "hypot": E("hypot", "binary", "hypot", "hypot"),
+    "logaddexp": E("logaddexp", "increasing", "logaddexp", "logaddexp"),
+    "nextafter": E("nextafter", "binary", "nextafter", "nextafter", grad=False),
+    "where": E("where", "where", "where", "where"),
+    "neg": E("negative", "neg", "negative", "negative", "-"),
+    "positive": E("positive", "identity", "positive", "positive", "+"),
+    "abs": E("absolute", "unary", "absolute", "abs", "abs"),
+    "bitwise_invert": E("invert", "unary", "invert", "bitwise_invert", "~", grad=False),
+    "logical_not": E("logical_not", "unary", "logical_not", "logical_not", grad=False),
+    "exp": E("exp", "monotone", "exp", "exp"),
+    "expm1": E(_expm1, "monotone", "expm1", "expm1"),
+    "log": E("log", "unary", "log", "log"),
+    "log1p": E("log1p", "unary", "log1p", "log1p"),
+    "log2": E("log2", "unary", "log2", "log2"),
+    "log10": E("log10", "unary", "log10", "log10"),
+    "sqrt": E("sqrt", "unary", "sqrt", "sqrt"),
+    "square": E("square", "unary", "square", "square"),
+    "reciprocal": E("reciprocal", "unary", "reciprocal", "reciprocal"),
+    "sin": E("sin", "unary", "sin", "sin"),
+    "cos": E("cos", "unary", "cos", "cos"),
+    "tan": E("tan", "unary", "tan", "tan"),
+    "asin": E("arcsin", "unary", "arcsin", "asin"),
+    "acos": E("arccos", "unary", "arccos", "acos"),
+    "atan": E("arctan", "monotone", "arctan", "atan"),
+    "sinh": E("sinh", "monotone", "sinh", "sinh"),
+    "cosh": E("cosh", "unary", "cosh", "cosh"),
+    "tanh": E(_tanh, "monotone", "tanh", "tanh"),
+    "asinh": E("arcsinh", "monotone", "arcsinh", "asinh"),
+    "acosh": E("arccosh", "unary", "arccosh", "acosh"),
+    "atanh": E("arctanh", "unary", "arctanh", "atanh"),
+    "sign": E("sign", "monotone", "sign", "sign"),
+    "signbit": E("signbit", "unary", "signbit", "signbit", grad=False),
+    "isfinite": E("isfinite", "unary", "isfinite", "isfinite", grad=False),
+    "isinf": E("isinf", "unary", "isinf", "isinf", grad=False),
+    "isnan": E("isnan", "unary", "isnan", "isnan", grad=False),
+    "ceil": E(_rounding("ceil"), "monotone", "ceil", "ceil"),
+    "floor": E(_rounding("floor"), "monotone", "floor", "floor"),
+    "trunc": E(_rounding("trunc"), "monotone", "trunc", "trunc"),
+    "round": E(_rounding("round"), "monotone", "round", "round"),
+    "conj": E("conjugate", "linear", "conjugate", "conj"),
+    "real": E(_part("real"), "linear", "real", "real"),
+    "imag": E(_part("imag"), "linear", "imag", "imag"),
+    "relu": E(_relu, "monotone"),
+    "sigmoid": E(_sigmoid, "monotone", cast=True),
+    "erf": E(_erf, "monotone", cast=True),
 }
-_FLOAT_ARGS = ("sigmoid", "erf")  # integer/bool inputs are cast to the result dtype first
+del E
 _LABELS = {2: ("a", "b"), 3: ("cond", "x", "y")}
 
 
 def _pointwise(name: str) -> GlobalOp:
-    fn, rule = POINTWISE[name]
+    row = POINTWISE[name]
+    fn = row.kernel
     if isinstance(fn, str):
         fname = fn
 
@@ -231,14 +392,66 @@ def _pointwise(name: str) -> GlobalOp:
             return getattr(xp, fname)(*args)
     else:
         f = fn
-    arity = RULES[rule].arity
+    doc = f"Elementwise ``{name}``"
+    arity = LINEARITY[row.family].arity
     if arity == 1:
-        return _unary(name, TABLES[rule], f, float_args=name in _FLOAT_ARGS)
-    return _nary(name, TABLES[rule], f, _LABELS[arity])
+        return _unary(name, TABLES[row.family], f, doc, cast=row.cast)
+    return _nary(name, TABLES[row.family], f, _LABELS[arity], doc)
 
 
-add, sub, mul, div, pow, maximum, minimum = map(  # noqa: A001
-    _pointwise, ("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
-eq, ne, lt, le, gt, ge, where = map(_pointwise, ("eq", "ne", "lt", "le", "gt", "ge", "where"))
-neg, abs, exp, log, sqrt, tanh, relu, sigmoid, erf = map(  # noqa: A001
-    _pointwise, ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "erf"))
+#: Every pointwise op by name (the GlobalOps of :data:`POINTWISE`).
+POINTWISE_OPS: dict[str, GlobalOp] = {name: _pointwise(name) for name in POINTWISE}
+
+# One module-level name per op, for ``sm.ops.<name>`` and static checkers.
+(add, sub, mul, div, pow, floor_divide, remainder, maximum, minimum,  # noqa: A001
+ eq, ne, lt, le, gt, ge, bitwise_and, bitwise_or, bitwise_xor, bitwise_left_shift,
+ bitwise_right_shift, logical_and, logical_or, logical_xor, atan2, copysign, hypot, logaddexp,
+ nextafter, where, neg, positive, abs, bitwise_invert, logical_not, exp, expm1, log, log1p,
+ log2, log10, sqrt, square, reciprocal, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh,
+ asinh, acosh, atanh, sign, signbit, isfinite, isinf, isnan, ceil, floor, trunc, round,
+ conj, real, imag, relu, sigmoid, erf) = POINTWISE_OPS.values()
+
+
+# ---- clip: x limited to [min, max] -------------------------------------------------------------
+
+def _clip_kernel(lo: bool, hi: bool) -> Callable[..., Any]:
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        a, *b = local
+        out = a
+        if lo:
+            m = b[0]
+            out = xp.where(xp.isnan(m) if m.dtype.kind in "fc" else False, m,
+                           xp.maximum(out, m))
+        if hi:
+            m = b[-1]
+            out = xp.where(xp.isnan(m) if m.dtype.kind in "fc" else False, m,
+                           xp.minimum(out, m))
+        return xp.array(out, copy=True)
+
+    return kernel
+
+
+def _clip(x: Any, min: Any = None, max: Any = None) -> OpCall:  # noqa: A002
+    """Build the OpCall of ``clip``."""
+    x = tensor_arg("clip", x)
+    bounds = []
+    for what, b in (("min", min), ("max", max)):
+        if b is None:
+            continue
+        if not isinstance(b, GlobalTensor):
+            b = operand("clip", b, what)
+            b = np.asarray(b).astype(x.dtype)[()]  # a scalar bound takes x's dtype
+        bounds.append((what, b))
+    labels = ("x", *(w for w, _ in bounds))
+    ops = (x, *(b for _, b in bounds))
+    shapes = [shape_of(o) for o in ops]
+    out_shape = _broadcast_shape("clip", labels, shapes)
+    table = Pointwise(len(ops)).table()
+    return OpCall("clip", ops, table, {"d": broadcast_matches(shapes, out_shape)}, out_shape,
+                  x.dtype, _clip_kernel(min is not None, max is not None), labels=labels)
+
+
+clip = GlobalOp("clip", _clip, CLIP, doc=(
+    "``clip(x, min=None, max=None)``: ``x`` limited to ``[min, max]`` (either may be None, "
+    "a scalar or a global tensor; a NaN bound gives NaN), in the dtype of ``x`` "
+    "(signatures: ``clip.table``, of the call's arity)."))

@@ -22,7 +22,7 @@ from ..core.sbp import Broadcast, Partial
 from ..tensor import GlobalTensor
 from .signature import Resolved
 
-__all__ = ["exact", "risky_partners", "partners_finite", "scalar_class", "RULES"]
+__all__ = ["exact", "risky_partners", "partners_finite", "scalar_class", "EXACT_PARTNERS"]
 
 
 def _finite(v: Any) -> bool:
@@ -38,7 +38,7 @@ def _never(v: Any) -> bool:
 
 
 #: op name -> which broadcast partner values keep a row with a partial input exact
-RULES: dict[str, Callable[[Any], bool]] = {
+EXACT_PARTNERS: dict[str, Callable[[Any], bool]] = {
     "mul": _finite,             # (a1 + a2) * b: 0 * inf
     "div": _finite_nonzero,     # (a1 + a2) / b: 0 / 0
     "add": _finite,             # max(a_i) + b: -inf + inf
@@ -55,7 +55,7 @@ def exact(r: Resolved, name: str, operands: Sequence[Any], out_dtype: np.dtype,
     (inference's first choice; execution checks the data before using such a row, see
     :func:`partners_finite`) and fail otherwise.
     """
-    ok = RULES.get(name)
+    ok = EXACT_PARTNERS.get(name)
     if ok is None or np.dtype(out_dtype).kind not in "fc":
         return True
     if not any(isinstance(s, Partial) for s in r.inputs):

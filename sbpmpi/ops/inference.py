@@ -30,7 +30,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..boxing.plan import why_meaningless as _boxing_refusal
 from ..boxing.planner import axis_change_seconds, send_recv_step
@@ -44,8 +44,10 @@ from .call import OpCall
 from .exactness import exact, scalar_class
 from .signature import Resolved, admissible, format_table, resolve
 
-__all__ = ["Candidate", "Inference", "infer",
-           "TIE_RTOL", "choose", "clear_cache", "clear_if_table_changed", "refusal"]
+__all__ = ["Candidate", "Inference", "infer", "TIE_RTOL", "PRUNE_ABOVE", "PRUNE_KEEP",
+           "AxisEstimate", "ComboRank", "axis_change_cost", "axis_reduce_cost",
+           "axis_estimates", "needed_layouts", "may_be_refused", "combo_rank", "choose",
+           "clear_cache", "clear_if_table_changed", "refusal"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
@@ -80,7 +82,7 @@ def _reduced(out: Layout) -> Layout:
                   tuple(Broadcast() if isinstance(s, Partial) else s for s in out.sbp))
 
 
-_COSTS: dict[tuple[Layout, Layout, int, str], float] = {}
+_COSTS: dict[tuple[Layout, Layout, int], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
 _table: list[Any] = [None]  # the cost-table version the caches were filled under
@@ -102,29 +104,25 @@ def clear_if_table_changed() -> None:
         _table[0] = v
 
 
-class _Costs:
+def _cost(src: Layout, dst: Layout, itemsize: int) -> float:
     """``conversion_cost``, memoised (planning a conversion is not free and candidates
     share many); the memo is cleared when the cost table changes."""
+    if src == dst:
+        return 0.0
+    key = (src, dst, itemsize)
+    c = _COSTS.get(key)
+    if c is None:
+        if len(_COSTS) >= 8 * _CACHE_SIZE:
+            _COSTS.clear()
+        c = _COSTS[key] = float(conversion_cost(src, dst, itemsize))
+    return c
 
-    def __init__(self, device_type: str) -> None:
-        self._f = conversion_cost
-        self._dt = device_type
 
-    def __call__(self, src: Layout, dst: Layout, itemsize: int) -> float:
-        if src == dst:
-            return 0.0
-        key = (src, dst, itemsize, self._dt)
-        c = _COSTS.get(key)
-        if c is None:
-            if len(_COSTS) >= 8 * _CACHE_SIZE:
-                _COSTS.clear()
-            c = _COSTS[key] = float(self._f(src, dst, itemsize, self._dt))
-        return c
-
-    def partial(self, out: Layout, itemsize: int) -> float:
-        if not any(isinstance(s, Partial) for s in out.sbp):
-            return 0.0
-        return self(out, _reduced(out), itemsize)
+def _partial_cost(out: Layout, itemsize: int) -> float:
+    """The cost of making each partial mesh axis of ``out`` broadcast (0 if it has none)."""
+    if not any(isinstance(s, Partial) for s in out.sbp):
+        return 0.0
+    return _cost(out, _reduced(out), itemsize)
 
 
 @dataclass(frozen=True)
@@ -283,9 +281,8 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
     cands: list[Candidate] = []
     estimated = False
     for pl in pls:
-        cost = _Costs(pl.type)
         if len(rows) ** pl.ndim > PRUNE_ABOVE and all(x.placement == pl for x in call.tensors):
-            kept = _estimated(call, pl, rows, is_t, len(cands))
+            kept = _estimated(call, pl, rows, len(cands))
             if kept:  # else every kept estimate was refused: search them all
                 cands.extend(kept)
                 estimated = True
@@ -296,12 +293,12 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
             if not _feasible(ops, need):
                 continue
             moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
-            costs = tuple(cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
+            costs = tuple(_cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
                           else 0.0 for o, lay, m in zip(ops, need, moved))
             out = Layout(call.out_shape, pl, tuple(r.output for r in combo))
-            charge = cost.partial(out, out_item)
+            charge = _partial_cost(out, out_item)
             if charge:
-                owed = sum(cost.partial(o.layout, o.dtype.itemsize)
+                owed = sum(_partial_cost(o.layout, o.dtype.itemsize)
                            for o, t, m in zip(ops, is_t, moved) if t and not m)
                 charge = max(0.0, charge - owed)
             cands.append(Candidate(pl, tuple(combo), need, out, moved, costs, charge,
@@ -322,104 +319,140 @@ PRUNE_ABOVE = 64
 PRUNE_KEEP = 8
 
 
-def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved], is_t: Sequence[bool],
+class AxisEstimate(NamedTuple):
+    """The estimated cost of one table row on one mesh axis (the pruned search)."""
+
+    boxing: tuple[float, ...]  # per operand: the single step that changes that axis (0: none)
+    charge: float  # the partial output's later reduction on that axis, less what is owed
+
+
+class ComboRank(NamedTuple):
+    """How the pruned search orders a combination of rows (one per mesh axis)."""
+
+    total: float  # estimated seconds (inf when boxing refuses a conversion)
+    moved: int  # operands boxed on some axis
+    order: int  # enumeration position: rows lexicographically, axis 0 most significant
+
+
+def axis_change_cost(lay: Layout, a: int, to: SBP, item: int, table: Any) -> float:
+    """Seconds to change mesh axis ``a`` of ``lay`` to ``to``: the single step that does
+    it; else through broadcast on that axis; else one general point-to-point
+    redistribution (a valid plan, so an upper bound of the planner's optimum); inf when
+    boxing refuses the change."""
+    v = axis_change_seconds(lay, a, to, item, table)
+    if v is not None:
+        return v
+    dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
+    mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
+    v1 = axis_change_seconds(lay, a, Broadcast(), item, table)
+    v2 = axis_change_seconds(mid, a, to, item, table)
+    if v1 is not None and v2 is not None:
+        return v1 + v2
+    if refusal(lay, dst) is not None:
+        return float("inf")
+    return send_recv_step(lay, dst, item, table).seconds
+
+
+def axis_reduce_cost(lay: Layout, a: int, item: int, table: Any) -> float:
+    """Seconds to make a partial mesh axis ``a`` of ``lay`` broadcast (0 if no step does)."""
+    v = axis_change_seconds(lay, a, Broadcast(), item, table)
+    return 0.0 if v is None else v
+
+
+def axis_estimates(call: OpCall, pl: Placement, rows: Sequence[Resolved], table: Any
+                   ) -> list[list[AxisEstimate]]:
+    """Per mesh axis ``a`` of ``pl`` and row ``k``: :class:`AxisEstimate` (``[a][k]``).
+
+    An operand's boxing is the change of its axis ``a`` alone; the partial-output charge
+    is the all-reduce of a partial output on that axis, less that of an operand the row
+    consumes as it is (partial on that axis already)."""
+    ops = call.operands
+    out: list[list[AxisEstimate]] = []
+    for a in range(pl.ndim):
+        per_row = []
+        for r in rows:
+            box = tuple(axis_change_cost(o.layout, a, r.inputs[i], o.dtype.itemsize, table)
+                        if isinstance(o, GlobalTensor) else 0.0 for i, o in enumerate(ops))
+            charge = 0.0
+            if isinstance(r.output, Partial):
+                out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
+                                                         for b in range(pl.ndim)))
+                charge = axis_reduce_cost(out_a, a, call.out_dtype.itemsize, table)
+                owed = sum(axis_reduce_cost(o.layout, a, o.dtype.itemsize, table)
+                           for i, o in enumerate(ops) if isinstance(o, GlobalTensor)
+                           and isinstance(o.sbp[a], Partial) and o.sbp[a] == r.inputs[i])
+                charge = max(0.0, charge - owed)
+            per_row.append(AxisEstimate(box, charge))
+        out.append(per_row)
+    return out
+
+
+def needed_layouts(call: OpCall, pl: Placement, rows: Sequence[Resolved],
+                   ks: Sequence[int]) -> tuple[Layout | None, ...]:
+    """The layout each operand needs under rows ``ks`` (one per mesh axis; None: a scalar)."""
+    return tuple(Layout(o.shape, pl, tuple(rows[k].inputs[i] for k in ks))
+                 if isinstance(o, GlobalTensor) else None
+                 for i, o in enumerate(call.operands))
+
+
+def may_be_refused(call: OpCall, rows: Sequence[Resolved]) -> bool:
+    """Whether boxing may refuse a conversion some combination of ``rows`` needs: only a
+    partial operand boxed to a partial layout can be refused (see :func:`refusal`)."""
+    return any(isinstance(o, GlobalTensor) and any(isinstance(s, Partial) for s in o.sbp)
+               and any(isinstance(r.inputs[i], Partial) for r in rows)
+               for i, o in enumerate(call.operands))
+
+
+def combo_rank(call: OpCall, pl: Placement, rows: Sequence[Resolved],
+               est: Sequence[Sequence[AxisEstimate]], ks: tuple[int, ...],
+               check_refusal: bool) -> ComboRank:
+    """The estimate of the combination ``ks`` of rows (one per mesh axis): the sum over its
+    axes; inf when ``check_refusal`` and boxing refuses a conversion it needs (the
+    per-axis estimates cannot see that a whole layout is unreachable)."""
+    ops = call.operands
+    ok = not check_refusal or _feasible(ops, needed_layouts(call, pl, rows, ks))
+    total = sum(sum(est[a][k].boxing) + est[a][k].charge for a, k in enumerate(ks)) if ok \
+        else float("inf")
+    moved = sum(1 for i, o in enumerate(ops) if isinstance(o, GlobalTensor) and any(
+        est[a][k].boxing[i] or rows[k].inputs[i] != o.sbp[a] for a, k in enumerate(ks)))
+    order = 0
+    for k in ks:
+        order = order * len(rows) + k
+    return ComboRank(total, moved, order)
+
+
+def _estimated(call: OpCall, pl: Placement, rows: Sequence[Resolved],
                start: int) -> list[Candidate]:
     """The :data:`PRUNE_KEEP` cheapest combinations of ``rows`` over the mesh axes of ``pl``.
 
     The exhaustive search plans every operand conversion of every combination (``rows **
     mesh ndim`` of them, seconds on a 3-D mesh). Here each (mesh axis, row) is costed
-    once, as the single step that changes that axis of each operand (and the all-reduce
-    a partial output on that axis will need, less what an unmoved partial operand already
-    owed), and a combination's estimate is the sum over its axes; the cheapest
-    combinations are kept, with these estimates as their costs. A change that no single
-    step makes is costed through broadcast on that axis, or as one general point-to-point
-    redistribution. Pure and deterministic: every rank chooses alike.
+    once (:func:`axis_estimates`), and a combination's estimate is the sum over its axes
+    (:func:`combo_rank`); the cheapest combinations are kept, with these estimates as
+    their costs. Pure and deterministic: every rank chooses alike.
     """
+    est = axis_estimates(call, pl, rows, cost_table.get_cost_table())
+    check_refusal = may_be_refused(call, rows)
 
-    table = cost_table.get_cost_table()
-    ops = call.operands
-    nd = pl.ndim
-    tens = [i for i, t in enumerate(is_t) if t]
+    def rank(ks: tuple[int, ...]) -> ComboRank:
+        return combo_rank(call, pl, rows, est, ks, check_refusal)
 
-    def change(lay: Layout, a: int, to: SBP, item: int) -> float:
-        v = axis_change_seconds(lay, a, to, item, table)
-        if v is not None:
-            return v
-        # no single step: through broadcast on that axis, else one general redistribution
-        # (a valid plan, so an upper bound of the planner's optimum)
-        dst = Layout(lay.shape, lay.placement, lay.sbp[:a] + (to,) + lay.sbp[a + 1:])
-        mid = Layout(lay.shape, lay.placement, lay.sbp[:a] + (Broadcast(),) + lay.sbp[a + 1:])
-        v1 = axis_change_seconds(lay, a, Broadcast(), item, table)
-        v2 = axis_change_seconds(mid, a, to, item, table)
-        if v1 is not None and v2 is not None:
-            return v1 + v2
-        if refusal(lay, dst) is not None:
-            return float("inf")
-        return send_recv_step(lay, dst, item, table).seconds
-
-    def reduce_on(lay: Layout, a: int, item: int) -> float:
-        v = axis_change_seconds(lay, a, Broadcast(), item, table)
-        return 0.0 if v is None else v
-
-    # per (axis, row): estimated seconds per operand, and the partial-output charge
-    est: list[list[tuple[tuple[float, ...], float]]] = []
-    for a in range(nd):
-        per_row = []
-        for r in rows:
-            box = tuple(change(ops[i].layout, a, r.inputs[i], ops[i].dtype.itemsize)
-                        if is_t[i] else 0.0 for i in range(len(ops)))
-            charge = 0.0
-            if isinstance(r.output, Partial):
-                out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
-                                                         for b in range(nd)))
-                charge = reduce_on(out_a, a, call.out_dtype.itemsize)
-                owed = sum(reduce_on(ops[i].layout, a, ops[i].dtype.itemsize) for i in tens
-                           if isinstance(ops[i].sbp[a], Partial)
-                           and ops[i].sbp[a] == r.inputs[i])
-                charge = max(0.0, charge - owed)
-            per_row.append((box, charge))
-        est.append(per_row)
-    n = len(rows)
-
-    def need_of(ks: tuple[int, ...]) -> tuple[Layout | None, ...]:
-        return tuple(Layout(o.shape, pl, tuple(rows[k].inputs[i] for k in ks)) if is_t[i]
-                     else None for i, o in enumerate(ops))
-
-    # only a partial operand boxed to a partial layout can be refused (see refusal)
-    refusable = any(is_t[i] and any(isinstance(s, Partial) for s in ops[i].sbp)
-                    and any(isinstance(r.inputs[i], Partial) for r in rows)
-                    for i in range(len(ops)))
-
-    def total(ks: tuple[int, ...]) -> tuple[float, int, int]:
-        # a combination whose conversions boxing refuses is never kept: the per-axis
-        # estimates cannot see that a whole layout is unreachable
-        ok = not refusable or _feasible(ops, need_of(ks))
-        t = sum(sum(est[a][k][0]) + est[a][k][1] for a, k in enumerate(ks)) if ok \
-            else float("inf")
-        moved = sum(1 for i in tens if any(est[a][k][0][i] or r_in(k, i) != ops[i].sbp[a]
-                                           for a, k in enumerate(ks)))
-        order = 0
-        for k in ks:
-            order = order * n + k
-        return (t, moved, order)
-
-    def r_in(k: int, i: int) -> SBP:
-        return rows[k].inputs[i]
-
-    best = heapq.nsmallest(PRUNE_KEEP, itertools.product(range(n), repeat=nd), key=total)
+    best = heapq.nsmallest(PRUNE_KEEP, itertools.product(range(len(rows)), repeat=pl.ndim),
+                           key=rank)
     out: list[Candidate] = []
     for ks in best:
-        combo = tuple(rows[k] for k in ks)
-        need = need_of(ks)
-        if not _feasible(ops, need):
+        need = needed_layouts(call, pl, rows, ks)
+        if not _feasible(call.operands, need):
             continue
-        moved = tuple(lay is not None and lay != o.layout for o, lay in zip(ops, need))
-        costs = tuple(sum(est[a][k][0][i] for a, k in enumerate(ks)) if moved[i] else 0.0
-                      for i in range(len(ops)))
-        charge = sum(est[a][k][1] for a, k in enumerate(ks))
+        moved = tuple(lay is not None and lay != o.layout
+                      for o, lay in zip(call.operands, need))
+        costs = tuple(sum(est[a][k].boxing[i] for a, k in enumerate(ks)) if moved[i] else 0.0
+                      for i in range(len(call.operands)))
+        charge = sum(est[a][k].charge for a, k in enumerate(ks))
+        combo = tuple(rows[k] for k in ks)
         out_lay = Layout(call.out_shape, pl, tuple(r.output for r in combo))
         out.append(Candidate(pl, combo, need, out_lay, moved, costs, charge,
-                             start + total(ks)[2]))
+                             start + rank(ks).order))
     return out
 
 

@@ -1,6 +1,6 @@
 """The local result of an op's kernel, as its output layout expects it.
 
-Both ways of running an op (the full path of :func:`sbpmpi.ops.op.execute` and the
+Both ways of running an op (the full path of :func:`sbpmpi.ops.op.run_call` and the
 dispatch fast path of :class:`sbpmpi.ops.dispatch.Fast`) hand the kernel's result to
 :func:`local_result`: an array of the op's dtype, C-contiguous, of this rank's shard
 shape, or an internal error naming the op.
@@ -8,7 +8,7 @@ shape, or an internal error naming the op.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -19,8 +19,9 @@ from ..env import get_rank
 
 __all__ = ["Kernel", "local_result"]
 
-#: ``kernel(xp, local operands, local output shape) -> array-like``
-Kernel = Callable[[ModuleType, Any, tuple[int, ...]], Any]
+#: An op's local computation, the one type of every kernel: ``kernel(xp, operands,
+#: out_local_shape) -> array-like``, tensor operands given as this rank's shards.
+Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
 
 
 def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,

@@ -15,7 +15,8 @@ from .call import OpCall, arg_summary, probe_dtype
 from .op import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
-__all__ = ["MATMUL", "matmul", "matmul_tn", "matmul_nt", "batch_matches", "local_matmul"]
+__all__ = ["MATMUL", "MATMUL_MV", "MATMUL_VM", "MATMUL_VV", "MATMUL_TABLES", "matmul", "matmul_tn",
+           "matmul_nt", "batch_matches", "local_matmul"]
 
 S_BATCH = AnySplit("batch")
 
@@ -29,6 +30,33 @@ MATMUL = (
     Signature((B, B), B),
     Signature((S_BATCH, S_BATCH), S_BATCH),  # batch dims pass through
 )
+# NumPy's 1-D operands: a vector on the left is a row (its one dim is k, the output has no
+# m), a vector on the right a column (its one dim is k, the output has no n).
+MATMUL_MV = (  # a: (..., m, k) @ v: (k,) -> (..., m)
+    Signature((S(-2), B), S(-1)),
+    Signature((S(-1), S(0)), P),
+    Signature((P, B), P),
+    Signature((B, P), P),
+    Signature((B, B), B),
+    Signature((S_BATCH, S_BATCH), S_BATCH),
+)
+MATMUL_VM = (  # v: (k,) @ b: (..., k, n) -> (..., n)
+    Signature((B, S(-1)), S(-1)),
+    Signature((S(0), S(-2)), P),
+    Signature((P, B), P),
+    Signature((B, P), P),
+    Signature((B, B), B),
+    Signature((S_BATCH, S_BATCH), S_BATCH),
+)
+MATMUL_VV = (  # v: (k,) @ w: (k,) -> (): the inner product
+    Signature((S(0), S(0)), P),
+    Signature((P, B), P),
+    Signature((B, P), P),
+    Signature((B, B), B),
+)
+#: The table of a call by (a is 1-D, b is 1-D).
+MATMUL_TABLES = {(False, False): MATMUL, (False, True): MATMUL_MV, (True, False): MATMUL_VM,
+                 (True, True): MATMUL_VV}
 
 
 def _build(a: Any, b: Any) -> OpCall:
@@ -37,25 +65,28 @@ def _build(a: Any, b: Any) -> OpCall:
         if not isinstance(x, GlobalTensor):
             raise TypeError(f"matmul: {what} must be a GlobalTensor, got {arg_summary(x)} "
                             f"(matmul takes no scalars; use mul)")
-        if x.ndim < 2:
-            raise ValueError(f"matmul: {what} has shape {x.shape}; matmul needs at least 2 dims "
-                             f"(reshape a vector to (1, n) or (n, 1))")
-    if a.shape[-1] != b.shape[-2]:
+        if x.ndim < 1:
+            raise ValueError(f"matmul: {what} has shape {x.shape}; matmul needs at least 1 dim "
+                             f"(use mul for a 0-d operand)")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if ka != kb:
         raise ValueError(f"matmul: a has shape {a.shape} and b has shape {b.shape}: the "
-                         f"contracted dims differ (a's last dim {a.shape[-1]} != b's "
-                         f"second-to-last dim {b.shape[-2]})")
+                         f"contracted dims differ (a's last dim {ka} != b's "
+                         f"{'second-to-last' if b.ndim > 1 else 'only'} dim {kb})")
     try:
         batch = tuple(int(n) for n in np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     except ValueError:
         raise ValueError(f"matmul: batch dims {a.shape[:-2]} of a and {b.shape[:-2]} of b "
                          f"cannot be broadcast together") from None
-    out_shape = batch + (a.shape[-2], b.shape[-1])
+    out_shape = batch + a.shape[-2:-1] + (b.shape[-1:] if b.ndim > 1 else ())
     dtype = probe_dtype("matmul", lambda x, y: np.matmul(x[None, None], y[None, None]), a, b)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return local_matmul(xp, local[0], local[1])
 
-    return OpCall("matmul", (a, b), MATMUL, {"batch": batch_matches(a, b, batch)}, out_shape,
+    table = MATMUL_TABLES[a.ndim == 1, b.ndim == 1]
+    return OpCall("matmul", (a, b), table, {"batch": batch_matches(a, b, batch)}, out_shape,
                   dtype, kernel, labels=("a", "b"))
 
 
@@ -74,21 +105,25 @@ def local_matmul(xp: ModuleType, a: Any, b: Any) -> Any:
 
 def batch_matches(a: GlobalTensor, b: GlobalTensor, batch: tuple[int, ...]
                   ) -> tuple[DimMatch, ...]:
-    """Per batch dim of the result, the matching dim of a and of b (None: broadcast)."""
+    """Per batch dim of the result, the matching dim of a and of b (None: broadcast; a
+    1-D operand has no batch dims)."""
     nb = len(batch)
     matches = []
     for d in range(nb):
         ins: list[int | None] = []
         for x in (a, b):
-            j = d - (nb - (x.ndim - 2))
+            j = d - (nb - max(x.ndim - 2, 0))
             ins.append(j if j >= 0 and x.shape[j] == batch[d] else None)
         matches.append(DimMatch(tuple(ins), d))
     return tuple(matches)
 
 
 matmul = GlobalOp("matmul", _build, MATMUL, doc=(
-    "Matrix product ``a @ b`` of global tensors (2-D, or batched with broadcast batch "
-    "dims); the output SBP follows from the cheapest signature in ``matmul.table``."))
+    "Matrix product ``a @ b`` of global tensors with NumPy's rules: 2-D, batched with "
+    "broadcast batch dims, or 1-D operands (a vector on the left is a row, on the right a "
+    "column, and that dim is dropped from the result; two vectors give their 0-d inner "
+    "product). The output SBP follows from the cheapest signature in ``matmul.table`` "
+    "(1-D operands: ``MATMUL_MV``, ``MATMUL_VM``, ``MATMUL_VV``)."))
 
 
 # ---- matmul with one operand transposed: the backward of matmul, without copies --------------

@@ -1,5 +1,5 @@
 """Running a global op: :class:`GlobalOp` (what ``sm.add`` and the others are) and
-:func:`execute` (infer, box the operands, compute the local shards, wrap).
+:func:`run_call` (infer, box the operands, compute the local shards, wrap).
 
 Inference (:mod:`.inference`) only chooses; this module acts on the choice: it runs the
 consistency check when data moves (and notes a local step otherwise), converts each
@@ -11,7 +11,7 @@ fast path (:mod:`.dispatch`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,14 +36,23 @@ from .exactness import partners_finite, risky_partners
 from .inference import clear_if_table_changed, infer
 from .kernel import local_result
 
-__all__ = ["GlobalOp", "execute"]
+__all__ = ["GlobalOp", "CallSite", "run_call"]
 
 
-def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
+class CallSite(NamedTuple):
+    """How an op was called: its fast-path key (:func:`.dispatch.key`) and the raw
+    arguments, which :func:`.dispatch.remember` maps the call's operands back to."""
+
+    key: tuple[Any, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
     """Run ``call``: infer, box the operands, compute local shards, label the output.
 
-    ``fast``: ``(key, args, kwargs)`` of the op call (see :mod:`.dispatch`); when the call
-    runs on local shards only, it is remembered for the dispatch fast path.
+    ``site``: how the op was called; when given and the call runs on local shards only,
+    it is remembered for the dispatch fast path (see :mod:`.dispatch`).
     """
     inf = infer(call)
     best = inf.best
@@ -55,7 +64,7 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
     if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
                        for o, lay in zip(call.operands, best.inputs)):
         agreed = check_collective(call.name, meta)  # data moves: all ranks must agree now
-    elif fast is None or debug_enabled():
+    elif site is None or debug_enabled():
         note_step(call.name, meta)  # local only: verified at the next check
     else:  # the same, and remembered for the fast path with the step described once
         step = step_check(call.name, meta)
@@ -64,8 +73,8 @@ def execute(call: OpCall, fast: tuple[Any, ...] | None = None) -> GlobalTensor:
         out = best.output
         me = get_rank()
         xp = backend.get_xp(out.placement.type) if me in out.placement else None
-        dispatch.remember(fast[0], fast[1], fast[2], call.operands, call.kernel, xp, out,
-                          call.out_dtype, out.local_shape(me), step, call.name)
+        dispatch.remember(site.key, site.args, site.kwargs, call.operands, call.kernel, xp,
+                          out, call.out_dtype, out.local_shape(me), step, call.name)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
         best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:
@@ -116,7 +125,7 @@ class GlobalOp:
             if hit is not None:  # seen before: lookup, local compute, wrap
                 return hit.run(args, kwargs)
         call = self.build(*args, **kwargs)
-        out = execute(call, None if k is None else (k, args, kwargs))
+        out = run_call(call, None if k is None else CallSite(k, args, kwargs))
         return record_op(self.name, call.operands, args, kwargs, out)  # autograd
 
     def __repr__(self) -> str:

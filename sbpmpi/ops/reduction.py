@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core.reduction import REDUCTIONS, identity_value
-from ..core.sbp import PARTIALS, Partial, Split
+from ..core.sbp import PARTIALS, Broadcast, Partial, Split
 from ..grad_mode import no_grad
 from ..tape import record_op
 from ..tensor import GlobalTensor
@@ -25,7 +25,7 @@ from .elementwise import broadcast_matches, mul, sub
 from .op import GlobalOp
 from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
-__all__ = ["SUM", "MEAN", "MAX", "MIN", "SOFTMAX", "SUM_EXP", "SOFTMAX_FINISH", "sum_", "mean",
+__all__ = ["SUM", "MEAN", "MAX", "MIN", "VAR", "SOFTMAX", "SUM_EXP", "SOFTMAX_FINISH", "sum_", "mean",
            "max_", "min_", "var", "softmax", "log_softmax", "sum_exp", "softmax_finish",
            "reduced"]
 
@@ -121,14 +121,14 @@ max_ = _reduction("max", MAX, "max")
 min_ = _reduction("min", MIN, "min")
 
 
-def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int | float = 0) -> Any:
-    """Variance of ``x`` over ``dim`` (an int, a tuple of ints, or None for all dims):
-    ``sum((x - mean)**2) / (count - correction)``, as ``torch.var``.
+VAR = (                          # var over reduced dims: kept dims pass through
+    Signature((S_D,), S_D),
+    Signature((B,), B),
+)
 
-    Made of ``mean``, ``sub``, ``mul`` and ``sum`` (their signatures and backward rules):
-    a split of a reduced dim costs one all-reduce of the reduced shape (the mean) and
-    leaves the result a partial sum; nothing is gathered.
-    """
+
+def _var_args(x: Any, dim: Any, keepdim: Any, correction: Any
+              ) -> tuple[GlobalTensor, tuple[int, ...], bool, float]:
     x = tensor_arg("var", x)
     axes = norm_dims("var", dim, x.ndim)
     if isinstance(correction, (bool, np.bool_)) or not isinstance(
@@ -139,9 +139,76 @@ def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int | float 
         raise TypeError(f"var: keepdim must be a bool, got {type(keepdim).__name__} {keepdim!r}")
     if x.dtype.kind not in "fc":
         raise TypeError(f"var: needs a floating dtype, got {x.dtype}")
+    return x, axes, bool(keepdim), float(correction)
+
+
+def _var(x: Any, dim: Any = None, keepdim: bool = False, correction: int | float = 0) -> OpCall:
+    """Build the OpCall of ``var`` (the one-kernel form, every reduced dim held whole)."""
+    x, axes, keepdim, correction = _var_args(x, dim, keepdim, correction)
+    count = math.prod(x.shape[d] for d in axes)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    if keepdim:
+        out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+        out_of = {d: d for d in kept}
+    else:
+        out_shape = tuple(x.shape[d] for d in kept)
+        out_of = {d: i for i, d in enumerate(kept)}
+    dtype = x.dtype
+    denominator = max(count - correction, 0)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        a = local[0]
+        with np.errstate(all="ignore"):  # an empty dim or no degrees of freedom: NaN/inf
+            c = a - xp.mean(a, axis=axes, keepdims=True)
+            return xp.sum(c * c, axis=axes, keepdims=keepdim) / denominator
+
+    dims = {"d": tuple(DimMatch((d,), out_of[d]) for d in kept)}
+    params = f"dim={dim!r}" + (", keepdim=True" if keepdim else "") + \
+        (f", correction={correction!r}" if correction else "")
+    return OpCall("var", (x,), VAR, dims, out_shape, dtype, kernel, params=params,
+                  labels=("x",))
+
+
+class _Var(GlobalOp):
+    """var: one local kernel when every reduced dim is held whole; when a mesh axis splits
+    a reduced dim or ``x`` is partial, a composition of ``mean``, ``sub``, ``mul`` and
+    ``sum`` (a split reduced dim then costs one all-reduce of the reduced shape, the mean,
+    and leaves the result a partial sum: nothing is gathered)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else kwargs.get("x")
+        if isinstance(x, GlobalTensor) and any(not isinstance(s, Broadcast) for s in x.sbp):
+            call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
+            kept = {m.inputs[0] for m in call.dims["d"]}
+            if any(isinstance(s, Partial) or (isinstance(s, Split) and s.dim not in kept)
+                   for s in x.sbp):
+                with no_grad():
+                    out = _composed_var(*_var_args(*_var_params(args, kwargs)))
+                return record_op(self.name, (x,), args, kwargs, out)
+        return super().__call__(*args, **kwargs)
+
+
+def _var_params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """``var``'s (x, dim, keepdim, correction) from a call's arguments."""
+    names = ("x", "dim", "keepdim", "correction")
+    given = dict(zip(names, args))
+    given.update(kwargs)
+    return (given.get("x"), given.get("dim"), given.get("keepdim", False),
+            given.get("correction", 0))
+
+
+def _composed_var(x: GlobalTensor, axes: tuple[int, ...], keepdim: bool,
+                  correction: float) -> GlobalTensor:
     count = math.prod(x.shape[d] for d in axes)
     centred = sub(x, mean(x, axes, keepdim=True))
-    return sum_(mul(centred, centred), axes, keepdim=bool(keepdim)) / max(count - correction, 0)
+    return sum_(mul(centred, centred), axes, keepdim=keepdim) / max(count - correction, 0)
+
+
+var = _Var("var", _var, VAR, doc=(
+    "Variance of ``x`` over ``dim`` (an int, a tuple of ints, or None for all dims): "
+    "``sum((x - mean)**2) / (count - correction)``, as ``torch.var`` (signatures: "
+    "``var.table`` when the reduced dims are held whole; when a mesh axis splits one, a "
+    "mean all-reduce of the reduced shape and a partial-sum result, nothing gathered)."))
 
 
 def _sum_exp(x: Any, m: Any, dim: int) -> OpCall:

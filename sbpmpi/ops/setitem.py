@@ -22,7 +22,7 @@ from ..env import get_rank
 from ..tensor import GlobalTensor
 from .array_index import mask_of
 from .call import OpCall, arg_summary, is_scalar, tensor_arg
-from .op import execute
+from .op import GlobalOp, run_call
 from .reduction import reduced
 from .shape import index_key
 from .signature import S_D, B, DimMatch, Signature
@@ -110,10 +110,9 @@ def _broadcast_value(vshape: tuple[int, ...], target: tuple[int, ...], count: in
     return want
 
 
-def setitem(x: GlobalTensor, key: Any, value: Any) -> GlobalTensor:
-    """The value of ``x`` after ``x[key] = value``, in the layout of ``x`` (a partial ``x``
-    is reduced first). Collective: the value, and a boolean mask, are gathered on every rank
-    of ``x``."""
+def _build(x: Any, key: Any, value: Any) -> OpCall:
+    """Build the OpCall of ``setitem``. Collective: a partial ``x`` is reduced, the value
+    and a boolean mask are converted to broadcast, and a mask's count is read here."""
     x = tensor_arg("setitem", x)
     if x.requires_grad:
         raise RuntimeError("setitem: x requires grad; x[key] = value is not recorded by "
@@ -152,13 +151,28 @@ def setitem(x: GlobalTensor, key: Any, value: Any) -> GlobalTensor:
         return _write_masked(xp, out, v, m, ranges)
 
     dims = {"d": tuple(DimMatch((d, None, None), d) for d in range(x.ndim))}
-    call = OpCall("setitem", tuple(operands), SETITEM, dims, x.shape, dtype, kernel,
+    return OpCall("setitem", tuple(operands), SETITEM, dims, x.shape, dtype, kernel,
                   params=f"key={key!r}", labels=("x", "value", "mask"))
-    out = execute(call)
-    if out.layout != x.layout:  # the kernel wrote the boxes of x's layout
-        raise RuntimeError(f"setitem: internal error: the result's layout {out.layout} is not "
-                           f"that of x {x.layout}")
-    return out
+
+
+class _SetItem(GlobalOp):
+    """setitem: the kernel writes the boxes of the layout of ``x`` it was built for, so the
+    result must come out in that layout."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = self.build(*args, **kwargs)
+        out = run_call(call)
+        x = call.operands[0]
+        if out.layout != x.layout:
+            raise RuntimeError(f"setitem: internal error: the result's layout {out.layout} is "
+                               f"not that of x {x.layout}")
+        return out
+
+
+setitem = _SetItem("setitem", _build, SETITEM, fast=False, doc=(
+    "``setitem(x, key, value)``: the value of ``x`` after ``x[key] = value``, in the layout "
+    "of ``x`` (a partial ``x`` is reduced first). Collective: the value, and a boolean "
+    "mask, are converted to broadcast on the placement of ``x``."))
 
 
 def _write_basic(xp: ModuleType, out: Any, v: Any, indices: tuple[np.ndarray, ...],

@@ -184,12 +184,11 @@ def explain_layouts(src: Layout, dst: Layout, dtype: Any) -> Explanation:
     return Explanation(choice, dtype, table)
 
 
-def conversion_cost(src: Layout, dst: Layout, itemsize: int, device_type: str = "cpu") -> float:
+def conversion_cost(src: Layout, dst: Layout, itemsize: int) -> float:
     """Modelled seconds of the cheapest plan from ``src`` to ``dst`` (no communication).
 
     ``inf`` for conversions without a meaning (partial_max to partial_sum, say). Each
-    step is charged with the parameters of the device type it runs on; ``device_type``
-    is kept for callers that pass it.
+    step is charged with the parameters of the device type it runs on (the placement's).
     """
     if src == dst:
         return 0.0

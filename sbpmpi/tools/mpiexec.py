@@ -96,7 +96,7 @@ def _libmpi_path(MPI: Any) -> str | None:  # noqa: N803
 def mpi_library() -> MpiLibrary:
     """Describe the MPI library that mpi4py is linked to (no MPI initialisation needed)."""
     MPI = _mpi_module()
-    text = MPI.Get_library_version().strip()
+    text = MPI.Get_library_version().replace("\0", "").strip()  # Open MPI's ends with a NUL
     first = text.splitlines()[0].strip() if text else "unknown MPI"
     try:
         name, ver = MPI.get_vendor()

@@ -292,14 +292,15 @@ def failing_on_rank_1(write_blocks):
 
 def exchange_log(monkeypatch) -> list[str]:
     """The labels of the metadata exchanges from now on (each one runs under watchdog.watch;
-    the MPI-IO calls' own watches are left out)."""
+    the MPI-IO calls' own watches are left out, the agreements that end their steps are
+    in, as file_io.STEP_LABEL)."""
     from sbpmpi.comm import agreement, watchdog
 
     labels: list[str] = []
     watch = watchdog.watch
 
     def counting(op, *args, **kwargs):
-        if not op.startswith("MPI-IO"):
+        if not op.startswith("MPI-IO") or op == file_io.STEP_LABEL:
             labels.append(op)
         return watch(op, *args, **kwargs)
 
@@ -321,30 +322,38 @@ def test_one_exchange_per_decision(shared_dir, monkeypatch, checked_and_watched)
     rank 0's temporary name, every rank wrote, rank 0's rename), also when a write fails on
     one rank (there were 5: all_ok then raise_if_any's own all-reduce for the same decision);
     sm.load: 3 (the arguments, rank 0's header, every rank read). A state of two tensors:
-    save_state 3 + 3 per tensor and load_state 2 + 2 per tensor (there were 11 and 8: each
-    tensor checked the arguments the state call had checked already)."""
+    save_state 3 + 4 per tensor (the fourth: the CRC-32 of its file) and load_state 2 + 3
+    per tensor (the third: verifying the CRC-32; there were 11 and 8: each tensor checked
+    the arguments the state call had checked already).
+
+    Besides these, every MPI-IO step ends with one 16-byte all-reduce on whether it
+    succeeded everywhere (file_io.STEP_LABEL), so that a rank whose step failed never
+    leaves the others in the next collective: 6 per file written (open, header, view,
+    data, sync, close), 4 per file read (open, view, data, close)."""
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
     b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)
     path = os.path.join(shared_dir, "x.npy")
     log = exchange_log(monkeypatch)
 
-    def count(fn):
+    def count(fn, steps):
         log.clear()
         errors_of(fn)
-        return len(log), list(log)
+        got = [label for label in log if label != file_io.STEP_LABEL]
+        assert len(log) - len(got) == steps, log
+        return len(got), got
 
-    assert count(lambda: checkpoint.save(x, path))[0] == 4
-    assert count(lambda: checkpoint.load(path, placement=pl, sbp=sm.sbp.broadcast))[0] == 3
+    assert count(lambda: checkpoint.save(x, path), 6)[0] == 4
+    assert count(lambda: checkpoint.load(path, placement=pl, sbp=sm.sbp.broadcast), 4)[0] == 3
     state = os.path.join(shared_dir, "state")
-    n, labels = count(lambda: checkpoint.save_state({"x": x, "b": b}, state))
-    assert n == 3 + 3 * 2 and labels.count("consistency check before sm.save_state") == 1, labels
+    n, labels = count(lambda: checkpoint.save_state({"x": x, "b": b}, state), 6 * 2)
+    assert n == 3 + 4 * 2 and labels.count("consistency check before sm.save_state") == 1, labels
     assert "consistency check before sm.save" not in labels, labels
-    n, labels = count(lambda: checkpoint.load_state(state))
-    assert n == 2 + 2 * 2 and "consistency check before sm.load" not in labels, labels
+    n, labels = count(lambda: checkpoint.load_state(state), 4 * 2)
+    assert n == 2 + 3 * 2 and "consistency check before sm.load" not in labels, labels
     with monkeypatch.context() as m:
         m.setattr(file_io, "write_blocks", failing_on_rank_1(file_io.write_blocks))
-        n, labels = count(lambda: checkpoint.save(x, path))
+        n, labels = count(lambda: checkpoint.save(x, path), 6)
     assert n == 4 and labels.count("collective decision") == 1, labels
 
 

@@ -28,8 +28,9 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 @pytest.fixture
 def checked():
-    """Checked mode on for the test; both settings as they were after it."""
-    with sm.config.override(comm_check=True, check=sm.config.check.value):
+    """Checked mode on for the test, with the automatic GPU transport (the exchanges
+    counted here are those of the MPI path); the settings as they were after it."""
+    with sm.config.override(comm_check=True, check=sm.config.check.value, gpu_transport=None):
         yield
 
 
@@ -294,3 +295,40 @@ def test_repeated_step_checks_are_cached_only_where_equal_means_alike():
     assert consistency.conversion_check(*raw).text.endswith("(S(1),))")
     assert check("x.to_global", raw).text.endswith("S(-1))")
     assert consistency.conversion_check(*raw).text.endswith("(S(1),))")  # not overwritten
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_flag_rides_on_the_fingerprint_exchange():
+    """agree_flagged: one 16-byte exchange tells whether the fingerprints agree and whether
+    any rank raised its flag; a mismatch is still found whatever the flags."""
+    fp = agreement.fingerprint_of("the same step")
+    for raiser in [None, *range(size)]:
+        with sm.trace() as t:
+            got = agreement.agree_flagged(fp, "step", "step", lambda: "step", flag=rank == raiser)
+        assert got.explanations is None and got.any_flag == (raiser is not None), (raiser, got)
+        assert [(r.op, r.nbytes) for r in t.agreements] == ([("agreement", 16)] if size > 1
+                                                             else [])
+    # fingerprints that differ in their low bit only are taken as one (62 bits compare) ...
+    assert agreement.agree_flagged(fp | 1 if rank % 2 else fp & ~1, "s", "s",
+                                   lambda: "s").explanations is None
+    if size > 1:  # ... any other difference is found, flag or not
+        other = agreement.fingerprint_of(f"step of rank {rank}")
+        got = agreement.agree_flagged(other, "step", "step", lambda: rank, flag=rank == 0)
+        assert got.explanations == list(range(size)) and not got.any_flag
+
+
+@pytest.mark.mpi(min_size=1)
+def test_checked_gpu_calls_decide_their_route_in_the_signature_exchange(checked):
+    """With the ipc transport on, a checked collective makes one exchange: the signature
+    agreement carries every rank's readiness for the IPC path (here: host arrays, so the
+    MPI path), and a mismatch of arguments is still raised on every rank."""
+    with sm.config.override(gpu_transport="ipc", cuda_aware=False):
+        x = np.full(3, float(rank))
+        with sm.trace() as t:
+            sm.comm.all_reduce(x)
+        np.testing.assert_array_equal(x, np.full(3, size * (size - 1) / 2))
+        assert [r.op for r in t.agreements] == (["agreement"] if size > 1 else [])
+        if size > 1:
+            y = np.zeros(3 if rank else 4)
+            kind, msg = errors_of(lambda: sm.comm.all_reduce(y))
+            assert kind == "ValueError" and "disagree on size" in msg, msg

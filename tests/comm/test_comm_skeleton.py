@@ -128,7 +128,7 @@ def test_info_is_the_one_place_for_library_facts():
     from sbpmpi.comm.mpi_library import library_line, library_name, max_count
     from sbpmpi.runtime import execute
 
-    first = MPI.Get_library_version().strip().splitlines()[0].strip()
+    first = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
     assert library_line() == first
     assert library_name() == " ".join(first.split())
     assert cuda_aware.library_name is library_name

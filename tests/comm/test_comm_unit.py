@@ -29,7 +29,7 @@ def fresh(monkeypatch):
     """The MPI libraries' GPU variables unset and both settings automatic; after the test,
     the settings as they were (the decision is then made again)."""
     for var in ("MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA", "MPIR_CVAR_ENABLE_GPU",
-                "I_MPI_OFFLOAD"):
+                "I_MPI_OFFLOAD", "OMPI_MCA_opal_cuda_support"):
         monkeypatch.delenv(var, raising=False)
     with sm.config.override(cuda_aware=None, gpu_transport=None):
         yield monkeypatch
@@ -81,6 +81,124 @@ def test_open_mpi_query(fresh):
     fresh.setattr(cuda_aware, "mpi_symbol", lambda name: None)
     d = cuda_aware.detect()
     assert not d.aware and "not found" in d.reason
+
+
+class FakeMpiT:
+    """The MPI tool interface's control variables of a stand-in library (``cvars``: name ->
+    value), as ``mpi_symbol`` hands out C functions; ``MPIX_Query_cuda_support`` answers
+    ``built``. Counts the MPI_T sessions opened and closed."""
+
+    def __init__(self, built: int, cvars: dict[str, int]) -> None:
+        self.built, self.cvars, self.names = built, cvars, list(cvars)
+        self.sessions = self.handles = 0
+
+    def __call__(self, name: str):
+        fns = {"MPIX_Query_cuda_support": lambda: self.built,
+               "MPI_T_init_thread": self._init, "MPI_T_finalize": self._finalize,
+               "MPI_T_cvar_get_index": self._index, "MPI_T_cvar_handle_alloc": self._alloc,
+               "MPI_T_cvar_read": self._read, "MPI_T_cvar_handle_free": self._free}
+        fn = fns.get(name)
+        return None if fn is None else _CFn(fn)
+
+    def _init(self, required, provided):
+        self.sessions += 1
+        provided._obj.value = required
+        return 0
+
+    def _finalize(self):
+        self.sessions -= 1
+        return 0
+
+    def _index(self, name, index):
+        if name.decode() not in self.cvars:
+            return 57  # MPI_T_ERR_INVALID_NAME
+        index._obj.value = self.names.index(name.decode())
+        return 0
+
+    def _alloc(self, index, obj, handle, count):
+        handle._obj.value = 1000 + index.value
+        count._obj.value = 1
+        self.handles += 1
+        return 0
+
+    def _read(self, handle, buf):
+        value = self.cvars[self.names[handle.value - 1000]]
+        for i, byte in enumerate(int(value).to_bytes(4, "little")):  # an MPI_INT
+            buf[i] = byte
+        return 0
+
+    def _free(self, handle):
+        self.handles -= 1
+        return 0
+
+
+class _CFn:
+    def __init__(self, fn) -> None:
+        self.fn, self.restype, self.argtypes = fn, None, None
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def test_open_mpi_4_runtime_switch(fresh):
+    """Open MPI 4.x answers MPIX_Query_cuda_support at compile time: a CUDA build with the
+    run-time switch opal_cuda_support off (conda-forge's) is not CUDA-aware."""
+    lib(fresh, "Open MPI v4.1.6, package: Open MPI conda@builder, ident: 4.1.6\0")
+    off = FakeMpiT(1, {"opal_cuda_support": 0, "mpi_param_check": 1})
+    fresh.setattr(cuda_aware, "mpi_symbol", off)
+    d = cuda_aware.detect()
+    assert not d.aware, d
+    assert "MPIX_Query_cuda_support() returned 1" in d.reason and "switch is off" in d.reason
+    assert "opal_cuda_support = 0" in d.reason and "\0" not in d.reason
+    assert off.sessions == 0 and off.handles == 0  # every MPI_T session and handle closed
+    on = FakeMpiT(1, {"opal_cuda_support": 1})
+    fresh.setattr(cuda_aware, "mpi_symbol", on)
+    d = cuda_aware.detect()
+    assert d.aware and "opal_cuda_support = 1" in d.reason
+    # no such variable (Open MPI 5 asks at run time): the query's answer, or the variable
+    fresh.setattr(cuda_aware, "mpi_symbol", FakeMpiT(1, {}))
+    assert cuda_aware.detect().aware
+    fresh.setenv("OMPI_MCA_opal_cuda_support", "0")
+    d = cuda_aware.detect()
+    assert not d.aware and "OMPI_MCA_opal_cuda_support=0" in d.reason
+    fresh.setattr(cuda_aware, "mpi_symbol", FakeMpiT(0, {"opal_cuda_support": 1}))
+    assert not cuda_aware.detect().aware  # not built with CUDA: nothing to switch on
+
+
+def test_mpi_t_reads_this_library():
+    """The MPI_T calls, on the real library: a control variable every build of it has."""
+    name = library_name_known_cvar()
+    if name is None:
+        pytest.skip(f"no known MPI_T control variable for {cuda_aware.library_name()}")
+    got = cuda_aware.mpi_t_control(name)
+    assert got.value in (0, 1) and name in got.how, got
+    assert cuda_aware.mpi_t_control("sbpmpi_no_such_variable").value is None
+
+
+def library_name_known_cvar() -> str | None:
+    text = cuda_aware.library_name()
+    if "Open MPI" in text:
+        return "mpi_param_check"
+    if "MPICH" in text and "CRAY" not in text.upper():
+        return "MPIR_CVAR_ASYNC_PROGRESS"
+    return None
+
+
+def test_the_library_version_has_no_nul(monkeypatch):
+    """Open MPI's version string ends with the C string's NUL: it must reach no message,
+    no `sbpmpi info` and no cost-cache key."""
+    from sbpmpi.comm import mpi_library
+    from sbpmpi.runtime import cost_cache
+
+    text = "Open MPI v4.1.6, package: Open MPI builder, ident: 4.1.6, repo rev: v4.1.6\0"
+    monkeypatch.setattr(mpi_library.MPI, "Get_library_version", lambda: text)
+    assert mpi_library.library_version() == text[:-1]
+    assert mpi_library.library_line() == text[:-1] and mpi_library.library_name() == text[:-1]
+    assert "\0" not in sm.comm.info()["mpi_library"]
+    assert "\0" not in cost_cache.cache_key(2) and "v4.1.6 |" in cost_cache.cache_key(2)
+    from sbpmpi.tools.mpiexec import mpi_library as launcher_view
+
+    assert "\0" not in launcher_view().version
 
 
 def test_mpich_query_and_cvar(fresh):
@@ -267,6 +385,39 @@ def gpu_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     assert backend.cupy_available()
     yield monkeypatch
+
+
+def test_device_buffers_are_synchronised_device_wide(monkeypatch):
+    """Before MPI or a staging copy reads a device buffer, the work producing it is done on
+    every stream (a PyTorch stream, a non-blocking CuPy stream that the array does not
+    name): a device-wide synchronize, not CuPy's current stream only."""
+    import types
+
+    calls: list[str] = []
+
+    def stream(name: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(synchronize=lambda: calls.append(name))
+
+    cp = types.SimpleNamespace(
+        ndarray=type("ndarray", (), {}),
+        cuda=types.SimpleNamespace(
+            runtime=types.SimpleNamespace(deviceSynchronize=lambda: calls.append("device")),
+            get_current_stream=lambda: stream("current stream"),
+            ExternalStream=lambda ptr: stream(f"stream {ptr}")))
+    monkeypatch.setattr(backend, "_cupy", lambda: cp)
+
+    class Foreign:  # another library's GPU array
+        def __init__(self, stream: int | None) -> None:
+            self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "version": 3,
+                                             "data": (1 << 40, False), "stream": stream}
+
+    for named in (None, 1234):
+        calls.clear()
+        device_copy.sync_for_transfer(Foreign(named))
+        assert calls == ["device"], calls
+    calls.clear()
+    device_copy.sync_for_transfer(FakeCudaArray.from_numpy(np.ones(2)))  # host memory
+    assert calls == []
 
 
 def test_fake_cuda_never_reaches_cupy(gpu_cupy):

@@ -127,6 +127,30 @@ def test_dropout_losses_equal_the_dp_run(layout):
     assert abs(run.losses[0] - plain.losses[0]) > 1e-3  # the masks did drop something
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stages_train_the_gpt_to_the_numpy_losses(stage):
+    """The GPT keeps its blocks in an ``sm.nn.ModuleList``: ``sm.nn.shard`` finds each
+    block's parameters by path at every stage (stage 3 gathers each block around its
+    forward), and the sharded run gives the NumPy reference's losses."""
+    from dataclasses import replace
+
+    args = train_gpt.parse(["--layout", "dp", "--steps", "3", "--buckets", "off", *SMALL])
+    data = train_gpt.load_corpus()
+    trainer = train_gpt.build(args, "dp")
+    ref = gpt_reference.NumpyGPT(
+        {k: p.numpy() for k, p in trainer.model.named_parameters()}, args.heads, 1e-5,
+        lambda t: args.lr * train_gpt.lr_factor(args.steps, args.warmup)(t), (0.9, 0.999),
+        1e-8, args.weight_decay, args.clip, args.gelu)
+    net, opt = sm.nn.shard(trainer.model, trainer.optimizer, stage=stage)
+    trainer = replace(trainer, optimizer=opt, net=net)
+    for step in range(args.steps):
+        ids, targets = train_gpt.batch_at(data, step, args.batch, args.seq, args.seed)
+        np.testing.assert_allclose(trainer.step(ids, targets), ref.step(ids, targets),
+                                   rtol=1e-10)
+    assert net.gathered_bytes == 0
+
+
 # ---- MPI: communication of one step -----------------------------------------------------------
 
 def traced_step(layout: str) -> tuple[Trace, Trace]:

@@ -89,7 +89,7 @@ def main() -> None:
 
             file_io.bytes_view = dying  # type: ignore[assignment]
         else:
-            def dying_commit(tmp: str, path: str) -> None:
+            def dying_commit(tmp: str, path: str, mode: int | None = None) -> None:
                 assert os.path.getsize(tmp) > 0
                 print("rank 0: temporary file complete, dying before the rename", flush=True)
                 os._exit(9)

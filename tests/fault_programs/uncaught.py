@@ -5,8 +5,9 @@
 MODE ``main``: rank 1 raises ValueError; ``thread``: a worker thread of rank 0 raises
 RuntimeError; ``exit``: rank 1 calls sys.exit(3) (run under ``python -m sbpmpi.abort``);
 ``auto``: like ``main`` but relies on ``import sbpmpi`` to install the hook (prints
-NOT-WIRED and exits 0 if it did not). Without the abort the other ranks would wait
-in the barrier forever.
+NOT-WIRED and exits 0 if it did not); ``late_thread``: a daemon thread of rank 0 raises
+while the program ends (inside the abort's quarter-second pause: the job must not exit
+0). Without the abort the other ranks would wait in the barrier forever.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ elif mode == "exit":
     if rank == 1:
         sys.exit(3)
     world.Barrier()
+elif mode == "late_thread":
+    world.Barrier()
+    if rank == 0:  # fails while rank 0 waits at exit for the others, which end soon after
+        def late() -> None:
+            time.sleep(0.02)
+            raise RuntimeError("late failure in a daemon thread")
+
+        threading.Thread(target=late, name="late", daemon=True).start()
+    else:
+        time.sleep(0.15)
+    print(f"rank {rank}: reached the end", flush=True)
+    sys.exit(0)
 else:
     raise SystemExit(f"unknown mode {mode}")
 print(f"rank {rank}: passed the barrier (should not happen)", flush=True)

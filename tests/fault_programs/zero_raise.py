@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.autograd import rules
+from sbpmpi.autograd import engine
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 pl = sm.placement("cpu", list(range(size)))
@@ -45,7 +45,8 @@ sm.nn.cross_entropy(model(x), y).backward()  # a first step shows the layers' or
 opt.step()
 loss = sm.nn.cross_entropy(model(x), y)
 if rank == 1:
-    rules.RULES["relu"] = failing_relu
+    rule_for = engine.rule_for  # the engine's lookup of a node's rule, made to fail for relu
+    engine.rule_for = lambda name: failing_relu if name == "relu" else rule_for(name)
 with sm.trace() as t:
     try:
         loss.backward()

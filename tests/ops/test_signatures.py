@@ -84,7 +84,8 @@ def test_tables_are_frozen_and_have_a_broadcast_row():
         assert all(isinstance(sig, Signature) for sig in op.table), name
         assert any(all(isinstance(p, Broadcast) for p in sig.inputs)
                    and isinstance(sig.output, Broadcast) for sig in op.table), name
-        assert getattr(sm, name, None) is op or name == "getitem"
+        # sm.<name> is the op exactly when the registry makes it public
+        assert (getattr(sm, name, None) is op) == sm.ops.REGISTRY[name].public, name
 
 
 def test_signature_checks_its_fields():
@@ -290,7 +291,7 @@ def test_device_types_cannot_mix():
     with pytest.raises(TypeError, match="different device types"):
         infer(sm.matmul.build(x, w))
     with pytest.raises(TypeError, match="different device types"):
-        sm.ops.execute(sm.add.build(x, fake((4, 5), broadcast, [0, 1], type="cuda")))
+        sm.ops.run_call(sm.add.build(x, fake((4, 5), broadcast, [0, 1], type="cuda")))
 
 
 # ---- argument checks (raised before any communication) ------------------------------------
@@ -298,8 +299,10 @@ def test_device_types_cannot_mix():
 @pytest.mark.parametrize("fn, err, match", [
     (lambda: sm.matmul(fake((4, 5), broadcast), fake((6, 2), broadcast)), ValueError,
      r"contracted dims differ \(a's last dim 5 != b's second-to-last dim 6\)"),
-    (lambda: sm.matmul(fake((5,), broadcast), fake((5, 2), broadcast)), ValueError,
-     "at least 2 dims"),
+    (lambda: sm.matmul(fake((), broadcast), fake((5, 2), broadcast)), ValueError,
+     "at least 1 dim"),
+    (lambda: sm.matmul(fake((4, 5), broadcast), fake((6,), broadcast)), ValueError,
+     r"contracted dims differ \(a's last dim 5 != b's only dim 6\)"),
     (lambda: sm.matmul(fake((2, 4, 5), broadcast), fake((3, 5, 2), broadcast)), ValueError,
      "batch dims"),
     (lambda: sm.matmul(fake((4, 5), broadcast), 2.0), TypeError, "takes no scalars"),
@@ -449,3 +452,73 @@ def test_small_searches_stay_exhaustive():
     inference.clear_cache()
     inf = inference.infer(call)
     assert not inf.estimated and "large search" not in str(inf)
+
+
+# ---- the pruned search's pieces, each alone -------------------------------------------------
+
+def test_axis_change_and_reduce_costs_are_the_single_step_of_that_axis():
+    from sbpmpi.boxing import get_cost_table
+    from sbpmpi.ops.inference import axis_change_cost, axis_reduce_cost
+    from sbpmpi.runtime import conversion_cost
+
+    table = get_cost_table()
+    x = fake((6, 4), split(0), [0, 1, 2])
+    b = Layout(x.shape, x.placement, (broadcast,))
+    assert axis_change_cost(x.layout, 0, broadcast, 8, table) == pytest.approx(
+        conversion_cost(x.layout, b, 8))
+    assert axis_change_cost(b, 0, split(0), 8, table) == pytest.approx(
+        conversion_cost(b, x.layout, 8))
+    p = fake((6, 4), partial_sum, [0, 1, 2]).layout
+    reduce = axis_reduce_cost(p, 0, 8, table)
+    assert reduce == pytest.approx(conversion_cost(p, b, 8)) and reduce > 0
+    pmax = Layout(p.shape, p.placement, (Partial("max"),))
+    # no single step: through broadcast on that axis (the search then drops the combination
+    # if boxing refuses the whole conversion, see combo_rank)
+    assert axis_change_cost(pmax, 0, partial_sum, 8, table) == pytest.approx(
+        axis_change_cost(pmax, 0, broadcast, 8, table)
+        + axis_change_cost(b, 0, partial_sum, 8, table))
+
+
+def test_axis_estimates_needed_layouts_and_combo_rank():
+    from sbpmpi.boxing import get_cost_table
+    from sbpmpi.ops.inference import (
+        axis_change_cost,
+        axis_estimates,
+        axis_reduce_cost,
+        combo_rank,
+        may_be_refused,
+        needed_layouts,
+    )
+
+    table = get_cost_table()
+    mesh = [[0, 1], [2, 3]]
+    a = fake((4, 6), (split(0), broadcast), mesh)
+    w = fake((6, 8), (broadcast, split(1)), mesh)
+    call = sm.matmul.build(a, w)
+    rows = resolve(call.table, call.dims, [2, 2], 2)
+    est = axis_estimates(call, a.placement, rows, table)
+    assert len(est) == 2 and all(len(per) == len(rows) for per in est)
+    for ax in range(2):
+        for k, r in enumerate(rows):
+            e = est[ax][k]
+            assert e.boxing == tuple(axis_change_cost(o.layout, ax, r.inputs[i], 8, table)
+                                     for i, o in enumerate((a, w)))
+            if isinstance(r.output, Partial):  # no partial operand: the whole all-reduce
+                out = Layout(call.out_shape, a.placement,
+                             tuple(r.output if b == ax else broadcast for b in range(2)))
+                assert e.charge == pytest.approx(axis_reduce_cost(out, ax, 8, table))
+                assert e.charge > 0
+            else:
+                assert e.charge == 0.0
+    k0 = next(k for k, r in enumerate(rows) if str(r) == "(S(0), B) -> S(0)")
+    k1 = next(k for k, r in enumerate(rows) if str(r) == "(B, S(1)) -> S(1)")
+    need = needed_layouts(call, a.placement, rows, (k0, k1))
+    assert need == (a.layout, w.layout)  # the operands as they are: nothing moves
+    rank = combo_rank(call, a.placement, rows, est, (k0, k1), False)
+    assert rank.total == 0.0 and rank.moved == 0 and rank.order == k0 * len(rows) + k1
+    other = combo_rank(call, a.placement, rows, est, (k1, k0), False)
+    assert other.total > 0 and other.moved == 2
+    assert not may_be_refused(call, rows)
+    p = fake((4, 6), (partial_sum, broadcast), mesh)
+    pcall = sm.matmul.build(p, w)
+    assert may_be_refused(pcall, resolve(pcall.table, pcall.dims, [2, 2], 2))

@@ -228,6 +228,72 @@ def test_a_parameter_split_on_the_data_axis_keeps_the_unbucketed_path():
         np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-12, atol=1e-14)
 
 
+# ---- each DataParallel owns its state ---------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_two_data_parallel_models_one_in_no_sync_the_other_not():
+    """Two wrappers in one program, one backward through both: the one in ``no_sync``
+    keeps its local sums, the other reduces; the next backward reduces the first's
+    accumulated sum once. No state is shared between them."""
+    (x1, y1), (x2, y2) = batch(1), batch(2)
+    a = sm.nn.DataParallel(MLP(world()), bucket_cap_mb=1e-4)
+    b = sm.nn.DataParallel(MLP(world(), w1=S(1)), bucket_cap_mb=0.0)  # other buckets too
+    pa, pb = [p.numpy() for p in a.parameters()], [p.numpy() for p in b.parameters()]
+
+    def both(x, y):
+        xt = sm.tensor(x, placement=world(), sbp=S(0))
+        (sm.nn.cross_entropy(a(xt), y) + sm.nn.cross_entropy(b(xt), y)).backward()
+
+    with sm.trace() as t:
+        with a.no_sync():
+            both(x1, y1)
+    # only b's buckets are reduced (none on one rank: nothing to sum over)
+    assert sum(r.nonblocking for r in t) == (len(b.reducer.layout()) if size > 1 else 0), t
+    for p, want in zip(a.parameters(), numpy_grads(pa, x1, y1)):
+        assert p.grad.sbp == (P,)  # a's local sums, kept
+        np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-12, atol=1e-14)
+    for p, want in zip(b.parameters(), numpy_grads(pb, x1, y1)):
+        assert p.grad.layout == p.layout
+        np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-12, atol=1e-14)
+    with sm.trace() as t:
+        both(x2, y2)
+    assert sum(r.nonblocking for r in t) == (
+        len(a.reducer.layout()) + len(b.reducer.layout()) if size > 1 else 0), t
+    for model, params in ((a, pa), (b, pb)):
+        for p, g1, g2 in zip(model.parameters(), numpy_grads(params, x1, y1),
+                             numpy_grads(params, x2, y2)):
+            assert p.grad.layout == p.layout
+            np.testing.assert_allclose(p.grad.numpy(), g1 + g2, rtol=1e-12, atol=1e-14)
+    assert a.reducer.in_flight == b.reducer.in_flight == 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_closing_or_dropping_a_data_parallel_removes_its_hooks():
+    import gc
+
+    from sbpmpi.autograd.hooks import leaf_hooks
+
+    x, y = batch()
+    model = MLP(world())
+    dp = sm.nn.DataParallel(model, bucket_cap_mb=0.0)
+    assert all(len(leaf_hooks(p)) == 1 for p in model.parameters())
+    dp.close()
+    dp.close()  # a second close does nothing
+    assert all(leaf_hooks(p) == () for p in model.parameters())
+    with sm.trace() as t:
+        backward(dp, x, y)  # the unbucketed path: blocking all-reduces at the leaves
+    assert not any(r.nonblocking for r in t), t
+    want = numpy_grads([p.numpy() for p in model.parameters()], x, y)
+    for p, w in zip(model.parameters(), want):
+        assert p.grad.layout == p.layout
+        np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-12, atol=1e-14)
+    again = sm.nn.DataParallel(model)  # the parameters are free to be wrapped again
+    assert all(len(leaf_hooks(p)) == 1 for p in model.parameters())
+    del again
+    gc.collect()
+    assert all(leaf_hooks(p) == () for p in model.parameters())
+
+
 # ---- the trace of one step -------------------------------------------------------------------
 
 @pytest.mark.mpi(min_size=2)

@@ -279,17 +279,142 @@ def test_shard_arguments_are_checked_on_every_rank():
     assert kind == "ValueError" and "exactly the module's parameters" in text
 
 
-def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
-    from sbpmpi.autograd.rules import RULES, register_rules
-    from sbpmpi.zero.rules import RULES as ZERO_RULES
+class Blocks(sm.nn.Module):
+    """Layers kept in an ``sm.nn.ModuleList`` (as the GPT example keeps its blocks) and a
+    head beside them."""
 
-    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    def __init__(self) -> None:
+        sm.manual_seed(7)
+        pl = world()
+        self.blocks = sm.nn.ModuleList([sm.nn.Linear(7, 6, placement=pl, dtype=np.float64),
+                                        sm.nn.Linear(6, 5, placement=pl, dtype=np.float64)])
+        self.head = sm.nn.Linear(5, 3, placement=pl, dtype=np.float64)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = sm.nn.relu(block(x))
+        return self.head(x)
+
+
+def numpy_blocks_step(p: list[np.ndarray], state: dict, x: np.ndarray, y: np.ndarray,
+                      opt: str) -> float:
+    """One step of :class:`Blocks` in NumPy (mean cross-entropy; ``opt`` as OPTIMIZERS:
+    SGD lr 0.3 momentum 0.9, or Adam lr 0.05 with torch's defaults), updating ``p``."""
+    layers = [(p[i], p[i + 1]) for i in range(0, len(p), 2)]
+    hs, pre = [x], []
+    for i, (w, b) in enumerate(layers):
+        a = hs[-1] @ w + b
+        pre.append(a)
+        hs.append(np.maximum(a, 0) if i < len(layers) - 1 else a)
+    z = hs[-1]
+    zs = z - z.max(1, keepdims=True)
+    logp = zs - np.log(np.exp(zs).sum(1, keepdims=True))
+    n = len(y)
+    loss = -logp[np.arange(n), y].sum() / n
+    d = np.exp(logp)
+    d[np.arange(n), y] -= 1
+    d /= n
+    grads: list[np.ndarray] = []
+    for i in reversed(range(len(layers))):
+        grads = [hs[i].T @ d, d.sum(0)] + grads
+        if i:
+            d = (d @ layers[i][0].T) * (pre[i - 1] > 0)
+    state["t"] = t = state.get("t", 0) + 1
+    for i, g in enumerate(grads):
+        m = state.setdefault(("m", i), np.zeros_like(g))
+        v = state.setdefault(("v", i), np.zeros_like(g))
+        if opt == "sgd-momentum":
+            m[...] = 0.9 * m + g
+            p[i] -= 0.3 * m
+        else:
+            m[...] = 0.9 * m + 0.1 * g
+            v[...] = 0.999 * v + 0.001 * g * g
+            p[i] -= (0.05 / (1 - 0.9 ** t)) * (m / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8))
+    return float(loss)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_model_with_a_module_list_shards_at_every_stage(stage, opt):
+    """The blocks of a ``ModuleList`` are found by path (``blocks.0.weight``): every stage
+    trains to the NumPy losses and parameters and to the unsharded run's; the model keeps
+    its class, its names and its layers' own ``forward`` (no monkey-patching)."""
+    base = Blocks()
+    base_opt = OPTIMIZERS[opt](base.parameters())
+    net = Blocks()
+    names = [n for n, _ in net.named_parameters()]
+    assert names == ["blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias",
+                     "head.weight", "head.bias"]
+    ref = [q.numpy() for q in net.parameters()]
+    model, o = sm.nn.shard(net, OPTIMIZERS[opt](net.parameters()), stage=stage)
+    assert isinstance(model, sm.nn.Module) and type(net) is Blocks
+    assert [n for n, _ in model.named_parameters()] == names
+    assert all("forward" not in vars(m) for m in net.modules())
+    state: dict = {}
+    for s in range(4):
+        rng = np.random.default_rng(s)
+        x, y = rng.standard_normal((11, 7)), rng.integers(0, 3, 11)
+        want = numpy_blocks_step(ref, state, x, y, opt)
+        got = []
+        for m, opt_ in ((model, o), (base, base_opt)):
+            opt_.zero_grad()
+            loss = sm.nn.cross_entropy(m(sm.tensor(x, placement=world(), sbp=S(0))), y)
+            loss.backward()
+            opt_.step()
+            got.append(float(loss.numpy()))
+        np.testing.assert_allclose(got[0], want, rtol=1e-11)
+        np.testing.assert_allclose(got[0], got[1], rtol=1e-11)
+        assert model.gathered_bytes == 0  # stage 3: every block freed after its step
+    for p, q, r in zip(model.parameters(), base.parameters(), ref):
+        assert p.sbp == ((B,) if stage == 1 else (S(0),))
+        np.testing.assert_allclose(p.numpy(), r, rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_each_stage_is_a_module_of_its_own_class():
+    from sbpmpi.parallel.zero import ZeroStage1, ZeroStage2, ZeroStage3
+
+    classes = {1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
+    for stage, cls in classes.items():
+        net = MLP()
+        model, _ = sm.nn.shard(net, sm.optim.SGD(net.parameters(), lr=0.1), stage=stage)
+        assert type(model) is cls and model.stage == stage and model.module is net
+        assert isinstance(model, sm.nn.Module) and type(net) is MLP
+        assert model.state_dict().keys() == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+        assert list(model.modules())[1:] == list(net.modules())
+        model.eval()
+        assert not net.training and not net.l1.training
+        model.train()
+        assert net.training and net.l1.training
+
+
+def test_the_old_module_name_warns_and_re_exports():
+    import importlib
+    import sys
+
+    from sbpmpi.parallel.zero import ShardedOptimizer, ZeroModule
+
+    sys.modules.pop("sbpmpi.zero", None)
+    with pytest.warns(DeprecationWarning, match=r"sbpmpi\.zero moved to sbpmpi\.parallel\.zero"):
+        old = importlib.import_module("sbpmpi.zero")
+    assert old.shard is sm.nn.shard and old.ShardedModule is ZeroModule
+    assert old.ShardedOptimizer is ShardedOptimizer
+
+
+def test_zero_declares_its_backward_rules_once_and_no_name_is_overwritten():
+    from sbpmpi.autograd.rules import register_rules, rule_for
+    from sbpmpi.parallel.zero.backward_rules import ZERO_BACKWARD_RULES as ZERO_RULES
+
+    assert all(rule_for(name) is rule for name, rule in ZERO_RULES.items())
     register_rules(ZERO_RULES)  # the same rules again: nothing changes
-    assert all(RULES[name] is rule for name, rule in ZERO_RULES.items())
+    assert all(rule_for(name) is rule for name, rule in ZERO_RULES.items())
     with pytest.raises(ValueError, match=r"op names \['matmul', 'zero_pack'\] already have "
                                          r"backward rules"):
-        register_rules({"zero_pack": RULES["add"], "matmul": RULES["add"]})
-    assert RULES["matmul"] is not RULES["add"] and RULES["zero_pack"] is ZERO_RULES["zero_pack"]
+        register_rules({"zero_pack": rule_for("add"), "matmul": rule_for("add")})
+    assert rule_for("matmul") is not rule_for("add")
+    assert rule_for("zero_pack") is ZERO_RULES["zero_pack"]
 
 
 # ---- checkpoints across stages and world sizes (programs under their own mpiexec) -----------

@@ -8,20 +8,25 @@ the driver's ``cuMemGetAddressRange_v2`` / ``cuPointerGetAttribute`` (through ct
 CuPy does not expose them). CuPy's memory pool packs arrays into shared allocations and
 views are interior pointers, so a buffer is exported as the handle of its *allocation*
 plus the offset of the data in it.
+
+Streams: the work that produced a buffer may run on any stream of the process (CuPy's
+current one, a non-blocking stream, a PyTorch stream), so :meth:`CupyDevice.synchronize`
+waits for the whole device (``cudaDeviceSynchronize``), not for one stream: only then may
+a peer read the buffer through its mapping.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ... import backend
 from ..reduce_op import UFUNCS, ReduceOp
 
-__all__ = ["Allocation", "Device", "CupyDevice", "HANDLE_BYTES", "ufunc_name"]
+__all__ = ["Allocation", "Scratch", "Device", "CupyDevice", "HANDLE_BYTES", "ufunc_name"]
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
@@ -43,6 +48,13 @@ class Allocation:
     base: int
     size: int
     id: int
+
+
+class Scratch(NamedTuple):
+    """A local device buffer: its pointer, and the object that keeps it alive."""
+
+    ptr: int
+    keep: Any
 
 
 class Device(Protocol):
@@ -78,11 +90,12 @@ class Device(Protocol):
     def divide(self, dst: int, nbytes: int, dtype: np.dtype, by: int) -> None:
         """Queue ``dst /= by`` (for AVG)."""
 
-    def scratch(self, nbytes: int) -> tuple[int, Any]:
-        """A local buffer: (pointer, object keeping it alive)."""
+    def scratch(self, nbytes: int) -> Scratch:
+        """A local buffer of at least ``nbytes``."""
 
     def synchronize(self) -> None:
-        """Wait until the queued work and the work producing the buffers is done."""
+        """Wait until the queued work, and all work producing the buffers (on any stream of
+        this process), is done."""
 
 
 _CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
@@ -111,7 +124,11 @@ class CupyDevice:
         self.device_id = int(cp.cuda.Device().id)
 
     def owns(self, a: Any) -> bool:
-        return backend.is_cupy_array(a)
+        """A CuPy array of this device in memory that IPC can share (not stream-ordered or
+        managed memory: :meth:`allocation` says)."""
+        if not backend.is_cupy_array(a) or int(a.device.id) != self.device_id:
+            return False
+        return a.size == 0 or self.allocation(self.pointer(a)) is not None
 
     def pointer(self, a: Any) -> int:
         return int(a.data.ptr)
@@ -158,9 +175,10 @@ class CupyDevice:
         d = self._view(dst, nbytes, dtype)
         d /= by
 
-    def scratch(self, nbytes: int) -> tuple[int, Any]:
+    def scratch(self, nbytes: int) -> Scratch:
         buf = self.cp.empty(max(nbytes, 1), dtype=np.uint8)
-        return int(buf.data.ptr), buf
+        return Scratch(int(buf.data.ptr), buf)
 
     def synchronize(self) -> None:
-        self.cp.cuda.get_current_stream().synchronize()
+        # the whole device: the buffers may come from any stream (module docstring)
+        self.cp.cuda.runtime.deviceSynchronize()

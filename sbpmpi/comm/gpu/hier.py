@@ -24,14 +24,22 @@ other nodes waiting: they all raise, naming the cause, and the node barriers car
 every rank. MAX and MIN of floats go through :func:`sbpmpi.comm.nan_reduction.nan_safe`,
 as on the flat MPI path: NaN propagates as in NumPy, whatever node holds it. The setting
 :data:`sbpmpi.config.ipc_node_size` (``SBPMPI_IPC_NODE_SIZE=k``) splits each node into
-pseudo-nodes of ``k`` ranks, so that one machine exercises this path.
+pseudo-nodes of ``k`` ranks, so that one machine exercises this path. A pseudo-node is a
+property of the process, as a machine is: ranks with machine-local ranks ``0..k-1`` form
+one, ``k..2k-1`` the next, whatever group a call is on, so that no group maps memory
+across pseudo-nodes.
+
+Whether a call takes this path was decided by the whole group before (:mod:`.route`): the
+node legs run from offers every rank of every node made ready, so no node falls back
+while another goes on into the inter-node leg. Every rank of a node runs the same number
+of phases (an empty one where it has nothing to copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -42,46 +50,68 @@ from ..buffers import PINNED_POOL
 from ..dtypes import dtype_info
 from ..nan_reduction import nan_safe
 from ..reduce_op import ReduceOp, mpi_reduction
+from ..world import get_local_rank
 from . import schedule as S
-from .ipc import Buffer, IpcError, IpcTransport
+from .ipc import IpcError, IpcTransport, Offer
 
-__all__ = ["Hierarchical", "node_split", "node_all_reduce_schedules",
-           "node_all_gather_schedule"]
+__all__ = ["Hierarchical", "node_split", "pseudo_node", "NodeAllReduce", "NodePlace",
+           "node_all_reduce_schedules", "node_all_gather_schedule"]
+
+
+def pseudo_node() -> int | None:
+    """This process's pseudo-node on its machine (machine-local rank // ``ipc_node_size``),
+    or None when the setting is unset (the machine is the node)."""
+    k = config.ipc_node_size.value
+    return None if k is None else get_local_rank() // k
 
 
 def node_split(comm: MPI.Intracomm) -> MPI.Comm:
-    """The ranks of ``comm`` on this node (MPI's shared-memory split), or pseudo-nodes of
-    ``ipc_node_size`` consecutive ranks of it (the setting, when set)."""
-    k = config.ipc_node_size.value
+    """The ranks of ``comm`` on this node (MPI's shared-memory split), or on this process's
+    pseudo-node (:func:`pseudo_node`, when the setting ``ipc_node_size`` is set)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    if k is None:
+    color = pseudo_node()
+    if color is None:
         return node
-    sub = node.Split(node.Get_rank() // k, key=node.Get_rank())
+    sub = node.Split(color, key=node.Get_rank())
     node.Free()
     return sub
 
 
-def node_all_reduce_schedules(m: int, local: int, count: int,
-                              itemsize: int) -> tuple[S.Schedule, S.Schedule]:
-    """(reduce-scatter, all-gather) halves of the node all-reduce: after the first, node
-    rank ``l`` holds the node's reduction of block ``l`` of ``blocks(count, m)`` in place."""
+class NodeAllReduce(NamedTuple):
+    """The two node halves of the hierarchical all-reduce."""
+
+    reduce_scatter: S.Schedule  # after it, node rank l holds the node's block l in place
+    all_gather: S.Schedule
+
+
+def node_all_reduce_schedules(m: int, local: int, count: int, itemsize: int) -> NodeAllReduce:
+    """The halves of the node all-reduce: after the first, node rank ``l`` holds the node's
+    reduction of block ``l`` of ``blocks(count, m)`` in place."""
     full = S.all_reduce(m, local, count, itemsize)
-    if not full.phases:
-        return S.Schedule((), exports=("out",)), S.Schedule((), exports=("out",))
-    return (S.Schedule(full.phases[:1], ("out",), full.tmp_bytes),
-            S.Schedule(full.phases[1:], ("out",)))
+    if not full.phases:  # count == 0 or m == 1: the same on every rank
+        return NodeAllReduce(S.Schedule((), exports=("out",)), S.Schedule((), exports=("out",)))
+    return NodeAllReduce(S.Schedule(full.phases[:1], ("out",), full.tmp_bytes),
+                         S.Schedule(full.phases[1:], ("out",)))
 
 
 def node_all_gather_schedule(members: Sequence[Sequence[int]], local: int,
                              nbytes: Sequence[int], displs: Sequence[int]) -> S.Schedule:
     """Node rank ``local`` copies, from each node peer k, the blocks of the group ranks with
-    local index k (``members[node][k]``), which the peer's cross leg wrote into its ``out``."""
+    local index k (``members[node][k]``), which the peer's cross leg wrote into its ``out``.
+    One phase on every rank, empty where there is nothing to copy."""
     m = len(members[0])
     moves = tuple(S.Move(S.COPY, k, "out", displs[row[k]], "out", displs[row[k]],
                          nbytes[row[k]])
                   for k in [(local + i) % m for i in range(1, m)]
                   for row in members if nbytes[row[k]])
-    return S.Schedule((moves,) if moves else (), exports=("out",))
+    return S.Schedule((moves,), exports=("out",))
+
+
+class NodePlace(NamedTuple):
+    """Where a rank of the group sits: its local index on its node, and its node's size."""
+
+    local: int
+    node_size: int
 
 
 @dataclass
@@ -120,16 +150,16 @@ class Hierarchical:
     def build(cls, node: IpcTransport, comm: MPI.Intracomm) -> Hierarchical | str:
         """Collective over ``comm``: the hierarchy, or why there is none."""
         me, local, m = comm.Get_rank(), node.rank, node.size
-        shape = comm.allgather((local, m))
-        sizes = {s for _, s in shape}
+        places = [NodePlace(*p) for p in comm.allgather((local, m))]
+        sizes = {p.node_size for p in places}
         if len(sizes) != 1 or m < 2:
             return (f"the group spans nodes with {sorted(sizes)} of its ranks each: "
                     "hierarchical IPC needs the same number (>= 2) on every node")
         cross = comm.Split(local, key=me)
-        ni = comm.allgather(cross.Get_rank())
+        node_of = comm.allgather(cross.Get_rank())  # a rank's cross rank is its node's index
         members = [[0] * m for _ in range(comm.Get_size() // m)]
-        for r, ((lr, _), j) in enumerate(zip(shape, ni)):
-            members[j][lr] = r
+        for r, (p, j) in enumerate(zip(places, node_of)):
+            members[j][p.local] = r
         return cls(node, cross, members)
 
     # -- the inter-node legs (staged through pinned host memory) --------------------------
@@ -152,8 +182,9 @@ class Hierarchical:
             causes = "; ".join(c for c in self.cross.allgather(mine) if c)
             raise IpcError(f"the inter-node leg failed on {causes}") from err
 
-    def all_reduce(self, name: str, arr_ptr: int, ok: bool, count: int, dtype: np.dtype,
+    def all_reduce(self, name: str, offer: Offer, count: int, dtype: np.dtype,
                    op: ReduceOp) -> bool:
+        """In place on the offer's ``out`` buffer (``count`` elements)."""
         it = dtype.itemsize
         rs, ag = node_all_reduce_schedules(self.m, self.local, count, it)
         a, b = S.blocks(count, self.m)[self.local]
@@ -190,12 +221,12 @@ class Hierarchical:
         sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
                            rs.tmp_bytes)
         hook_at = len(rs.phases)
-        buf = Buffer(arr_ptr, count * it)
-        return self.node.run(name, {"in": buf, "out": buf}, ok, lambda _: sched, (), dtype,
-                             op, ("out",), {hook_at: cross_leg} if count else None)
+        return self.node.run(name, offer, lambda _: sched, (), dtype, op,
+                             {hook_at: cross_leg} if count else None)
 
-    def all_gather_v(self, name: str, in_ptr: int, out_ptr: int, out_nbytes: int, ok: bool,
-                     nbytes: Sequence[int], displs: Sequence[int]) -> bool:
+    def all_gather_v(self, name: str, offer: Offer, nbytes: Sequence[int],
+                     displs: Sequence[int]) -> bool:
+        """Rank r's ``in`` (``nbytes[r]``) to ``out[displs[r]:]`` of every rank."""
         rows = self.members
         mine = [row[self.local] for row in rows]  # the group ranks of my cross comm
 
@@ -230,6 +261,4 @@ class Hierarchical:
 
         node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
         sched = S.Schedule(((),) + node_moves.phases, ("out",))
-        return self.node.run(name, {"in": Buffer(in_ptr, nbytes[mine[self.cross.Get_rank()]]),
-                                    "out": Buffer(out_ptr, out_nbytes)}, ok,
-                             lambda _: sched, (), None, None, ("out",), {0: cross_leg})
+        return self.node.run(name, offer, lambda _: sched, (), None, None, {0: cross_leg})

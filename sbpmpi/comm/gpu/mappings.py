@@ -30,6 +30,12 @@ wrapper that every rank calls), with the references counted per group here.
 
 Exported handles are kept per allocation id (``cudaIpcGetMemHandle`` is cheap, but each
 export is a driver call); a new allocation overlapping a kept one means that one was freed.
+
+A close that fails (``cudaIpcCloseMemHandle`` returning an error) leaves the mapping open
+in CUDA, which then refuses every later open of that handle in this process. So a mapping
+is forgotten only once its close succeeded: until then it stays in the cache with no
+reference, the next call that reads that allocation uses it as it is, and its next release
+tries the close again.
 """
 
 from __future__ import annotations
@@ -37,13 +43,39 @@ from __future__ import annotations
 import secrets
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .device import HANDLE_BYTES, Allocation, Device
 
-__all__ = ["MappingCache", "Lease", "MappingKey"]
+__all__ = ["MappingCache", "Lease", "MappingKey", "Export", "Acquired"]
 
-MappingKey = tuple[int, "int | bytes"]  # (exporter's token, buffer id or handle)
+
+class MappingKey(NamedTuple):
+    """A peer allocation, the same in every group: its exporting process and its id."""
+
+    exporter: int  # the exporting process's token
+    allocation: int | bytes  # its buffer id, or its handle where the driver gives no id
+
+
+class Export(NamedTuple):
+    """An allocation of this process as peers see it: where it is, its handle, and whether
+    the handle was made by this call (for the counters)."""
+
+    allocation: Allocation
+    handle: bytes
+    fresh: bool
+
+
+class Acquired(NamedTuple):
+    """A peer allocation mapped here: its base in this process, and whether it was opened
+    by this call."""
+
+    base: int
+    opened: bool
+
+
+def _overlap(a: Allocation, b: Allocation) -> bool:
+    return a.base < b.base + b.size and b.base < a.base + a.size
 
 
 @dataclass
@@ -64,7 +96,7 @@ class MappingCache:
     def __init__(self, device: Device) -> None:
         self.device = device
         self.token = secrets.randbits(62) + 1
-        self.exported: dict[int, tuple[Allocation, bytes]] = {}
+        self.exported: dict[int, Export] = {}  # allocation id -> its export (fresh=False)
         self.mapped: dict[MappingKey, _Mapping] = {}
 
     @classmethod
@@ -80,23 +112,22 @@ class MappingCache:
 
     # -- export (this process's allocations) ------------------------------------------------
 
-    def export(self, ptr: int) -> tuple[Allocation, bytes, bool] | None:
-        """(allocation, handle, exported now) of the allocation holding ``ptr``, or None
-        when it cannot be shared."""
+    def export(self, ptr: int) -> Export | None:
+        """The export of the allocation holding ``ptr``, or None when it cannot be shared."""
         a = self.device.allocation(ptr)
         if a is None:
             return None
         if a.id < 0:  # no process-unique id: export every time, never keep
-            return a, self._handle(a), True
+            return Export(a, self._handle(a), True)
         hit = self.exported.get(a.id)
         if hit is not None:
-            return hit[0], hit[1], False
-        for bid, (old, _) in list(self.exported.items()):  # freed: its range is reused
-            if old.base < a.base + a.size and a.base < old.base + old.size:
+            return hit
+        for bid, old in list(self.exported.items()):  # freed: its range is reused
+            if _overlap(old.allocation, a):
                 del self.exported[bid]
         handle = self._handle(a)
-        self.exported[a.id] = (a, handle)
-        return a, handle, True
+        self.exported[a.id] = Export(a, handle, False)
+        return Export(a, handle, True)
 
     def _handle(self, a: Allocation) -> bytes:
         handle = self.device.export(a.base)
@@ -106,31 +137,45 @@ class MappingCache:
 
     # -- mappings (peers' allocations) -------------------------------------------------------
 
-    def acquire(self, key: MappingKey, handle: bytes) -> tuple[int, bool]:
-        """(base here, opened now) of the peer allocation ``key``; one more reference."""
+    def acquire(self, key: MappingKey, handle: bytes) -> Acquired:
+        """The peer allocation ``key`` mapped here, with one more reference (a mapping whose
+        close failed is still open: it is used as it is)."""
         m = self.mapped.get(key)
         if m is not None:
             m.refs += 1
-            return m.mapped, False
+            return Acquired(m.mapped, False)
         m = self.mapped[key] = _Mapping(self.device.open(handle), 1)
-        return m.mapped, True
+        return Acquired(m.mapped, True)
 
     def release(self, key: MappingKey) -> bool:
-        """Drop one reference; closes the mapping at the last (returns True then)."""
+        """Drop one reference; closes the mapping at the last (returns True then). A failed
+        close raises and keeps the mapping (still open in CUDA), without a reference."""
         m = self.mapped[key]
+        if m.refs <= 0:
+            raise KeyError(f"{key} has no reference to release")
         m.refs -= 1
         if m.refs:
             return False
+        self.device.close(m.mapped)  # raises: the mapping stays, open, for the next call
         del self.mapped[key]
-        self.device.close(m.mapped)
         return True
 
     def close_all(self) -> None:
-        """Close every mapping and forget the exports (when the device changes)."""
-        mapped, self.mapped = self.mapped, {}
+        """Close every mapping and forget the exports (when the device changes). Every
+        close is tried; those that fail stay (without references), the first failure is
+        raised."""
         self.exported.clear()
-        for m in mapped.values():
-            self.device.close(m.mapped)
+        first: BaseException | None = None
+        for key, m in list(self.mapped.items()):
+            try:
+                self.device.close(m.mapped)
+            except Exception as e:
+                m.refs = 0
+                first = first or e
+                continue
+            del self.mapped[key]
+        if first is not None:
+            raise first
 
 
 @dataclass
@@ -144,11 +189,11 @@ class Lease:
 
     def map(self, exporter: int, buffer_id: int, handle: bytes) -> int:
         """The base, in this process, of the peer allocation (exporter, buffer_id)."""
-        key: MappingKey = (exporter, buffer_id if buffer_id >= 0 else handle)
-        base, opened = self.cache.acquire(key, handle)
+        key = MappingKey(exporter, buffer_id if buffer_id >= 0 else handle)
+        got = self.cache.acquire(key, handle)
         self.keys.append(key)
-        self.opens += opened
-        return base
+        self.opens += got.opened
+        return got.base
 
     def release(self) -> None:
         """Release every mapping of the lease (all of them, even when one close fails;

@@ -1,16 +1,46 @@
-"""Entry points the collectives call for GPU arrays when the transport is ``ipc``.
+"""The route of each collective call while the GPU transport is ``ipc``, decided by the
+whole group, and the IPC calls themselves.
 
-Each function returns True when it carried out the call over CUDA IPC, False (on every
-rank of the group alike) when the call must take the MPI path: the group spans nodes,
-no device can export memory, or some rank's arrays cannot be exported. Arguments were
-checked by the caller already. The collectives test :data:`ENABLED` first, so host calls
-and the other transports pay one attribute read.
+A call goes one of three ways, the same on every rank of its group:
+
+- the **MPI path**: each rank hands MPI its own buffers, host arrays as they are and device
+  arrays directly or staged (:mod:`..buffers`). MPI matches calls, not buffers, so ranks
+  with host arrays, staged device arrays and device pointers meet in the same MPI call;
+- **IPC on one node** (:mod:`.ipc`);
+- **hierarchical IPC** across nodes (:mod:`.hier`).
+
+While ``ipc`` is off every call takes the MPI path and nothing needs deciding (the
+collectives read :data:`ENABLED` first). While it is on:
+
+1. A call whose group is known to have no IPC path for it (it spans nodes unevenly, or
+   the collective has no hierarchical form) takes the MPI path at once: the group built
+   its transport together, so every rank knows it alike.
+2. Otherwise this rank makes its offer (:func:`.ipc.make_offer`): ready only when every
+   array of the call is an exportable device array and its exports succeeded.
+3. The group decides in one small exchange whether every rank's offer is ready (the
+   caller's ``agree``: :meth:`sbpmpi.comm.call.Call.gpu`, which in checked mode is the
+   signature agreement itself). Only then does any rank build the transport (on first
+   use) and enter the protocol; else every rank takes the MPI path.
+
+So a rank with host arrays, memory that cannot be exported or an export that fails sends
+the whole group down the MPI path before anyone enters a phase, on one node and across
+nodes alike.
+
+Each entry point takes ``agree`` (this rank's readiness -> whether every rank of the
+group is ready), ``device`` (every array of the call on this rank is a GPU array), the
+call's arguments (checked by the caller already), the group and its communicator. It
+returns True when it carried out the call over CUDA IPC, False (on every rank alike) when
+the call takes the MPI path.
+
+Boxing's point-to-point moves (:mod:`sbpmpi.runtime.execute`) are pairs of sends and
+receives, not collective over a group, so they take the MPI path: an IPC form needs the
+moves of a conversion made one collective step over its placement group first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -25,14 +55,16 @@ from ..watchdog import watch
 from . import schedule as S
 from .device import Device
 from .hier import Hierarchical, node_split
-from .ipc import Buffer, IpcTransport
+from .ipc import Buffer, IpcTransport, Offer, make_offer
 from .select import ipc_chosen
 
 Transport = IpcTransport | Hierarchical
+#: this rank's readiness -> whether every rank of the group is ready (one exchange)
+Agree = Callable[[bool], bool]
 
-__all__ = ["ENABLED", "set_device", "get_device", "transport_for", "transports",
-           "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v", "all_reduce",
-           "all_to_all", "all_to_all_v", "broadcast", "exchange"]
+__all__ = ["ENABLED", "Agree", "Role", "IpcCall", "set_device", "get_device", "transport_for",
+           "transports", "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v",
+           "all_reduce", "all_to_all", "all_to_all_v", "broadcast"]
 
 # On when the GPU transport is ipc (.select decides; kept here for the collectives' test).
 ENABLED: bool = ipc_chosen()
@@ -51,6 +83,7 @@ def _follow(_: object) -> None:
 
 
 config.on_update("gpu_transport", _follow)
+config.on_update("cuda_aware", _follow)  # ipc stays off beside a CUDA-aware MPI (.select)
 
 
 def set_device(device: Device | None) -> None:
@@ -90,20 +123,14 @@ def device_reason() -> str:
     return _device_reason
 
 
-def transport_for(g: Group, comm: MPI.Intracomm) -> Transport | str:
+def transport_for(g: Group, comm: MPI.Intracomm, dev: Device) -> Transport | str:
     """The IPC transport of group ``g`` (hierarchical when it spans nodes), or why it has
-    none (collective over the group on first use)."""
+    none. Collective over the group on first use: called once every rank of it agreed to
+    take the IPC path (so every rank has ``dev``)."""
     hit = _transports.get(g.ranks)
     if hit is None:
-        dev = get_device()
         node = node_split(comm)
-        one_node = node.Get_size() == comm.Get_size()
-        have = comm.allreduce(int(dev is not None), op=MPI.MIN)
-        if not have or dev is None:
-            node.Free()
-            hit = "some rank has no device that can export memory" + (
-                f" ({_device_reason})" if _device_reason else "")
-        elif one_node:
+        if node.Get_size() == comm.Get_size():
             hit = IpcTransport(dev, node)
         else:
             h = Hierarchical.build(IpcTransport(dev, node), comm)
@@ -119,135 +146,218 @@ def transports() -> dict[tuple[int, ...], Transport | str]:
     return dict(_transports)
 
 
-def _owned(dev: Device, arrays: Sequence[Any]) -> bool:
-    return all(dev.owns(a) for a in arrays)
+class Role(NamedTuple):
+    """One buffer of this rank in a call: the array and its bytes."""
+
+    array: Any
+    nbytes: int
+
+
+class IpcCall(NamedTuple):
+    """What one collective asks of the IPC path on this rank."""
+
+    name: str
+    roles: Mapping[str, Role]  # "in" / "out"
+    make: Callable[[np.ndarray], S.Schedule]  # the flat schedule (of the gathered meta)
+    reads: tuple[str, ...] = ("in",)  # the roles peers read on one node
+    hier: Callable[[Hierarchical, Offer], bool] | None = None  # the hierarchical form
+    hier_reads: tuple[str, ...] = ("out",)  # the roles peers read in it
+    meta: Any = ()
+    op: ReduceOp | None = None
+    average: str | None = None  # the role divided by the group size after an AVG
+    traced: int = 0
+
+
+def _no_path(g: Group, hierarchical_form: bool) -> bool:
+    """True when the group is known (on every rank alike) to have no IPC path for a call."""
+    t = _transports.get(g.ranks)
+    return isinstance(t, str) or (isinstance(t, Hierarchical) and not hierarchical_form)
+
+
+def _decline(agree: Agree, g: Group) -> bool:
+    """This rank cannot take the IPC path (host arrays): the group hears it."""
+    agree(False)
+    _count_fallback(_transports.get(g.ranks), "some of its arrays are host arrays")
+    return False
 
 
 def _contig(a: Any, m: ArrayMeta) -> Any:
     return a if m.contiguous else device_copy.ascontiguous_device(a)
 
 
-def _run(name: str, g: Group, comm: MPI.Intracomm, m: ArrayMeta, arrays: Sequence[Any],
-         roles: dict[str, tuple[Any, int]], make: Callable[[np.ndarray], S.Schedule],
-         meta: Any = (), op: ReduceOp | None = None, average: tuple[Any, int] | None = None,
-         traced: int = 0, export: tuple[str, ...] = ("in",),
-         hier: Callable[[Hierarchical, dict[str, Buffer]], bool] | None = None) -> bool:
-    if not ENABLED:
+def _exported(c: IpcCall, known: Transport | str | None) -> tuple[str, ...]:
+    """The roles to export: those the group's path reads (both paths' before it is built)."""
+    if isinstance(known, IpcTransport):
+        return c.reads
+    if isinstance(known, Hierarchical):
+        return c.hier_reads
+    return tuple(dict.fromkeys(c.reads + (c.hier_reads if c.hier else ())))
+
+
+def _offer(c: IpcCall, known: Transport | str | None, dev: Device | None) -> Offer:
+    """Step 2 of the route: this rank's offer on the IPC device ``dev`` (None: it has none)."""
+    if dev is None:
+        bufs = {role: Buffer(0, r.nbytes) for role, r in c.roles.items()}
+        return Offer(bufs, {}, False, f"no device can export memory ({_device_reason})")
+    owned = all(dev.owns(r.array) for r in c.roles.values())
+    bufs = {role: Buffer(dev.pointer(r.array) if owned and r.nbytes else 0, r.nbytes)
+            for role, r in c.roles.items()}
+    return make_offer(dev, bufs, _exported(c, known), owned)
+
+
+def _count_fallback(known: Transport | str | None, why_not: str) -> None:
+    """A call of a group with a transport took the MPI path: count it, and keep why this
+    rank was not ready (``""``: it was)."""
+    if known is None or isinstance(known, str):
+        return
+    node = known.node if isinstance(known, Hierarchical) else known
+    node.stats["fallbacks"] += 1
+    if why_not:
+        node.last_error = why_not
+
+
+def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) -> bool:
+    """Steps 2 and 3 of the route, then the call over IPC when the group agreed."""
+    known = _transports.get(g.ranks)
+    dev = get_device()
+    offer = _offer(c, known, dev)
+    if not agree(offer.ready):
+        _count_fallback(known, offer.reason)
         return False
-    t = transport_for(g, comm)
-    if isinstance(t, str) or (isinstance(t, Hierarchical) and hier is None):
+    assert dev is not None  # ready implies a device
+    t = transport_for(g, comm, dev)
+    if isinstance(t, str):
         return False  # the same on every rank of the group
-    dev = t.device
-    ok = _owned(dev, arrays)
-    bufs = {r: Buffer(dev.pointer(a) if ok and n else 0, n) for r, (a, n) in roles.items()}
-    if isinstance(t, Hierarchical):
-        assert hier is not None
-        if not comm.allreduce(int(ok), op=MPI.MIN):  # every node must agree, not just one
-            t.stats["fallbacks"] += 1
-            return False
-        with watch(name, g.ranks):
-            done = hier(t, bufs)
-    else:
-        with watch(name, g.ranks):
-            done = t.run(name, bufs, ok, make, meta, m.dtype, op, export)
+    with watch(c.name, g.ranks):
+        if isinstance(t, IpcTransport):
+            done = t.run(c.name, offer, c.make, c.meta, m.dtype, c.op)
+        elif c.hier is not None:
+            done = c.hier(t, offer)
+        else:
+            return False  # no hierarchical form: the same on every rank of the group
     if done:
-        if average is not None and op is ReduceOp.AVG and average[1]:
-            dev.divide(dev.pointer(average[0]), average[1], m.dtype, g.size)
+        if c.average is not None and c.op is ReduceOp.AVG:
+            r = c.roles[c.average]
+            if r.nbytes:
+                dev.divide(dev.pointer(r.array), r.nbytes, m.dtype, g.size)
         if ACTIVE:
-            note(name, traced, g, m.dtype, None, True, False)
+            note(c.name, c.traced, g, m.dtype, None, True, False)
     return done
 
 
-def all_gather(out: Any, arr: Any, m: ArrayMeta, g: Group, comm: MPI.Intracomm) -> bool:
+def all_gather(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta, g: Group,
+               comm: MPI.Intracomm) -> bool:
     """``out`` (p blocks) gets ``arr`` of every rank."""
+    if _no_path(g, True):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me = g.size, comm.Get_rank()
     nb = m.nbytes
     arr = _contig(arr, m)
     counts, displs = [nb] * p, [k * nb for k in range(p)]
-    return _run("all_gather", g, comm, m, (out, arr), {"in": (arr, nb), "out": (out, p * nb)},
-                lambda _: S.all_gather_v(p, me, counts, displs), traced=nb,
-                hier=lambda h, b: h.all_gather_v("all_gather", b["in"].ptr, b["out"].ptr,
-                                                 p * nb, True, counts, displs))
+    return _run(agree, g, comm, m, IpcCall(
+        "all_gather", {"in": Role(arr, nb), "out": Role(out, p * nb)},
+        lambda _: S.all_gather_v(p, me, counts, displs), traced=nb,
+        hier=lambda h, o: h.all_gather_v("all_gather", o, counts, displs)))
 
 
-def all_gather_v(out: Any, arr: Any, m: ArrayMeta, counts: Sequence[int],
-                 displs: Sequence[int], need: int, g: Group, comm: MPI.Intracomm) -> bool:
+def all_gather_v(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta,
+                 counts: Sequence[int], displs: Sequence[int], need: int, g: Group,
+                 comm: MPI.Intracomm) -> bool:
+    if _no_path(g, True):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     arr = _contig(arr, m)
     cb, db = [c * it for c in counts], [d * it for d in displs]
-    return _run("all_gather_v", g, comm, m, (out, arr),
-                {"in": (arr, m.size * it), "out": (out, need * it)},
-                lambda _: S.all_gather_v(p, me, cb, db), traced=m.size * it,
-                hier=lambda h, b: h.all_gather_v("all_gather_v", b["in"].ptr, b["out"].ptr,
-                                                 need * it, True, cb, db))
+    return _run(agree, g, comm, m, IpcCall(
+        "all_gather_v", {"in": Role(arr, m.size * it), "out": Role(out, need * it)},
+        lambda _: S.all_gather_v(p, me, cb, db), traced=m.size * it,
+        hier=lambda h, o: h.all_gather_v("all_gather_v", o, cb, db)))
 
 
-def reduce_scatter(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta, op: ReduceOp,
-                   g: Group, comm: MPI.Intracomm) -> bool:
+def reduce_scatter(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+                   op: ReduceOp, g: Group, comm: MPI.Intracomm) -> bool:
     """``out`` = block ``me`` of the reduction of the packed inputs (p blocks of m.size)."""
-    return reduce_scatter_v(out, x, m, mi, [m.size] * g.size, op, g, comm, "reduce_scatter")
+    return reduce_scatter_v(agree, device, out, x, m, mi, [m.size] * g.size, op, g, comm,
+                            "reduce_scatter")
 
 
-def reduce_scatter_v(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
-                     counts: Sequence[int], op: ReduceOp, g: Group, comm: MPI.Intracomm,
-                     name: str = "reduce_scatter_v") -> bool:
+def reduce_scatter_v(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta,
+                     mi: ArrayMeta, counts: Sequence[int], op: ReduceOp, g: Group,
+                     comm: MPI.Intracomm, name: str = "reduce_scatter_v") -> bool:
+    if _no_path(g, False):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     x = _contig(x, mi)
-    return _run(name, g, comm, m, (out, x), {"in": (x, mi.size * it), "out": (out, m.size * it)},
-                lambda _: S.reduce_scatter_v(p, me, [c * it for c in counts]), op=op,
-                average=(out, m.size * it), traced=mi.size * it)
+    return _run(agree, g, comm, m, IpcCall(
+        name, {"in": Role(x, mi.size * it), "out": Role(out, m.size * it)},
+        lambda _: S.reduce_scatter_v(p, me, [c * it for c in counts]), op=op,
+        average="out", traced=mi.size * it))
 
 
-def all_reduce(arr: Any, m: ArrayMeta, op: ReduceOp, g: Group,
+def all_reduce(agree: Agree, device: bool, arr: Any, m: ArrayMeta, op: ReduceOp, g: Group,
                comm: MPI.Intracomm) -> bool:
+    if _no_path(g, True):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     nb = m.size * it
-    return _run("all_reduce", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
-                lambda _: (S.all_reduce_direct if p == 2 or nb <= DIRECT_ALL_REDUCE_BYTES
-                           else S.all_reduce)(p, me, m.size, it), op=op, average=(arr, nb),
-                traced=nb,
-                export=("out",),
-                hier=lambda h, b: h.all_reduce("all_reduce", b["out"].ptr, True, m.size, m.dtype, op))
+    direct = p == 2 or nb <= DIRECT_ALL_REDUCE_BYTES
+    return _run(agree, g, comm, m, IpcCall(
+        "all_reduce", {"in": Role(arr, nb), "out": Role(arr, nb)},
+        lambda _: (S.all_reduce_direct if direct else S.all_reduce)(p, me, m.size, it),
+        reads=("out",), op=op, average="out", traced=nb,
+        hier=lambda h, o: h.all_reduce("all_reduce", o, m.size, m.dtype, op)))
 
 
-def all_to_all(out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta, g: Group,
-               comm: MPI.Intracomm) -> bool:
+def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+               g: Group, comm: MPI.Intracomm) -> bool:
     """Block j of rank i's input goes to block i of rank j's ``out`` (blocks of m.size)."""
+    if _no_path(g, False):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     b = m.size * it
     x = _contig(x, mi)
-    return _run("all_to_all", g, comm, m, (out, x), {"in": (x, p * b), "out": (out, p * b)},
-                lambda _: S.all_to_all_v(p, me, [[b] * p] * p, [[j * b for j in range(p)]] * p,
-                                         [k * b for k in range(p)]), traced=p * b)
+    return _run(agree, g, comm, m, IpcCall(
+        "all_to_all", {"in": Role(x, p * b), "out": Role(out, p * b)},
+        lambda _: S.all_to_all_v(p, me, [[b] * p] * p, [[j * b for j in range(p)]] * p,
+                                 [k * b for k in range(p)]), traced=p * b))
 
 
-def all_to_all_v(out: Any, oc: Sequence[int], od: Sequence[int], oneed: int, arr: Any,
-                 ic: Sequence[int], idd: Sequence[int], m: ArrayMeta, g: Group,
-                 comm: MPI.Intracomm) -> bool:
+def all_to_all_v(agree: Agree, device: bool, out: Any, oc: Sequence[int], od: Sequence[int],
+                 oneed: int, arr: Any, ic: Sequence[int], idd: Sequence[int], m: ArrayMeta,
+                 g: Group, comm: MPI.Intracomm) -> bool:
+    if _no_path(g, False):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me, it = g.size, comm.Get_rank(), m.dtype.itemsize
     arr = _contig(arr, m)
 
     def make(meta: np.ndarray) -> S.Schedule:
         return S.all_to_all_v(p, me, (meta[:, :p] * it).tolist(), (meta[:, p:] * it).tolist(),
                               [d * it for d in od])
-    return _run("all_to_all_v", g, comm, m, (out, arr),
-                {"in": (arr, m.size * it), "out": (out, oneed * it)}, make,
-                meta=list(ic) + list(idd), traced=sum(ic) * it)
+    return _run(agree, g, comm, m, IpcCall(
+        "all_to_all_v", {"in": Role(arr, m.size * it), "out": Role(out, oneed * it)}, make,
+        meta=list(ic) + list(idd), traced=sum(ic) * it))
 
 
-def broadcast(arr: Any, m: ArrayMeta, root: int, g: Group, comm: MPI.Intracomm) -> bool:
+def broadcast(agree: Agree, device: bool, arr: Any, m: ArrayMeta, root: int, g: Group,
+              comm: MPI.Intracomm) -> bool:
+    if _no_path(g, False):
+        return False
+    if not device:
+        return _decline(agree, g)
     p, me = g.size, comm.Get_rank()
     nb = m.nbytes
-    return _run("broadcast", g, comm, m, (arr,), {"in": (arr, nb), "out": (arr, nb)},
-                lambda _: S.broadcast(p, me, root, nb), traced=nb if me == root else 0)
-
-
-def exchange(out: Any, arr: Any, m: ArrayMeta, moves: Sequence[S.P2P], out_nbytes: int,
-             g: Group, comm: MPI.Intracomm) -> bool:
-    """Point-to-point moves between the ranks of ``g`` (every rank passes the same list):
-    bytes of rank ``src``'s ``arr`` land in rank ``dst``'s ``out``."""
-    p, me = g.size, comm.Get_rank()
-    arr = _contig(arr, m)
-    nb = m.nbytes
-    return _run("exchange", g, comm, m, (out, arr), {"in": (arr, nb), "out": (out, out_nbytes)},
-                lambda _: S.exchange(p, me, moves), traced=nb)
+    return _run(agree, g, comm, m, IpcCall(
+        "broadcast", {"in": Role(arr, nb), "out": Role(arr, nb)},
+        lambda _: S.broadcast(p, me, root, nb), traced=nb if me == root else 0))

@@ -12,6 +12,11 @@ finish and meet at a node barrier *before* each phase (so no rank reads a buffer
 is written) and once more after the last (so no rank overwrites or frees a buffer a peer
 still reads). Within a phase the moves of one rank run in order (one CUDA stream); a
 schedule never reads, in a phase, bytes that *another* rank writes in that phase.
+
+Every rank meets every barrier, so **the number of phases is a function of what all ranks
+share** (the group size, the counts of every rank), never of this rank's own blocks: a
+rank with nothing to move still has its (empty) phases. The executor checks it at the
+first barrier (:meth:`Schedule.barriers`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from ...core.layout import block_starts
 
 __all__ = ["Move", "Schedule", "COPY", "REDUCE", "blocks", "all_gather_v", "reduce_scatter_v",
-           "all_reduce", "all_reduce_direct", "all_to_all_v", "broadcast", "exchange", "P2P"]
+           "all_reduce", "all_reduce_direct", "all_to_all_v", "broadcast"]
 
 COPY = "copy"
 REDUCE = "reduce"
@@ -52,8 +57,18 @@ class Schedule:
     # before it already tells each rank that the peers are done with its buffers
     final_barrier: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.final_barrier and len(self.phases) < 2:
+            raise ValueError("a schedule without a final barrier needs two phases or more "
+                             f"(the barrier between them), got {len(self.phases)}")
+
     def moves(self) -> list[Move]:
         return [m for ph in self.phases for m in ph]
+
+    def barriers(self) -> int:
+        """The node barriers the executor holds for this schedule: one between phases and
+        one after the last (when ``final_barrier``); at least one (the call's end)."""
+        return max(len(self.phases) - 1 + self.final_barrier, 1)
 
     def peer_reads(self, me: int) -> int:
         """Bytes this rank reads from other ranks' memory."""
@@ -86,7 +101,7 @@ def all_gather_v(p: int, me: int, nbytes: Sequence[int], displs: Sequence[int]) 
     _check(p, me)
     ph = tuple(Move(COPY, k, "in", 0, "out", displs[k], nbytes[k])
                for k in _order(p, me) if nbytes[k])
-    return Schedule((ph,) if ph else ())
+    return Schedule((ph,))
 
 
 def reduce_scatter_v(p: int, me: int, nbytes: Sequence[int]) -> Schedule:
@@ -97,10 +112,10 @@ def reduce_scatter_v(p: int, me: int, nbytes: Sequence[int]) -> Schedule:
     """
     _check(p, me)
     off, n = block_starts(nbytes)[me], nbytes[me]
-    if not n:
-        return Schedule(())
-    ph = (Move(COPY, 0, "in", off, "out", 0, n),) + tuple(
-        Move(REDUCE, k, "in", off, "out", 0, n) for k in range(1, p))
+    ph: tuple[Move, ...] = ()
+    if n:  # an empty block: an empty phase (the others' phase count)
+        ph = (Move(COPY, 0, "in", off, "out", 0, n),) + tuple(
+            Move(REDUCE, k, "in", off, "out", 0, n) for k in range(1, p))
     return Schedule((ph,))
 
 
@@ -152,7 +167,7 @@ def all_to_all_v(p: int, me: int, send_nbytes: Sequence[Sequence[int]],
     _check(p, me)
     ph = tuple(Move(COPY, k, "in", send_displs[k][me], "out", recv_displs[k], send_nbytes[k][me])
                for k in _order(p, me) if send_nbytes[k][me])
-    return Schedule((ph,) if ph else ())
+    return Schedule((ph,))
 
 
 def broadcast(p: int, me: int, root: int, nbytes: int) -> Schedule:
@@ -161,29 +176,6 @@ def broadcast(p: int, me: int, root: int, nbytes: int) -> Schedule:
     if not 0 <= root < p:
         raise ValueError(f"root {root} is not in a group of {p}")
     if me == root or not nbytes:
-        return Schedule(())
+        return Schedule(((),))  # the root moves nothing, in the others' one phase
     return Schedule(((Move(COPY, root, "in", 0, "out", 0, nbytes),),))
 
-
-@dataclass(frozen=True)
-class P2P:
-    """One point-to-point move between placements: bytes of ``src``'s ``in`` to ``dst``'s ``out``."""
-
-    src: int
-    src_off: int
-    dst: int
-    dst_off: int
-    nbytes: int
-
-
-def exchange(p: int, me: int, moves: Sequence[P2P]) -> Schedule:
-    """The moves whose destination is ``me`` (every rank knows the whole list, as boxing
-    plans do), pulled from their sources."""
-    _check(p, me)
-    for mv in moves:
-        if not (0 <= mv.src < p and 0 <= mv.dst < p) or min(mv.src_off, mv.dst_off,
-                                                           mv.nbytes) < 0:
-            raise ValueError(f"move {mv} is outside a group of {p} ranks")
-    ph = tuple(Move(COPY, mv.src, "in", mv.src_off, "out", mv.dst_off, mv.nbytes)
-               for mv in moves if mv.dst == me and mv.nbytes)
-    return Schedule((ph,) if ph else ())

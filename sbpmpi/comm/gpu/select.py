@@ -17,10 +17,19 @@ the automatic choice). ``mpi`` and ``staged`` act through
 Order: the setting (an explicit override), else ``mpi`` where the library is CUDA-aware
 (see :mod:`..cuda_aware`), else ``staged``. CUDA IPC is not the default yet: it has been
 unit-tested against a stand-in device only, and becomes the default on GPU nodes once
-measured there; so whether IPC is on follows from the setting alone (:func:`ipc_chosen`),
-without detecting anything. The decision is made once, on first use, again after the
-setting changes, and must be the same on every rank (it depends on the settings and the
-MPI library only).
+measured there.
+
+``ipc`` stays off where device pointers go to MPI (the library is CUDA-aware, or the
+setting ``cuda_aware`` says so): such a library maps its peers' GPU buffers with CUDA IPC
+itself (Open MPI's smcuda and UCX keep those mappings open in a cache), and CUDA refuses a
+second open of one handle in a process, so the two would trip on each other's mappings
+of the same pool allocations. That has not been measured to work, so the transport is
+``mpi`` there, with the reason; ``SBPMPI_CUDA_AWARE=0`` keeps ``ipc`` and stages what it
+does not carry, so that MPI never sees a device pointer.
+
+The decision is made once, on first use (only a setting of ``ipc`` asks the library
+anything), again after either setting changes, and must be the same on every rank (it
+depends on the settings and the MPI library only).
 """
 
 from __future__ import annotations
@@ -45,8 +54,9 @@ class GpuTransport:
 
 
 def ipc_chosen() -> bool:
-    """True when the transport is ``ipc`` (only ever chosen by the setting)."""
-    return config.gpu_transport.value == "ipc"
+    """True when the transport is ``ipc`` (only ever chosen by the setting, and kept off
+    beside a CUDA-aware MPI: see the module docstring)."""
+    return config.gpu_transport.value == "ipc" and gpu_transport().name == "ipc"
 
 
 def detect() -> GpuTransport:
@@ -59,8 +69,16 @@ def detect() -> GpuTransport:
             reason += ("; the MPI library does not report CUDA support "
                        f"({detect_library().reason}): device pointers may crash it")
         if v == "ipc":
-            fb = "mpi" if cuda_awareness().aware else "staged"
-            reason += f"; calls that cannot use CUDA IPC (e.g. across nodes) go {fb}"
+            aware = cuda_awareness()
+            if aware.aware:
+                return GpuTransport("mpi", (
+                    f"{reason} of ipc, which stays off: device pointers go to MPI "
+                    f"({aware.reason}), and a CUDA-aware MPI maps its peers' GPU buffers "
+                    "with CUDA IPC itself, which CUDA refuses to do twice for one handle "
+                    "in a process; GPU arrays go to MPI directly "
+                    f"({config.cuda_aware.env}=0 keeps ipc and stages the other calls)"),
+                    True)
+            reason += "; calls that cannot use CUDA IPC (e.g. across nodes) go staged"
         return GpuTransport(v, reason, True)
     aware = cuda_awareness()
     if aware.aware:

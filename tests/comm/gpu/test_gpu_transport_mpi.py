@@ -3,11 +3,14 @@
 ``SBPMPI_GPU_TRANSPORT=ipc`` semantics (``sm.config.override(gpu_transport="ipc")``) with the device of
 ``fake_ipc.py``: each rank's "device memory" is shared files, so peers really read each
 other's buffers through handle + offset, across processes. Every result is compared with
-NumPy on the whole array; the transport's counters show that IPC carried the calls.
+NumPy on the whole array; the transport's counters show that IPC carried the calls. On
+pseudo-nodes (``ipc_node_size=2``) each pseudo-node is a host of its own for the stand-in,
+which refuses a handle made on another host, as CUDA IPC works within one node only.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,6 +26,8 @@ from sbpmpi import comm as C
 from sbpmpi import config
 from sbpmpi.comm import ReduceOp
 from sbpmpi.comm.gpu import route
+from sbpmpi.comm.gpu.hier import Hierarchical, pseudo_node
+from sbpmpi.comm.gpu.ipc import IpcTransport
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -30,8 +35,10 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.mpi(min_size=1)]
 
 
 def _ipc_device(name: str) -> Iterator[FakeIpcDevice]:
-    """A stand-in device installed as the IPC transport's, removed afterwards."""
-    d = FakeIpcDevice(name)
+    """A stand-in device installed as the IPC transport's, removed afterwards; on
+    pseudo-nodes, on a host of its pseudo-node (a handle of another one is refused)."""
+    node = pseudo_node()
+    d = FakeIpcDevice(name, host=socket.gethostname() + ("" if node is None else f"/{node}"))
     route.set_device(d)
     with config.override(gpu_transport="ipc"):
         yield d
@@ -158,7 +165,7 @@ def test_vector_collectives_over_ipc(chk, dev):
     chk.same(out.get(), want, "all_to_all_v with displacements")
 
 
-def test_subgroups_mixed_arrays_and_exchange(chk, dev):
+def test_subgroups_and_mixed_arrays(chk, dev):
     p = size
     # a sub-group: its own node communicator
     g = C.new_group(list(range(p))[::-1])
@@ -166,10 +173,16 @@ def test_subgroups_mixed_arrays_and_exchange(chk, dev):
     C.all_reduce(x, group=g)
     chk.same(x.get(), np.full(4, p * (p + 1) / 2), "all_reduce on a reversed group")
     chk.true(stats(g)["calls"] == 1, "the group has its own transport")
-    # host and device arrays mixed: the MPI path, on every rank alike
+    # host and device arrays mixed: the MPI path, on every rank alike (counted by WORLD's
+    # transport, built by a first call that takes IPC)
+    w = dev.array(np.ones(2))
+    C.all_reduce(w)
+    chk.same(w.get(), np.full(2, float(p)), "all_reduce on WORLD")
+    before = stats()["fallbacks"]
     out = dev.empty(p, np.float64)
     C.all_gather(out, np.array([float(rank)]))
     chk.same(out.get(), np.arange(float(p)), "host in, device out")
+    chk.true(stats()["fallbacks"] == before + 1, "host in: fell back together")
     if rank == 0:  # one rank's array is not exportable: every rank falls back
         y = FakeCudaArray.from_numpy(np.full(3, 1.0))
     else:
@@ -178,21 +191,6 @@ def test_subgroups_mixed_arrays_and_exchange(chk, dev):
     C.all_reduce(y)
     chk.same(y.get(), np.full(3, float(p)), "one rank not exportable")
     chk.true(stats()["fallbacks"] == before + 1, "fell back together")
-    # point-to-point moves between ranks (the exchange boxing's moves map onto)
-    from sbpmpi.comm.buffers import array_meta
-    from sbpmpi.comm.gpu.schedule import P2P
-
-    a = dev.array(np.arange(4, dtype=np.int32) + 10 * rank)
-    o = dev.empty(2, np.int32)
-    moves = [P2P(src=r, src_off=4, dst=(r + 1) % p, dst_off=0, nbytes=8) for r in range(p)]
-    done = route.exchange(o, a, array_meta(a, "a", "t"), moves, 8, C.WORLD, world)
-    if done:
-        chk.same(o.get(), np.arange(4, dtype=np.int32)[1:3] + 10 * ((rank - 1) % p), "exchange")
-    else:  # only across (pseudo-)nodes (SBPMPI_IPC_NODE_SIZE): no hierarchical exchange
-        from sbpmpi.comm.gpu.ipc import IpcTransport
-
-        t = route.transports()[C.WORLD.ranks]
-        chk.true(not isinstance(t, IpcTransport), f"exchange refused on one node: {t}")
 
 
 def test_info_names_ipc(chk, dev):
@@ -247,8 +245,6 @@ def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):
     if p in (1, 2):  # one (pseudo-)node: plain IPC
         chk.true(not isinstance(t, str) and t.stats["calls"] > 0, str(t))
     elif p == 4:  # two nodes of two ranks
-        from sbpmpi.comm.gpu.hier import Hierarchical
-
         chk.true(isinstance(t, Hierarchical) and t.stats["calls"] >= 18, str(t))
     else:  # 3 ranks: nodes of 2 and 1: no hierarchy, the MPI path
         chk.true(isinstance(t, str) and "same number" in t, str(t))
@@ -365,7 +361,6 @@ def test_a_hierarchical_leg_failing_on_one_rank_raises_on_every_rank(pseudo_node
     """The inter-node leg's host buffer fails on rank 0 only: its partner on the other node
     (and every rank) raises instead of waiting in the inter-node exchange."""
     from sbpmpi.comm.buffers import PINNED_POOL
-    from sbpmpi.comm.gpu.hier import Hierarchical
 
     dev = pseudo_nodes
     xs = [data(r, 2 * size + 1, np.float32, 41) for r in range(size)]
@@ -405,3 +400,234 @@ def test_nan_propagates_in_max_and_min_flat_and_hierarchical(chk, rules_dev, op)
         x = dev.array(xs[rank])
         C.all_reduce(x, op=op)
         chk.same(x.get(), UFUNC[op].reduce(np.stack(xs), axis=0), f"all_reduce {op} {dt}")
+
+
+# ----------------------------------------------------------------------------- the route
+# Every rank of a group takes one route for a call (the MPI path, IPC on one node, or
+# hierarchical IPC), decided together before anyone enters a phase.
+
+
+def _ipc_group() -> IpcTransport | Hierarchical | None:
+    """WORLD's IPC transport, or None where it has none (3 ranks on nodes of 2)."""
+    t = route.transports().get(C.WORLD.ranks)
+    return None if t is None or isinstance(t, str) else t
+
+
+def _every_vector_call(chk, mk, host, what: str) -> None:
+    """all_reduce, all_gather(_v), reduce_scatter(_v), all_to_all(_v) and broadcast on the
+    arrays ``mk`` makes on this rank, compared with NumPy."""
+    p = size
+    xs = [data(r, 2 * p + 1, np.float64, 50) for r in range(p)]
+    x = mk(xs[rank])
+    C.all_reduce(x)
+    chk.same(host(x), np.add.reduce(np.stack(xs), axis=0), f"{what}: all_reduce")
+    x = mk(xs[rank])
+    C.all_reduce(x, op=ReduceOp.AVG)
+    chk.same(host(x), np.add.reduce(np.stack(xs), axis=0) / p, f"{what}: all_reduce avg")
+    out = mk(np.zeros((p, xs[0].size)))
+    C.all_gather(out, mk(xs[rank]))
+    chk.same(host(out), np.stack(xs), f"{what}: all_gather")
+    counts = [(r + 1) % 3 for r in range(p)]
+    v = [data(r, counts[r], np.float64, 51) for r in range(p)]
+    out = mk(np.zeros(sum(counts)))
+    C.all_gather_v(out, mk(v[rank]), counts)
+    chk.same(host(out), np.concatenate(v), f"{what}: all_gather_v")
+    big = [data(r, 3 * p, np.float64, 52) for r in range(p)]
+    y = mk(np.zeros(3))
+    C.reduce_scatter(y, mk(big[rank]))
+    chk.same(host(y), np.add.reduce(np.stack(big), axis=0)[3 * rank:3 * rank + 3],
+             f"{what}: reduce_scatter")
+    tot = [data(r, sum(counts), np.float64, 53) for r in range(p)]
+    y = mk(np.zeros(counts[rank]))
+    C.reduce_scatter_v(y, mk(tot[rank]), counts)
+    off = sum(counts[:rank])
+    chk.same(host(y), np.add.reduce(np.stack(tot), axis=0)[off:off + counts[rank]],
+             f"{what}: reduce_scatter_v")
+    out = mk(np.zeros(3 * p))
+    C.all_to_all(out, mk(big[rank]))
+    chk.same(host(out), np.concatenate([b[3 * rank:3 * rank + 3] for b in big]),
+             f"{what}: all_to_all")
+    oc = [counts[rank]] * p
+    ins = [data(r, counts[r] * p, np.float64, 54) for r in range(p)]
+    out = mk(np.zeros(sum(counts)))
+    C.all_to_all_v(out, counts, mk(ins[rank]), oc)
+    chk.same(host(out), np.concatenate([ins[r][rank * counts[r]:(rank + 1) * counts[r]]
+                                        for r in range(p)]), f"{what}: all_to_all_v")
+    x = mk(xs[rank])
+    C.broadcast(x, src=p - 1)
+    chk.same(host(x), xs[p - 1], f"{what}: broadcast")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("checked", [False, True], ids=["plain", "checked"])
+def test_host_and_device_arrays_on_different_ranks(chk, rules_dev, checked):
+    """Rank 0 passes host arrays, the others device arrays (then the other way round), on
+    the first call of the group (no transport yet) and after: every rank takes the MPI path
+    together (staged on the device ranks) and every value is NumPy's."""
+    dev = rules_dev
+    with sm.config.override(comm_check=checked):
+        for rnd, host_rank in enumerate([0, 0, size - 1]):
+            def mk(a, host_rank=host_rank):
+                return np.array(a, copy=True) if rank == host_rank else dev.array(a)
+
+            def host(a):
+                return a if isinstance(a, np.ndarray) else a.get()
+
+            _every_vector_call(chk, mk, host, f"round {rnd}, host arrays on rank {host_rank}")
+            _every_vector_call(chk, dev.array, lambda a: a.get(), f"round {rnd}, all on device")
+    chk.true(size == 1 or _ipc_group() is None or _ipc_group().stats["calls"] > 0,  # type: ignore[union-attr]
+             "IPC carried the all-device calls")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("counts_of", [
+    lambda p: [1] + [0] * (p - 1),  # one row split over the ranks (an S(0)->B of one row)
+    lambda p: [0] * (p - 1) + [2],
+    lambda p: [(r % 2) * 3 for r in range(p)],  # only odd ranks hold rows
+    lambda p: [0] * p,
+], ids=["first", "last", "odd", "none"])
+def test_empty_local_blocks(chk, rules_dev, counts_of):
+    """Counts where some ranks, or every rank of one local index (pseudo-nodes), hold
+    nothing: the same number of phases and barriers on every rank, and NumPy's values."""
+    dev = rules_dev
+    counts = counts_of(size)
+    for rnd in range(2):  # the first call builds the transport
+        v = [np.full(counts[r], r + 1.0) for r in range(size)]
+        out = dev.array(np.full(sum(counts) + 1, -1.0))
+        C.all_gather_v(out, dev.array(v[rank]), counts)
+        chk.same(out.get(), np.concatenate(v + [np.array([-1.0])]), f"all_gather_v round {rnd}")
+        tot = [data(r, sum(counts), np.float32, 55) for r in range(size)]
+        y = dev.empty(counts[rank], np.float32)
+        C.reduce_scatter_v(y, dev.array(tot[rank]), counts)
+        off = sum(counts[:rank])
+        chk.same(y.get(), np.add.reduce(np.stack(tot), axis=0)[off:off + counts[rank]],
+                 f"reduce_scatter_v round {rnd}")
+        oc = [counts[rank]] * size
+        ins = [np.arange(counts[r] * size, dtype=np.int32) + 100 * r for r in range(size)]
+        out = dev.empty(sum(counts), np.int32)
+        C.all_to_all_v(out, counts, dev.array(ins[rank]), oc)
+        chk.same(out.get(), np.concatenate([ins[r][rank * counts[r]:(rank + 1) * counts[r]]
+                                            for r in range(size)]), f"all_to_all_v round {rnd}")
+        x = dev.array(np.full(counts[0], float(rank)))
+        C.broadcast(x, src=0)
+        chk.same(x.get(), np.zeros(counts[0]), f"broadcast round {rnd}")
+        x = dev.array(np.full(sum(counts), float(rank)))
+        C.all_reduce(x)
+        chk.same(x.get(), np.full(sum(counts), size * (size - 1) / 2), f"all_reduce round {rnd}")
+
+
+@pytest.mark.timeout(60)
+def test_one_rank_that_cannot_export_sends_the_group_down_the_mpi_path(chk, rules_dev,
+                                                                       monkeypatch):
+    """One rank's export fails (cudaIpcGetMemHandle refusing), then one rank's array lies in
+    memory IPC cannot share (cudaMallocAsync): the whole group takes the MPI path, on one
+    node and across pseudo-nodes, and the next call takes IPC again."""
+    dev = rules_dev
+    w = dev.array(np.ones(6))
+    C.all_reduce(w)  # builds the transport
+    chk.same(w.get(), np.full(6, float(size)), "first all_reduce")
+    t = _ipc_group()
+    before = t.stats["fallbacks"] if t is not None else 0
+    n = 600_000  # an allocation of its own: exported in the call
+    if rank == 0:
+        def refuse(base: int) -> bytes:
+            raise RuntimeError("cudaIpcGetMemHandle failed (injected)")
+        monkeypatch.setattr(dev, "export", refuse)
+    x = dev.array(np.full(n, rank + 1.0))
+    C.all_reduce(x)
+    chk.same(x.get()[[0, -1]], np.full(2, size * (size + 1) / 2), "export failing on rank 0")
+    monkeypatch.undo()
+    y = dev.array(np.full(5, rank + 1.0), ipc=rank != size - 1)  # stream-ordered on one rank
+    out = dev.empty((size, 5), np.float64)
+    C.all_gather(out, y)
+    chk.same(out.get(), np.repeat(np.arange(1.0, size + 1)[:, None], 5, axis=1),
+             "one array in memory IPC cannot share")
+    if t is not None and size > 1:
+        chk.true(t.stats["fallbacks"] == before + 2, f"fell back twice together: {t.stats}")
+        calls = t.stats["calls"]
+        z = dev.array(np.ones(3))
+        C.all_reduce(z)
+        chk.same(z.get(), np.full(3, float(size)), "IPC again")
+        chk.true(t.stats["calls"] == calls + 1, f"the next call took IPC: {t.stats}")
+
+
+@pytest.mark.timeout(60)
+def test_copies_out_of_peer_mappings_complete_before_the_mappings_close(rules_dev,
+                                                                        monkeypatch):
+    """A move fails after a copy out of a peer's mapping was queued: the copy completes
+    before the mapping closes and before any barrier lets the peer free its buffer, and
+    every rank of the node raises with the cause."""
+    dev = rules_dev
+    xs = [data(r, 9, np.float32, 56) for r in range(size)]
+    x = dev.array(xs[rank])
+    C.all_reduce(x)  # builds the transport
+    t = _ipc_group()
+    if rank == 1:
+        def broken(*args, **kwargs):
+            raise RuntimeError("reduction kernel failed (injected)")
+        monkeypatch.setattr(dev, "reduce", broken)
+    y = dev.array(xs[rank])
+    got = _raised_everywhere(lambda: C.all_reduce(y))
+    violations = world.allgather(dev.violations)
+    assert not any(violations), violations
+    if t is None or size == 1:  # no IPC: no device reduction at all
+        assert all(kind == "no error" for kind, _ in got), got
+        np.testing.assert_array_equal(y.get(), np.add.reduce(np.stack(xs), axis=0))
+    else:  # every rank (across pseudo-nodes too, through the inter-node leg) names the cause
+        assert all(kind == "IpcError" and "reduction kernel failed (injected)" in msg
+                   for kind, msg in got), got
+        assert not t.mapped, t.mapped
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_close_is_remembered(chk, rules_dev):
+    """A close that fails leaves the mapping open in CUDA: the call raises on every rank of
+    the node, and the next call that reads that allocation uses the open mapping instead of
+    opening its handle again (which CUDA refuses), then closes it."""
+    dev = rules_dev
+    xs = [data(r, 7, np.float64, 57) for r in range(size)]
+    x = dev.array(xs[rank])
+    C.all_reduce(x)  # builds the transport
+    t = _ipc_group()
+    dev.failing_closes = 1  # this rank's next close fails, leaving the mapping open
+    y = dev.array(xs[rank])
+    got = _raised_everywhere(lambda: C.all_reduce(y))
+    reads_peers = t is not None and size > 1
+    if reads_peers:
+        assert got[rank][0] == "IpcError" and "cudaIpcCloseMemHandle failed" in got[rank][1], got
+        assert len(dev.opened) == 1 and len(t.mapped) == 1  # type: ignore[union-attr]
+    else:
+        assert got[rank][0] == "no error", got
+    dev.failing_closes = 0
+    z = dev.array(xs[rank])  # the same allocation: the remembered mapping serves
+    C.all_reduce(z)
+    chk.same(z.get(), np.add.reduce(np.stack(xs), axis=0), "the call after a failed close")
+    chk.true(not dev.opened and (t is None or not t.mapped), "every mapping closed at last")
+    chk.true(not dev.violations, str(dev.violations))
+
+
+@pytest.mark.timeout(60)
+def test_arrays_carved_from_one_pool_allocation(chk, rules_dev):
+    """A block given back to the pool is carved into new arrays (as CuPy splits a freed
+    block): two arrays of one allocation, at offsets the exported handle never saw, read
+    by peers in one call (input and output), with the handle made once."""
+    dev = rules_dev
+    big = dev.array(np.zeros(300_000))  # 2.4 MB: an allocation of its own
+    C.all_reduce(big)
+    aid = dev.allocation(dev.pointer(big)).id
+    exports = world.allgather(sum(1 for e in dev.log if e == ("export", aid)))
+    dev.give_back(big)
+    del big
+    xs = [data(r, 1000 + r, np.float64, 58) for r in range(size)]
+    x = dev.array(xs[rank])  # carved at the start of the freed block
+    out = dev.empty(sum(len(v) for v in xs), np.float64)  # carved right after it
+    chk.true(dev.allocation(dev.pointer(x)).id == dev.allocation(dev.pointer(out)).id == aid,
+             "both arrays lie in the one allocation")
+    C.all_gather_v(out, x, [len(v) for v in xs])
+    chk.same(out.get(), np.concatenate(xs), "all_gather_v of arrays of one allocation")
+    y = dev.array(data(rank, 4, np.float64, 59))
+    C.all_reduce(y)
+    chk.same(y.get(), sum(data(r, 4, np.float64, 59) for r in range(size)), "all_reduce after")
+    again = world.allgather(sum(1 for e in dev.log if e == ("export", aid)))
+    chk.true(again == exports, f"the allocation's handle was made once: {exports} {again}")
+    chk.true(not dev.violations and not dev.opened, str(dev.violations))

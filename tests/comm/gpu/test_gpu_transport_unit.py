@@ -18,7 +18,7 @@ from sbpmpi.comm import ReduceOp, cuda_aware
 from sbpmpi.comm.gpu import route, select
 from sbpmpi.comm.gpu import schedule as S
 from sbpmpi.comm.gpu.device import Allocation
-from sbpmpi.comm.gpu.ipc import Buffer, IpcError, IpcTransport
+from sbpmpi.comm.gpu.ipc import Buffer, IpcError, IpcTransport, make_offer
 from sbpmpi.comm.gpu.mappings import Lease, MappingCache
 
 # ----------------------------------------------------------------------------- schedules
@@ -121,7 +121,7 @@ def test_reduce_scatter_v_and_all_reduce_schedules(p, dtype, op):
 
 
 @pytest.mark.parametrize("p", SIZES)
-def test_all_to_all_v_broadcast_and_exchange_schedules(p):
+def test_all_to_all_v_and_broadcast_schedules(p):
     sc = [[(i + 2 * j) % 3 for j in range(p)] for i in range(p)]  # rank i sends sc[i][j] to j
     sd = [[sum(sc[i][:j]) + j for j in range(p)] for i in range(p)]  # with gaps
     ins = [data(i, sd[i][-1] + sc[i][-1] + 1, np.int32, 4) for i in range(p)]
@@ -148,13 +148,40 @@ def test_all_to_all_v_broadcast_and_exchange_schedules(p):
                   np.dtype(np.float32))
         for b in bufs:
             np.testing.assert_array_equal(b, data(root, 7, np.float32, 5))
-    moves = [S.P2P(src=r, src_off=4, dst=(r + 1) % p, dst_off=0, nbytes=8) for r in range(p)]
-    ins = [np.arange(4, dtype=np.int32) + 10 * r for r in range(p)]
-    outs = [np.zeros(2, np.int32) for _ in range(p)]
-    mem = [{"in": ins[r].view(np.uint8), "out": outs[r].view(np.uint8)} for r in range(p)]
-    _simulate(p, [S.exchange(p, r, moves) for r in range(p)], mem, np.dtype(np.int32))
-    for r in range(p):
-        np.testing.assert_array_equal(outs[r], ins[(r - 1) % p][1:3])
+
+
+COUNTS = [[0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 2], [0, 3, 0, 3, 0], [2, 1, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("counts", COUNTS, ids=lambda c: ",".join(map(str, c)))
+def test_every_rank_has_the_same_phases_and_barriers(p, counts):
+    """Every rank meets every barrier: a schedule's phase count follows from what all ranks
+    share (empty phases where a rank has nothing to move), never from its own blocks."""
+    from sbpmpi.comm.gpu.hier import node_all_gather_schedule, node_all_reduce_schedules
+
+    c = counts[:p]
+    displs = [sum(c[:r]) for r in range(p)]
+    builders = {
+        "all_gather_v": lambda me: S.all_gather_v(p, me, c, displs),
+        "reduce_scatter_v": lambda me: S.reduce_scatter_v(p, me, c),
+        "all_to_all_v": lambda me: S.all_to_all_v(p, me, [c] * p, [displs] * p, displs),
+        "broadcast": lambda me: S.broadcast(p, me, 0, c[0]),
+        "all_reduce": lambda me: S.all_reduce(p, me, sum(c), 4),
+        "all_reduce_direct": lambda me: S.all_reduce_direct(p, me, sum(c), 4),
+    }
+    if p % 2 == 0 and p > 2:  # two nodes of p/2: the hierarchical node schedules
+        m = p // 2
+        members = [list(range(m)), list(range(m, p))]
+        builders["node_all_gather"] = lambda me: node_all_gather_schedule(
+            members, me % m, c, displs)
+        builders["node_all_reduce"] = lambda me: S.Schedule(
+            tuple(ph for half in node_all_reduce_schedules(m, me % m, sum(c), 4)
+                  for ph in half.phases))
+    for name, build in builders.items():
+        scheds = [build(me) for me in range(p)]
+        assert len({len(sc.phases) for sc in scheds}) == 1, (name, [sc.phases for sc in scheds])
+        assert len({sc.barriers() for sc in scheds}) == 1, name
 
 
 def test_schedule_arguments_are_checked():
@@ -162,8 +189,8 @@ def test_schedule_arguments_are_checked():
         S.all_gather_v(2, 3, [1, 1], [0, 1])
     with pytest.raises(ValueError, match="root 2 is not in a group of 2"):
         S.broadcast(2, 0, 2, 8)
-    with pytest.raises(ValueError, match="outside a group of 2"):
-        S.exchange(2, 0, [S.P2P(0, 0, 5, 0, 4)])
+    with pytest.raises(ValueError, match="without a final barrier needs two phases"):
+        S.Schedule(((),), final_barrier=False)
     assert S.blocks(5, 3) == [(0, 2), (2, 4), (4, 5)]
     assert S.all_reduce(1, 0, 10, 4).phases == ()
 
@@ -234,10 +261,18 @@ def _threads(p: int, fn: Any) -> list[Any]:
     return [e if e is not None else v for v, e in zip(res, errs)]
 
 
+def _call(t: IpcTransport, dev: FakeIpcDevice, name: str, bufs: dict[str, Buffer],
+          ready: bool, make: Callable[[Any], S.Schedule], reads: tuple[str, ...] = ("in",),
+          dtype: Any = None, op: ReduceOp | None = None) -> bool:
+    """One call as the route makes it: this rank's offer, then the protocol."""
+    offer = make_offer(dev, bufs, reads, ready)
+    return t.run(name, offer, make, (), None if dtype is None else np.dtype(dtype), op)
+
+
 def _gather_call(t: IpcTransport, dev: FakeIpcDevice, x: Any, out: Any, p: int) -> bool:
     nb = x.size * x.dtype.itemsize
-    return t.run("all_gather", {"in": Buffer(dev.pointer(x), nb),
-                                "out": Buffer(dev.pointer(out), p * nb)},
+    return _call(t, dev, "all_gather", {"in": Buffer(dev.pointer(x), nb),
+                                        "out": Buffer(dev.pointer(out), p * nb)},
                  dev.owns(x) and dev.owns(out),
                  lambda _: S.all_gather_v(p, t.rank, [nb] * p, [k * nb for k in range(p)]))
 
@@ -285,9 +320,8 @@ def test_ipc_all_reduce_phases_are_separated_by_barriers():
         def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
             x = dev.array(np.arange(6, dtype=np.float32) * (r + 1))
             b = Buffer(dev.pointer(x), 24)
-            assert t.run("all_reduce", {"in": b, "out": b}, True,
-                         lambda _: schedule(p, r, 6, 4), (), np.dtype(np.float32),
-                         ReduceOp.SUM, export=("out",))
+            assert _call(t, dev, "all_reduce", {"in": b, "out": b}, True,
+                         lambda _: schedule(p, r, 6, 4), ("out",), np.float32, ReduceOp.SUM)
             return x.get(), [e[0] for e in dev.log]
 
         return body
@@ -317,8 +351,8 @@ def test_ipc_falls_back_together_and_fails_together():
         out = dev.empty(6, np.float64)
         ok = r == 0
         nb = 24
-        return t.run("all_gather", {"in": Buffer(dev.pointer(x) if ok else 0, nb),
-                                    "out": Buffer(dev.pointer(out), 2 * nb)}, ok,
+        return _call(t, dev, "all_gather", {"in": Buffer(dev.pointer(x) if ok else 0, nb),
+                                            "out": Buffer(dev.pointer(out), 2 * nb)}, ok,
                      lambda _: S.all_gather_v(p, r, [nb] * p, [0, nb])), t.stats["fallbacks"]
 
     assert _threads(p, fallback) == [(False, 1), (False, 1)]
@@ -349,15 +383,114 @@ def test_ipc_scratch_failing_on_one_rank_raises_on_every_rank_with_the_cause():
         x = dev.array(np.arange(4.0))
         b = Buffer(dev.pointer(x), 32)
         try:
-            return t.run("all_reduce", {"in": b, "out": b}, True,
-                         lambda _: S.all_reduce_direct(p, r, 4, 8), (), np.dtype(np.float64),
-                         ReduceOp.SUM, export=("out",))
+            return _call(t, dev, "all_reduce", {"in": b, "out": b}, True,
+                         lambda _: S.all_reduce_direct(p, r, 4, 8), ("out",), np.float64,
+                         ReduceOp.SUM)
         finally:
             assert not t.mappings.mapped  # released on the way out, even after a failure
 
     res = _threads(p, body)
     assert all(isinstance(e, IpcError) for e in res), res
     assert all("node rank 1: MemoryError: cudaErrorMemoryAllocation" in str(e) for e in res), res
+
+
+def test_the_pieces_of_one_ipc_call():
+    """The named pieces of IpcTransport.run, each alone: when a rank stops reading peers
+    (its lease goes at that barrier), how many barriers a schedule holds, and where a
+    move reads (own buffers as they are; a peer's mapped once per call, at its offset)."""
+    from sbpmpi.comm.gpu.ipc import Sources, reads_peers_from
+
+    direct = S.all_reduce_direct(3, 1, 10, 4)
+    assert reads_peers_from(direct, 1) == [True, False, False] and direct.barriers() == 1
+    two_step = S.all_reduce(3, 1, 10, 4)
+    assert reads_peers_from(two_step, 1) == [True, True, False] and two_step.barriers() == 2
+    assert S.broadcast(3, 0, 0, 8).barriers() == S.broadcast(3, 1, 0, 8).barriers() == 1
+    assert reads_peers_from(S.broadcast(3, 0, 0, 8), 0) == [False, False]
+    dev = _StubDevice()
+    lease = Lease(MappingCache(dev))  # type: ignore[arg-type]
+    recs = np.zeros(2, dtype=[("proc", "<i8"), ("id", "<i8", (2,)), ("off", "<u8", (2,)),
+                              ("handle", "u1", (2, 64))])
+    recs["proc"][1], recs["id"][1], recs["off"][1] = 77, (5, 5), (16, 48)  # one allocation
+    src = Sources(0, {"in": 1000, "out": 2000}, recs, lease)
+    assert src.pointer(0, "out") == 2000 and not dev.opened
+    base = src.pointer(1, "in") - 16
+    assert src.pointer(1, "out") == base + 48 and src.pointer(1, "in") == base + 16
+    assert len(dev.opened) == 1 and lease.keys == [(77, 5), (77, 5)]  # one open, two refs
+    lease.release()
+    assert dev.closed == [base]
+
+
+def test_schedules_that_disagree_raise_on_every_rank_instead_of_hanging():
+    """A bug that gave ranks different numbers of phases stops every rank at the first
+    barrier with the reason, instead of leaving ranks waiting at different barriers."""
+    p = 3
+
+    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(4.0) + r)
+        out = dev.empty(12, np.float64)
+        one = S.all_gather_v(p, r, [32] * p, [0, 32, 64])
+        sched = S.Schedule(one.phases + ((),) * r)  # 1, 2, 3 phases
+        try:
+            return _call(t, dev, "all_gather", {"in": Buffer(dev.pointer(x), 32),
+                                                "out": Buffer(dev.pointer(out), 96)},
+                         True, lambda _: sched)
+        finally:
+            assert not t.mappings.mapped and not dev.violations
+
+    res = _threads(p, body)
+    assert all(isinstance(e, IpcError) and "hold from 1 to 3 barriers" in str(e) for e in res), res
+
+
+def test_the_stand_in_queues_work_and_keeps_a_failed_close_open():
+    """The stand-in's stream: copies happen at synchronize; closing a mapping that queued
+    copies still read is a violation; a failing close leaves the mapping open (a second
+    open of its handle is refused until it closes); memory made with ipc=False, like
+    stream-ordered memory, cannot be shared; blocks given back are carved again."""
+    exporter, peer = FakeIpcDevice("exq"), FakeIpcDevice("peq")
+    try:
+        x = exporter.array(np.arange(4.0))
+        handle = exporter.export(exporter.allocation(exporter.pointer(x)).base)
+        base = peer.open(handle)
+        off = exporter.pointer(x) - exporter.allocation(exporter.pointer(x)).base
+        y = peer.array(np.zeros(4))
+        peer.copy(peer.pointer(y), base + off, 32)
+        assert not y.get().any()  # queued, not done
+        peer.synchronize()
+        np.testing.assert_array_equal(y.get(), np.arange(4.0))
+        peer.copy(peer.pointer(y), base + off + 8, 8)
+        peer.failing_closes = 1
+        with pytest.raises(RuntimeError, match="injected"):
+            peer.close(base)
+        with pytest.raises(RuntimeError, match="already open"):  # still open
+            peer.open(handle)
+        peer.close(base)  # closed with the copy still queued
+        assert len(peer.violations) == 1 and "queued copies" in peer.violations[0]
+        assert not peer.queue
+        z = exporter.array(np.ones(2), ipc=False)
+        assert exporter.allocation(exporter.pointer(z)) is None and not exporter.owns(z)
+        big = exporter.array(np.zeros(600_000))
+        aid = exporter.allocation(exporter.pointer(big)).id
+        exporter.give_back(big)
+        a, b = exporter.array(np.ones(10)), exporter.empty(7, np.float32)
+        assert exporter.allocation(exporter.pointer(a)).id == aid
+        assert exporter.pointer(b) - exporter.pointer(a) == 256  # carved right after
+    finally:
+        peer.cleanup()
+        exporter.cleanup()
+
+
+def test_the_stand_in_refuses_a_handle_of_another_host():
+    exporter, here, there = (FakeIpcDevice("h1", host="node-a"), FakeIpcDevice("h2", host="node-a"),
+                             FakeIpcDevice("h3", host="node-b"))
+    try:
+        x = exporter.array(np.arange(3.0))
+        handle = exporter.export(exporter.allocation(exporter.pointer(x)).base)
+        with pytest.raises(RuntimeError, match="made on another host"):
+            there.open(handle)
+        here.close(here.open(handle))
+    finally:
+        for d in (exporter, here, there):
+            d.cleanup()
 
 
 def test_the_stand_in_keeps_cuda_ipc_rules():
@@ -460,8 +593,14 @@ def test_transport_selection_and_reasons(env):
     env.setenv("SBPMPI_GPU_TRANSPORT", "IPC ")
     sm.config.reset("gpu_transport")  # the environment's value, read again
     d = select.detect()
+    # beside a CUDA-aware MPI (which maps its peers' buffers itself) ipc stays off
+    assert d.name == "mpi" and d.forced and "explicit override" in d.reason
+    assert "SBPMPI_GPU_TRANSPORT=ipc (environment)" in d.reason and "stays off" in d.reason
+    assert "lib says yes" in d.reason and "SBPMPI_CUDA_AWARE=0 keeps ipc" in d.reason
+    env.setattr(select, "cuda_awareness", lambda: cuda_aware.CudaAwareness(False, "lib says no"))
+    d = select.detect()
     assert d.name == "ipc" and d.forced and "explicit override" in d.reason
-    assert "SBPMPI_GPU_TRANSPORT=ipc (environment)" in d.reason and "go mpi" in d.reason
+    assert "SBPMPI_GPU_TRANSPORT=ipc (environment)" in d.reason and "go staged" in d.reason
     sm.config.update(gpu_transport="Staged")
     d = select.detect()
     assert d.name == "staged" and d.forced and "gpu_transport='staged' (set in the program)" \
@@ -498,6 +637,19 @@ def test_forced_mpi_and_staged_decide_the_staging(env):
     with sm.config.override(gpu_transport="ipc"):
         assert route.ENABLED
     assert not route.ENABLED and select.gpu_transport().name == "mpi"
+
+
+def test_ipc_stays_off_where_device_pointers_go_to_mpi(env):
+    """A CUDA-aware MPI maps its peers' GPU buffers with CUDA IPC itself (and CUDA refuses
+    a second open of a handle): with the setting ipc, the transport is mpi there, and the
+    route is off; told that MPI takes no device pointers, ipc is on."""
+    sm.config.update(gpu_transport="ipc", cuda_aware=True)
+    assert select.gpu_transport().name == "mpi" and not route.ENABLED
+    assert "stays off" in sm.comm.info()["gpu_transport_reason"]
+    sm.config.update(cuda_aware=False)
+    assert select.gpu_transport().name == "ipc" and route.ENABLED
+    sm.config.update(cuda_aware=True)
+    assert not route.ENABLED and not cuda_aware.detect_library().aware  # this test's MPI
 
 
 def test_info_reports_the_transport(env):
@@ -594,6 +746,7 @@ def _fake_cupy(calls: list) -> Any:
     import types
 
     class Arr(np.ndarray):
+        device = types.SimpleNamespace(id=0)
         @property
         def data(self):  # type: ignore[override]
             return types.SimpleNamespace(ptr=self.ctypes.data)
@@ -621,13 +774,14 @@ def _fake_cupy(calls: list) -> Any:
         ipcGetMemHandle=lambda base: calls.append(("get", base)) or bytes(range(64)),
         ipcOpenMemHandle=lambda h, flags: calls.append(("open", h, flags)) or 0xABC000,
         ipcCloseMemHandle=lambda p: calls.append(("close", p)),
-        memcpyAsync=memcpy_async)
+        memcpyAsync=memcpy_async,
+        deviceSynchronize=lambda: calls.append(("deviceSynchronize",)))
     cuda = types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0), runtime=runtime,
         get_current_stream=lambda: Stream(), UnownedMemory=unowned,
         MemoryPointer=lambda mem, off: types.SimpleNamespace(mem=mem, off=off))
     return types.SimpleNamespace(
-        cuda=cuda, ndarray=ndarray, add=np.add, multiply=np.multiply, maximum=np.maximum,
+        Arr=Arr, cuda=cuda, ndarray=ndarray, add=np.add, multiply=np.multiply, maximum=np.maximum,
         minimum=np.minimum, empty=lambda n, dtype: np.empty(n, dtype).view(Arr))
 
 
@@ -637,6 +791,7 @@ def test_cupy_device_calls_cuda_as_documented(monkeypatch):
     stream, device-side reductions on views of raw pointers."""
     import ctypes
     import sys
+    import types
 
     from sbpmpi.comm.gpu import device as D
 
@@ -669,5 +824,14 @@ def test_cupy_device_calls_cuda_as_documented(monkeypatch):
     assert ("UnownedMemory", 32, 0) in calls
     ptr, keep = dev.scratch(16)
     assert ptr == keep.ctypes.data and keep.nbytes >= 16
-    dev.synchronize()
-    assert calls[-1] == ("sync",)
+    dev.synchronize()  # the whole device: the buffers may come from any stream
+    assert calls[-1] == ("deviceSynchronize",) and ("sync",) not in calls
+    # owns: a CuPy array of this device, in memory IPC can share
+    fake = sys.modules["cupy"]
+    monkeypatch.setattr(D.backend, "is_cupy_array", lambda x: isinstance(x, fake.Arr))
+    c = np.zeros(8, np.float32)
+    drv.allocs[c.ctypes.data] = (32, 78, 0)  # stream-ordered (cudaMallocAsync) memory
+    other = a.view(fake.Arr)
+    other.device = types.SimpleNamespace(id=1)
+    assert dev.owns(a.view(fake.Arr)) and dev.owns(np.zeros(0, np.float32).view(fake.Arr))
+    assert not dev.owns(c.view(fake.Arr)) and not dev.owns(other) and not dev.owns(a)

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
-from ..core.layout import Layout, empty_shape
-from ..core.sbp import Broadcast, split
-from ..env import get_rank
-from ..runtime import PendingConversion, start_redistribute
-from ..tensor import GlobalTensor
+from ... import backend
+from ...core.layout import Layout, empty_shape
+from ...core.sbp import Broadcast, split
+from ...env import get_rank
+from ...runtime import PendingConversion, start_redistribute
+from ...tensor import GlobalTensor
 
 __all__ = ["FlatGather", "flat_gather", "PendingGather", "start_flat"]
 

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import backend
-from ..core.layout import Layout
-from ..core.sbp import SBP, partial_sum
-from ..grad_mode import no_grad
-from ..tensor import GlobalTensor
+from ... import backend
+from ...core.layout import Layout
+from ...core.sbp import SBP, partial_sum
+from ...grad_mode import no_grad
+from ...tensor import GlobalTensor
 from .layouts import owned, split_sbp
-from .sharded_module import ShardedModule
+from .stage2 import ZeroStage2
+from .wrapper import ZeroModule
 
 __all__ = ["ShardedOptimizer", "GatherAfterStep", "repoint"]
 
 
-def repoint(optimizer: Any, sharded: ShardedModule) -> None:
+def repoint(optimizer: Any, sharded: ZeroModule) -> None:
     """Give ``optimizer`` the split leaves instead of the whole parameters, with its state
     boxed to their layouts (local slices: no communication)."""
-    new = {id(old): leaf for old, leaf in sharded.replaced}
+    new = {id(old): leaf for old, leaf in sharded.replaced()}
     for i, p in enumerate(optimizer.params):
         leaf = new.get(id(p))
         if leaf is None:
@@ -40,7 +41,7 @@ class GatherAfterStep:
     :meth:`step` all-gathers the updated slices into the whole parameters (made by
     :func:`shard`); ``state_dict``/``load_state_dict`` are the optimizer's."""
 
-    def __init__(self, optimizer: Any, sharded: ShardedModule) -> None:
+    def __init__(self, optimizer: Any, sharded: ZeroStage2) -> None:
         self.optimizer = optimizer
         self.sharded = sharded
 
@@ -70,7 +71,7 @@ class GatherAfterStep:
 class ShardedOptimizer:
     """ZeRO stage 1: ``optimizer`` with its state split over mesh axis ``axis`` (made by
     :func:`shard`). Each step reduce-scatters every gradient into this rank's slice (an
-    unreduced one, as :class:`ShardedModule` leaves it; a reduced one is sliced
+    unreduced one, as :class:`~.stage1.ZeroStage1` leaves it; a reduced one is sliced
     locally), updates this rank's slice of the parameter and all-gathers it;
     ``state_dict``/``load_state_dict`` keep the optimizer's names."""
 
@@ -78,7 +79,7 @@ class ShardedOptimizer:
         self.optimizer = optimizer
         self.axis = axis
         self._split: dict[int, tuple[SBP, ...]] = {}
-        # the layout of an unreduced gradient (ShardedModule's stage 1), partial on the axis
+        # the layout of an unreduced gradient (ZeroStage1's), partial on the axis
         self._unreduced: dict[int, Layout] = {}
         for i, p in enumerate(optimizer.params):
             sbp = split_sbp(p, axis)

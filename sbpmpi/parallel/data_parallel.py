@@ -1,5 +1,5 @@
-"""Data parallelism with gradient buckets (``DataParallel``, ``no_sync``) and ZeRO's entry
-point (``shard``)."""
+"""``DataParallel``: a module whose gradient all-reduces overlap backward (torch's DDP),
+and ``no_sync`` for every such module."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd import buckets
-from .module import Module
+from ..nn.module import Module
+from .reducer import MIB, Reducer, no_sync
 
-__all__ = ["DataParallel", "no_sync", "shard"]
-
-
-no_sync = buckets.no_sync
-
+__all__ = ["DataParallel", "no_sync"]
 
 
 class DataParallel(Module):
@@ -26,13 +22,16 @@ class DataParallel(Module):
     data-parallel mesh axis ``axis`` (the axis the batch is split along): their gradients
     arrive ``partial_sum`` there and are reduced in flat buckets, each started as soon as
     backward has produced all its gradients, while backward computes the earlier layers
-    (see :mod:`sbpmpi.autograd.buckets`). Parameters split along ``axis`` keep the
-    unbucketed path. ``.grad`` is set, in the parameter's layout, before ``backward``
-    returns; its local shard is a view into its bucket. The results equal the unbucketed
-    ones (bit for bit, as each gradient all-reduced on its own).
+    (see :mod:`sbpmpi.parallel.reducer`: the wrapper's :class:`~.reducer.Reducer` hooks
+    into the backward engine; the model and the engine are unchanged). Parameters split
+    along ``axis`` keep the unbucketed path. ``.grad`` is set, in the parameter's layout,
+    before ``backward`` returns; its local shard is a view into its bucket. The results
+    equal the unbucketed ones (bit for bit, as each gradient all-reduced on its own).
 
     Use :meth:`no_sync` (or :func:`sbpmpi.nn.no_sync` for every DataParallel) to
-    accumulate gradients over several backwards and reduce the sum once.
+    accumulate gradients over several backwards and reduce the sum once. :meth:`close`
+    (or dropping the wrapper) removes the hooks: the parameters go back to the
+    unbucketed path.
 
     Parameters
     ----------
@@ -57,9 +56,11 @@ class DataParallel(Module):
                     v, (int, float, np.integer, np.floating)) or not v >= 0 or math.isinf(v):
                 raise ValueError(f"DataParallel: {name} must be a non-negative number of MiB, "
                                  f"got {v!r}")
-            caps.append(int(v * buckets.MIB))
+            caps.append(int(v * MIB))
         self.module = module
-        self.reducer = buckets.Reducer(module.parameters(), axis, caps[0], caps[1])
+        self.reducer = Reducer(module.parameters(), axis, caps[0], caps[1])
+        # the engine's hook table holds the reducer, not the wrapper: dropping the
+        # wrapper removes the hooks
         weakref.finalize(self, self.reducer.close)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -70,22 +71,10 @@ class DataParallel(Module):
         reducing them; the next backward outside reduces the sum."""
         return self.reducer.no_sync()
 
+    def close(self) -> None:
+        """Remove the reducer's hooks: the parameters' gradients take the unbucketed path
+        from the next backward on."""
+        self.reducer.close()
+
     def __repr__(self) -> str:
         return f"DataParallel({self.module!r}, buckets={self.reducer.layout()})"
-
-
-
-def shard(module: Module, optimizer: Any, *, stage: int, axis: int = 0,
-          bucketed: bool = True, prefetch: bool = True) -> tuple[Any, Any]:
-    """ZeRO on the data-parallel mesh axis ``axis``: ``model, opt = sm.nn.shard(model, opt,
-    stage=1)`` splits the optimizer state over that axis, ``stage=2`` the gradients too
-    (reduce-scattered into the split), ``stage=3`` the parameters too (each layer's
-    all-gathered around its forward and backward, in one call when ``bucketed``, the next
-    layer's started early when ``prefetch``). Use the
-    returned pair from then on. See :mod:`sbpmpi.zero`."""
-    from ..zero import shard as shard_layouts
-
-    if not isinstance(module, Module):
-        raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
-    return shard_layouts(module, optimizer, stage=stage, axis=axis, bucketed=bucketed,
-                         prefetch=prefetch)

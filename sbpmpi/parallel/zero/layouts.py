@@ -1,16 +1,14 @@
 """The layouts of a sharded parameter: its ``split(0)`` and whole SBP on the
-data-parallel axis, views and owned copies of its slices, and where a module holds it."""
+data-parallel axis, views and owned copies of its slices."""
 
 from __future__ import annotations
 
-from typing import Any
+from ...core.layout import Layout
+from ...core.sbp import SBP, Broadcast, split
+from ...env import get_rank
+from ...tensor import GlobalTensor
 
-from ..core.layout import Layout
-from ..core.sbp import SBP, Broadcast, split
-from ..env import get_rank
-from ..tensor import GlobalTensor
-
-__all__ = ["split_sbp", "whole_sbp", "owned", "view_of", "owner_of"]
+__all__ = ["split_sbp", "whole_sbp", "owned", "view_of"]
 
 
 def split_sbp(p: GlobalTensor, axis: int) -> tuple[SBP, ...] | None:
@@ -44,16 +42,6 @@ def view_of(whole: GlobalTensor, sbp: tuple[SBP, ...]) -> GlobalTensor:
         return GlobalTensor(whole.to_local(), layout, whole.dtype)
     box = tuple(slice(a - h, b - h) for (a, b), (h, _) in zip(mine, held))
     return GlobalTensor(whole.to_local()[box], layout, whole.dtype)
-
-
-def owner_of(module: Any, dotted: str) -> tuple[Any, str]:
-    """The object holding parameter ``dotted`` (``"l1.weight"``, ``"layers.0.bias"``) and
-    the attribute name."""
-    *path, name = dotted.split(".")
-    obj = module
-    for part in path:
-        obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
-    return obj, name
 
 
 def whole_sbp(leaf: GlobalTensor, axis: int) -> tuple[SBP, ...]:

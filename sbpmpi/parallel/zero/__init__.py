@@ -1,5 +1,6 @@
 """ZeRO as layouts: optimizer state (stage 1), gradients (stage 2) and parameters
-(stage 3) split over the data-parallel mesh axis (:func:`sbpmpi.nn.shard`).
+(stage 3) split over the data-parallel mesh axis (:func:`sbpmpi.nn.shard`), one small
+module class per stage over a shared parameter-group type.
 
 Under data parallelism every rank holds the whole of each parameter (broadcast on the
 data-parallel axis), its whole gradient and its whole optimizer state. ZeRO (DeepSpeed)
@@ -23,7 +24,8 @@ that axis and the all-gathers and reduce-scatters are conversions:
   slice (its state is split like the leaf) and :class:`GatherAfterStep` all-gathers the
   updated slices into the whole parameters after each step;
 * stage 3: the parameters themselves are ``split(0)`` leaves. Each layer (a submodule
-  that owns parameters) all-gathers its parameters just before its forward and frees
+  that owns parameters) all-gathers its parameters just before its forward (a forward
+  pre-hook on the layer: the model keeps its class and its ``forward``) and frees
   the gathered copies as soon as its forward returns (FSDP2's
   ``reshard_after_forward=True``); when backward reaches the layer's output it gathers
   them again, and each gradient is reduce-scattered into the split as soon as backward
@@ -51,39 +53,52 @@ another order: equal within float rounding); checkpoints name and box every tens
 its global value, so a state saved under any stage loads under any other, on any world
 size.
 
+Each stage is an ``sm.nn.Module`` around the model (:class:`~.wrapper.ZeroModule`, under
+the model's own parameter names): :class:`~.stage1.ZeroStage1`,
+:class:`~.stage2.ZeroStage2`, :class:`~.stage3.ZeroStage3`. They share
+:class:`~.params.ShardedParam` (one parameter, where its module holds it, its leaf) and
+:class:`~.params.ParamGroup` (a layer's parameters, gathered and recorded together), as
+FSDP2's ``FSDPParam`` and ``FSDPParamGroup``.
+
 The package's modules: :mod:`.validation` (the checks of :func:`shard`'s arguments),
 :mod:`.layouts` (a parameter's split and whole layouts, views of its slices),
 :mod:`.flat` (the flat buffers of the bucketed gathers and reduce-scatters),
-:mod:`.sharded_module` (:class:`ShardedModule`: the tape records and stage 3's
-gathering, freeing and prefetch), :mod:`.optimizer` (:class:`ShardedOptimizer`,
-:class:`GatherAfterStep`) and :mod:`.rules` (the backward rules of ZeRO's tape ops,
-registered with the autograd engine once, here).
+:mod:`.params` (the shared parameter and parameter-group types), :mod:`.wrapper` (the
+stages' common module), :mod:`.stage1`, :mod:`.stage2`, :mod:`.stage3` (one class each;
+stage 3's gathering, freeing and prefetch), :mod:`.optimizer` (:class:`ShardedOptimizer`,
+:class:`GatherAfterStep`) and :mod:`.backward_rules` (the backward rules of ZeRO's tape
+ops, registered with the autograd engine once, here).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..autograd.rules import register_rules
+from ...autograd.rules import register_rules
+from .backward_rules import ZERO_BACKWARD_RULES
 from .optimizer import GatherAfterStep, ShardedOptimizer, repoint
-from .rules import RULES
-from .sharded_module import ShardedModule
+from .params import ParamGroup, ShardedParam
+from .stage1 import ZeroStage1
+from .stage2 import ZeroStage2
+from .stage3 import ZeroStage3
 from .validation import check_shard
+from .wrapper import ZeroModule
 
-__all__ = ["shard", "ShardedModule", "ShardedOptimizer", "GatherAfterStep"]
+__all__ = ["shard", "ZeroModule", "ZeroStage1", "ZeroStage2", "ZeroStage3", "ShardedParam",
+           "ParamGroup", "ShardedOptimizer", "GatherAfterStep"]
 
-register_rules(RULES)
+register_rules(ZERO_BACKWARD_RULES)
 
 
 def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
-          bucketed: bool = True, prefetch: bool = True) -> tuple[Any, Any]:
+          bucketed: bool = True, prefetch: bool = True) -> tuple[ZeroModule, Any]:
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
     docstring); use the returned pair from then on.
 
-    Stage 1 returns a :class:`ShardedModule` (the parameters unchanged, their gradients
-    left unreduced) and a :class:`ShardedOptimizer`; stage 2 a :class:`ShardedModule`
-    and a :class:`GatherAfterStep`; stage 3 a :class:`ShardedModule` and the optimizer,
-    given the split parameters.
+    Stage 1 returns a :class:`ZeroStage1` (the parameters unchanged, their gradients
+    left unreduced) and a :class:`ShardedOptimizer`; stage 2 a :class:`ZeroStage2` and
+    a :class:`GatherAfterStep`; stage 3 a :class:`ZeroStage3` and the optimizer, given
+    the split parameters.
 
     ``bucketed``: stages 2 and 3 all-gather each layer's parameters in one call (a flat
     buffer; False: one call per parameter). The values are the same bit for bit.
@@ -91,8 +106,13 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
     current layer computes, in forward and in backward (bucketed only).
     """
     check_shard(module, optimizer, stage, axis, bucketed, prefetch)
-    sharded = ShardedModule(module, int(axis), stage, bool(bucketed), bool(prefetch))
+    axis = int(axis)
     if stage == 1:
-        return sharded, ShardedOptimizer(optimizer, int(axis))
-    repoint(optimizer, sharded)
-    return sharded, (GatherAfterStep(optimizer, sharded) if stage == 2 else optimizer)
+        return ZeroStage1(module, axis), ShardedOptimizer(optimizer, axis)
+    if stage == 2:
+        two = ZeroStage2(module, axis, bool(bucketed))
+        repoint(optimizer, two)
+        return two, GatherAfterStep(optimizer, two)
+    three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch))
+    repoint(optimizer, three)
+    return three, optimizer

@@ -1,4 +1,4 @@
-"""The checks of :func:`sbpmpi.zero.shard`'s arguments, made alike on every rank before
+"""The checks of :func:`sbpmpi.nn.shard`'s arguments, made alike on every rank before
 any communication."""
 
 from __future__ import annotations
@@ -7,18 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from ...nn.module import Module
+from ...optim import Optimizer
+
 __all__ = ["check_shard"]
 
 
 def check_shard(module: Any, optimizer: Any, stage: Any, axis: Any, bucketed: Any,
                 prefetch: Any) -> None:
     """Raise (TypeError or ValueError, naming the argument and its value) unless the
-    arguments of :func:`sbpmpi.zero.shard` make sense together; metadata only."""
-    from ..optim import Optimizer
-
-    # sm.nn.shard checks the type itself; a module here needs what ShardedModule calls
-    # (sbpmpi.nn imports this package: no import back)
-    if not callable(module) or not callable(getattr(module, "named_parameters", None)):
+    arguments of :func:`sbpmpi.nn.shard` make sense together; metadata only."""
+    if not isinstance(module, Module):
         raise TypeError(f"shard: module must be an sm.nn.Module, got {type(module).__name__}")
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"shard: optimizer must be an sm.optim optimizer, got "

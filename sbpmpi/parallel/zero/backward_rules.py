@@ -1,29 +1,29 @@
-"""The tape's backward rules of ZeRO's own steps (recorded by
-:class:`~sbpmpi.zero.sharded_module.ShardedModule` only), declared to the autograd
-engine once through :func:`sbpmpi.autograd.rules.register_rules`."""
+"""The tape's backward rules of ZeRO's own steps (recorded by the stages' modules only:
+:mod:`.stage1`, :mod:`.params`, :mod:`.stage3`), declared to the autograd engine once
+through :func:`sbpmpi.autograd.rules.register_rules`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
-from ..autograd.rules import Rule
-from ..core.layout import Layout, empty_shape
-from ..core.sbp import Broadcast, partial_sum
-from ..env import get_rank
-from ..tape import Node
-from ..tensor import GlobalTensor
+from ... import backend
+from ...autograd.rules import Rule
+from ...core.layout import Layout, empty_shape
+from ...core.sbp import Broadcast, partial_sum
+from ...env import get_rank
+from ...tape import Node
+from ...tensor import GlobalTensor
 
-__all__ = ["RULES"]
+__all__ = ["ZERO_BACKWARD_RULES"]
 
 
 def gather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     """Backward of a stage-3 gather: reduce-scatter into the leaf, free the gathered copy
     (backward has used it: this rule runs after every rule of its consumers)."""
     leaf = node.inputs[0]
-    sharded, gathered = node.args
+    (gathered,) = node.args
     gx = g.to_global(placement=leaf.placement, sbp=leaf.sbp)
-    sharded._free(gathered, only=next(ws[0] for s, ws in gathered.copies if s.leaf is leaf))
+    gathered.free(only=gathered.operand_of(leaf))
     return [gx]
 
 
@@ -38,7 +38,7 @@ def unreduced_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor | None]:
     if g.dtype != p.dtype:
         g = g.astype(p.dtype)
     g = g.to_global(placement=p.placement, sbp=sbp)
-    old = p._grad
+    old = p.grad
     if old is not None and old.layout != g.layout:  # a .grad set by hand
         old = old.to_global(placement=p.placement, sbp=sbp)
     p._set_grad(g if old is None else GlobalTensor(old.to_local() + g.to_local(), g.layout,
@@ -48,8 +48,8 @@ def unreduced_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor | None]:
 
 def regather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     """Backward reaches a stage-3 layer's output: its parameters are gathered again."""
-    sharded, gathered = node.args
-    sharded._regather(gathered)
+    (gathered,) = node.args
+    gathered.regather()
     return [g]
 
 
@@ -58,7 +58,7 @@ def unpack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     partial on the data-parallel axis, written into a zero buffer of the flat shape (the
     engine sums the layer's parameters' buffers, one reduce-scatter sends the sum); a
     stage-3 gathered copy is freed (backward has used it)."""
-    flat, i, sharded, gathered = node.args
+    flat, i, gathered = node.args
     xp = backend.get_xp(flat.src.placement.type)
     axis = flat.axis
     sbp = tuple(partial_sum if a == axis else Broadcast() for a in range(len(g.sbp)))
@@ -73,8 +73,7 @@ def unpack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
             buf[c, offs[i]:offs[i] + n] = local[start:start + rows].reshape(-1)
             start += rows
     if gathered is not None:
-        sharded._free(gathered, only=next(ws[0] for _, ws in gathered.copies
-                                          if ws[0]._node is node))
+        gathered.free(only=gathered.operand_made_by(node))
     return [GlobalTensor(buf, Layout(flat.dst.shape, flat.dst.placement, sbp), g.dtype)]
 
 
@@ -95,8 +94,8 @@ def pack_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     return out
 
 
-#: Op name -> backward rule, for the ops that only :class:`ShardedModule` records.
-RULES: dict[str, Rule] = {
+#: Op name -> backward rule, for the ops that only the ZeRO stages' modules record.
+ZERO_BACKWARD_RULES: dict[str, Rule] = {
     "zero_gather": gather_rule,
     "zero_unreduced": unreduced_rule,
     "zero_regather": regather_rule,

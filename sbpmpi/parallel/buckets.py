@@ -1,0 +1,144 @@
+"""Gradient buckets: which parameters' gradients are reduced together, and where each
+lives in its bucket's flat buffer (:func:`build_buckets`); the reduction plan of a bucket
+(:func:`plan_for`). The state of one backward is the :class:`~.reducer.Reducer`'s.
+
+Buckets are filled in reverse parameter order (the order backward produces the gradients
+of a feed-forward model, as PyTorch DDP does): the first bucket holds about
+``first_bucket_bytes``, the others about ``bucket_cap_bytes``; a bucket closes with the
+parameter that reaches its size, and its size is counted from global shapes, so every
+rank builds the same buckets. Only parameters broadcast on the data-parallel axis get a
+slot (a split one keeps the unbucketed path); one bucket holds one placement and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import backend, comm
+from ..comm.collective_work import CollectiveWork
+from ..core.layout import Layout, empty_shape
+from ..core.placement import Placement
+from ..core.sbp import Broadcast, partial_sum
+from ..env import get_rank
+from ..runtime.consistency import StepCheck, step_check
+from ..tensor import GlobalTensor
+
+__all__ = ["BucketSlot", "GradientBucket", "SlotSpan", "BucketPlan", "BUCKET_STEP",
+           "build_buckets", "local_span", "plan_for"]
+
+#: The consistency check's name for a bucket's reduction.
+BUCKET_STEP = "gradient bucket"
+
+
+@dataclass(eq=False)
+class BucketSlot:
+    """One parameter's place in a bucket, and what this backward has done with it."""
+
+    param: GlobalTensor
+    bucket: GradientBucket
+    view: Any  # this rank's shard of the gradient, a view into bucket.flat
+    offset: int  # where the view starts in bucket.flat
+    partial: Layout  # the parameter's layout with partial_sum on the data-parallel axis
+    filled: bool = False  # a gradient was written since the bucket was last reduced
+    done: bool = False  # no more gradient comes in this backward
+    local: bool = False  # the view holds local gradients to reduce (written or kept)
+    prev: GlobalTensor | None = None  # the .grad the reduced gradient is added to
+    local_grad: GlobalTensor | None = None  # the partial_sum view set as .grad in no_sync
+    reduced: GlobalTensor | None = None  # the view set as .grad after the last reduction
+    extra: GlobalTensor | None = None  # gradients that arrived already reduced, this round
+
+
+class SlotSpan(NamedTuple):
+    """The slots ``first`` to ``stop - 1`` of a bucket."""
+
+    first: int
+    stop: int
+
+
+class BucketPlan(NamedTuple):
+    """How a bucket is reduced when one span of its slots holds its local gradients:
+    made once per span (the layout is fixed), agreed once."""
+
+    step: StepCheck  # the consistency check's description, folded in once agreed
+    part: Any  # the span of the bucket's buffer that is reduced
+
+
+@dataclass(eq=False)
+class GradientBucket:
+    """Parameters of one placement and dtype whose gradients are reduced together."""
+
+    index: int
+    placement: Placement
+    dtype: np.dtype
+    nbytes: int  # of the whole gradients (global shapes): the same on every rank
+    slots: list[BucketSlot] = field(default_factory=list)
+    flat: Any = None  # this rank's buffer (an empty one outside the placement)
+    group: comm.Group | None = None  # the data-parallel ranks of this rank; None outside
+    pending: int = 0  # slots still to be written before the bucket can start
+    work: CollectiveWork | None = None
+    plans: dict[SlotSpan, BucketPlan] = field(default_factory=dict)
+    agreed: SlotSpan | None = None  # the span the ranks last agreed on
+
+
+def build_buckets(params: Sequence[GlobalTensor], axis: int, cap: int,
+                  first: int) -> list[GradientBucket]:
+    """The buckets of ``params`` (in the order the model uses them) on mesh axis ``axis``,
+    in start order, each with its slots and this rank's zeroed buffer."""
+    buckets: list[GradientBucket] = []
+    open_: dict[tuple[Placement, np.dtype], GradientBucket] = {}
+    members: list[tuple[GlobalTensor, GradientBucket]] = []
+    for p in reversed(params):
+        if not isinstance(p.sbp[axis], Broadcast):
+            continue
+        key = (p.placement, p.dtype)
+        b = open_.get(key)
+        if b is None:
+            b = open_[key] = GradientBucket(len(buckets), p.placement, p.dtype, 0)
+            buckets.append(b)
+        members.append((p, b))
+        b.nbytes += p.size * p.dtype.itemsize
+        if b.nbytes >= (first if b.index == 0 else cap):
+            del open_[key]
+    me = get_rank()
+    for b in buckets:
+        ps = [p for p, pb in members if pb is b]
+        shapes = [p.layout.local_shape(me) if me in b.placement else empty_shape(p.ndim)
+                  for p in ps]
+        xp = backend.get_xp(b.placement.type)
+        b.flat = xp.zeros(sum(int(np.prod(s)) for s in shapes), dtype=b.dtype)
+        if me in b.placement:
+            b.group = comm.get_group(b.placement.axis_group(me, axis))
+        off = 0
+        for p, s in zip(ps, shapes):
+            n = int(np.prod(s))
+            sbp = tuple(partial_sum if i == axis else x for i, x in enumerate(p.sbp))
+            b.slots.append(BucketSlot(p, b, b.flat[off:off + n].reshape(s), off,
+                                      Layout(p.shape, p.placement, sbp)))
+            off += n
+        b.pending = len(b.slots)
+    return buckets
+
+
+def local_span(b: GradientBucket) -> SlotSpan | None:
+    """The slots of ``b`` from the first to the last that hold local gradients (the
+    others' gradients took the unbucketed road), or None."""
+    first = last = -1
+    for i, s in enumerate(b.slots):
+        if s.local:
+            if first < 0:
+                first = i
+            last = i
+    return None if first < 0 else SlotSpan(first, last + 1)
+
+
+def plan_for(b: GradientBucket, span: SlotSpan, axis: int) -> BucketPlan:
+    """The reduction of ``b`` when ``span`` holds its local gradients."""
+    first, last = b.slots[span.first], b.slots[span.stop - 1]
+    meta = (b.placement, b.dtype, {"bucket": b.index, "axis": axis,
+                                   "params": (span.first, span.stop), "bytes": b.nbytes})
+    return BucketPlan(step_check(BUCKET_STEP, meta),
+                      b.flat[first.offset:last.offset + last.view.size])
