@@ -35,6 +35,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,21 @@ def hosts_cluster():  # noqa: ANN201 - a module
 
 
 # the tests that start jobs of their own, run with one rank per host under --hosts
-OWN_JOBS = ["tests/faults/test_faults.py", "tests/faults/test_abort_runner.py"]
+OWN_JOBS = ["tests/faults/test_faults.py", "tests/faults/test_abort_runner.py",
+            "tests/faults/test_exit_codes.py"]
+# the tests of the hosts themselves, also run at 1 and 3 ranks per host under --hosts
+TOPOLOGY_TESTS = ["tests/comm/test_world.py", "tests/core/test_placement_by_node.py",
+                  "tests/boxing/test_hierarchical.py"]
+
+
+class MpiRun(NamedTuple):
+    """One ``mpiexec`` of the MPI tests: its name, ranks, environment, arguments, tests."""
+
+    name: str
+    n: int
+    env: dict[str, str]
+    args: list[str]
+    where: list[str]
 
 
 def counts(xml: Path) -> tuple[int, int, int]:
@@ -156,58 +171,66 @@ def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa
     logs.mkdir()
     env = dict(os.environ, SBPMPI_TEST_LOGDIR=str(logs), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    serial_env = env
-    if cluster is not None:
-        # every mpiexec, the tests' own too, spans the hosts: a.ppn ranks per host, and one
-        # for the jobs the serial tests start; the arguments given come after the hosts'
-        sizes = [a.hosts * a.ppn]
-        serial_env, env = (cluster.env(ppn, env) for ppn in (1, a.ppn))
-        for e in (serial_env, env):
-            e["SBPMPI_MPIEXEC_ARGS"] = " ".join(filter(None, [e["SBPMPI_MPIEXEC_ARGS"], extra]))
-        mpiexec_args = shlex.split(env["SBPMPI_MPIEXEC_ARGS"])
-    elif extra:
-        env["SBPMPI_MPIEXEC_ARGS"] = extra  # for the mpiexec calls the tests make
-    # the tests start jobs of up to 4 ranks themselves
-    info, added = launcher_family().needed_env(exe, max([4, *sizes]), environ=env)
-    env.update(added)
-    if serial_env is not env:
-        serial_env.update(added)
-    print(f"mpiexec: {exe} ({info.description})"
-          + ("; environment added: " + " ".join(f"{k}={v}" for k, v in added.items())
-             if added else ""), flush=True)
     # test files or folders among the pytest arguments replace the default "tests"
     given = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
     where = [] if given else ["tests"]
-    # across hosts, the serial tests are those that start jobs (one rank per host)
-    serial_where = OWN_JOBS if cluster is not None and not given else where
+    if cluster is None:
+        if extra:
+            env["SBPMPI_MPIEXEC_ARGS"] = extra  # for the mpiexec calls the tests make
+        serial = (env, where)
+        runs = [MpiRun(f"mpi n={n}", n, env, mpiexec_args, where) for n in sizes]
+    else:
+        # every mpiexec, the tests' own too, spans the hosts (the arguments given come
+        # after the hosts'): the MPI tests at a.ppn ranks per host, the tests of the
+        # hosts also at 1 and 3, and the jobs the serial tests start at 1 rank per host
+        def on_hosts(ppn: int) -> dict[str, str]:
+            e = cluster.env(ppn, env)
+            e["SBPMPI_MPIEXEC_ARGS"] = " ".join(filter(None, [e["SBPMPI_MPIEXEC_ARGS"], extra]))
+            return e
+
+        def mpi_run(ppn: int, tests: list[str]) -> MpiRun:
+            e = on_hosts(ppn)
+            return MpiRun(f"{a.hosts}x{ppn} mpi", a.hosts * ppn, e,
+                          shlex.split(e["SBPMPI_MPIEXEC_ARGS"]), tests)
+
+        serial = (on_hosts(1), where if given else OWN_JOBS)
+        runs = [mpi_run(a.ppn, where)] + ([] if given else [
+            mpi_run(ppn, TOPOLOGY_TESTS) for ppn in (1, 3) if ppn != a.ppn])
+    # the tests start jobs of up to 4 ranks themselves
+    info, added = launcher_family().needed_env(exe, max([4, *(r.n for r in runs)]), environ=env)
+    for e in {id(x): x for x in [serial[0], *(r.env for r in runs)]}.values():
+        e.update(added)
+    print(f"mpiexec: {exe} ({info.description})"
+          + ("; environment added: " + " ".join(f"{k}={v}" for k, v in added.items())
+             if added else ""), flush=True)
     results = []
     if not a.no_serial:
         xml = logs / "serial.xml"
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not mpi", f"--junitxml={xml}",
-               *serial_where, *a.pytest_args]
+               *serial[1], *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd, cwd=ROOT, env=serial_env)
+        rc = subprocess.call(cmd, cwd=ROOT, env=serial[0])
         if rc == 5 and given:  # the files given have no serial tests
             rc = 0
         name = "serial" if cluster is None else f"{a.hosts}x1 own"
         results.append((name, rc, counts(xml), time.time() - t0))
-    for n in sizes:
+    for run in runs:
+        n = run.n
         xml = logs / f"mpi-n{n}.xml"
         t0 = time.time()
-        cmd = [exe, "-n", str(n), *mpiexec_args, sys.executable,
+        cmd = [exe, "-n", str(n), *run.args, sys.executable,
                str(ROOT / "scripts" / "mpi_pytest.py"),
-               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *where, *a.pytest_args]
+               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *run.where, *a.pytest_args]
         print("$", " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd, cwd=ROOT, env=dict(env, MPIEXEC_TIMEOUT=str(a.timeout)))
+        rc = subprocess.call(cmd, cwd=ROOT, env=dict(run.env, MPIEXEC_TIMEOUT=str(a.timeout)))
         if rc == 5 and given:  # pytest: no test collected; the files given have no MPI tests
             rc = 0
         if rc != 0:
             for f in sorted(logs.glob(f"n{n}-rank*.log")):
                 print(f"----- {f.name} (last lines) -----")
                 print("\n".join(f.read_text(errors="replace").splitlines()[-60:]))
-        name = f"mpi n={n}" if cluster is None else f"{a.hosts}x{a.ppn} mpi"
-        results.append((name, rc, counts(xml), time.time() - t0))
+        results.append((run.name, rc, counts(xml), time.time() - t0))
     print("\n run         rc  passed  failed  skipped  seconds")
     tp = tf = ts = 0
     bad = False
