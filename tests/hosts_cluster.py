@@ -101,6 +101,11 @@ class Host:
         """The command prefix that runs a program on this host."""
         return ["ip", "netns", "exec", self.name, "nsenter", f"--uts={self.uts}", "--"]
 
+    def prefix_keeping_mounts(self) -> list[str]:
+        """The same in this machine's mount namespace: ``ip netns exec`` mounts a sysfs of
+        its own, without ``/sys/fs/cgroup`` (which ``slurmd`` needs)."""
+        return ["nsenter", f"--net=/run/netns/{self.name}", f"--uts={self.uts}", "--"]
+
 
 @dataclass
 class HostsCluster:
