@@ -173,7 +173,8 @@ def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # test files or folders among the pytest arguments replace the default "tests"
     given = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
-    where = [] if given else ["tests"]
+    where = given or ["tests"]
+    options = [x for x in a.pytest_args if x not in given]
     if cluster is None:
         if extra:
             env["SBPMPI_MPIEXEC_ARGS"] = extra  # for the mpiexec calls the tests make
@@ -194,8 +195,10 @@ def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa
                           shlex.split(e["SBPMPI_MPIEXEC_ARGS"]), tests)
 
         serial = (on_hosts(1), where if given else OWN_JOBS)
-        runs = [mpi_run(a.ppn, where)] + ([] if given else [
-            mpi_run(ppn, TOPOLOGY_TESTS) for ppn in (1, 3) if ppn != a.ppn])
+        topology = [x for x in given if x.split("::")[0] in TOPOLOGY_TESTS] if given \
+            else TOPOLOGY_TESTS
+        runs = [mpi_run(a.ppn, where)] + [mpi_run(ppn, topology) for ppn in (1, 3)
+                                          if ppn != a.ppn and topology]
     # the tests start jobs of up to 4 ranks themselves
     info, added = launcher_family().needed_env(exe, max([4, *(r.n for r in runs)]), environ=env)
     for e in {id(x): x for x in [serial[0], *(r.env for r in runs)]}.values():
@@ -208,7 +211,7 @@ def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa
         xml = logs / "serial.xml"
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not mpi", f"--junitxml={xml}",
-               *serial[1], *a.pytest_args]
+               *serial[1], *options]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=serial[0])
         if rc == 5 and given:  # the files given have no serial tests
@@ -221,7 +224,7 @@ def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa
         t0 = time.time()
         cmd = [exe, "-n", str(n), *run.args, sys.executable,
                str(ROOT / "scripts" / "mpi_pytest.py"),
-               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *run.where, *a.pytest_args]
+               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *run.where, *options]
         print("$", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=dict(run.env, MPIEXEC_TIMEOUT=str(a.timeout)))
         if rc == 5 and given:  # pytest: no test collected; the files given have no MPI tests

@@ -31,7 +31,7 @@ from sbpmpi.boxing.cost import (
 from sbpmpi.boxing.explanation import Explanation
 from sbpmpi.boxing.planner import axis_steps, candidate_plans, hierarchical_step, host_split
 from sbpmpi.core.layout import Layout
-from sbpmpi.core.sbp import Broadcast, Partial, Split
+from sbpmpi.core.sbp import Split
 from sbpmpi.runtime import cost_table
 
 S, B = sm.sbp.split, sm.sbp.broadcast
@@ -108,7 +108,7 @@ def test_hierarchical_plans_win_where_the_link_between_hosts_is_slow(frm, to, ki
 def test_a_hierarchical_step_is_costed_leg_by_leg():
     two = DEFAULT_TABLE.with_topology(TWO_HOSTS)
     p4 = pl([0, 1, 2, 3], 4)
-    src, dst = Layout((1024, 1024), p4, (P,)), Layout((1024, 1024), p4, (B,))
+    src = Layout((1024, 1024), p4, (P,))
     (flat,) = axis_steps("all_reduce", src, 0, B, 8, DEFAULT_TABLE)
     assert axis_steps("all_reduce", src, 0, B, 8, two)[1] == hierarchical_step(flat, 8, two)
     hier = hierarchical_step(flat, 8, two)
