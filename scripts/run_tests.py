@@ -30,6 +30,7 @@ import importlib.util
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -155,6 +156,8 @@ def main() -> int:
             print(f"--hosts {a.hosts}: no cluster of hosts here: {why}; nothing run")
             print("total: 0 passed, 0 failed, 0 skipped")
             return 0
+        # a SIGTERM (a CI runner's time limit) ends through the ``with``: the hosts go too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with hc.start(a.hosts, mpiexec=mpiexec_cmd()) as cluster:
             print(f"hosts: {', '.join(cluster.names)} (tests/hosts_cluster.py)", flush=True)
             return run(a, mpiexec_args, cluster)

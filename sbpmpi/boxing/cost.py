@@ -58,6 +58,7 @@ __all__ = [
     "primitive_seconds",
     "group_seconds",
     "network_seconds",
+    "crossing_parties",
     "copy_seconds",
     "step_seconds",
     "GPU_TRANSPORT_COSTS",
@@ -328,11 +329,25 @@ def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> fl
 
 def network_seconds(primitive: str, p: int, link_bytes: float,
                     table: CostTable | None = None) -> float:
-    """Modelled seconds of ``primitive`` on ``p`` ranks (messages for p2p) on the links
-    between hosts when the busiest host's link carries ``link_bytes``."""
+    """Modelled seconds of ``primitive`` on the links between hosts when the busiest host's
+    link carries ``link_bytes``; ``p``: the parties whose rounds cross hosts (the hosts a
+    group spans; for p2p and all_to_all the messages that cross)."""
     net = (table or DEFAULT_TABLE).network_costs.get(primitive)
-    r = float(p) if primitive == "p2p" else rounds(primitive, p)
+    r = float(p) if primitive in ("p2p", "all_to_all") else rounds(primitive, p)
     return net.alpha * r + net.beta * float(link_bytes)
+
+
+def crossing_parties(primitive: str, groups: Sequence[Sequence[int]], topology: Topology) -> int:
+    """The ``p`` of :func:`network_seconds` for a collective on ``groups``: the most hosts
+    one group spans (a ring or recursive doubling over ranks placed host by host crosses
+    hosts in the rounds of that many parties), for all_to_all the most messages of one
+    rank to other hosts."""
+    most = 1
+    for g in groups:
+        parts = topology.by_node(g)
+        most = max(most, len(g) - min(len(x) for x in parts) if primitive == "all_to_all"
+                   else len(parts))
+    return most
 
 
 def group_seconds(primitive: str, groups: Sequence[Sequence[int]], nbytes: float,
@@ -349,7 +364,8 @@ def group_seconds(primitive: str, groups: Sequence[Sequence[int]], nbytes: float
     load = t.topology.link_bytes(groups, factor(primitive, p) * float(nbytes))
     if load == 0:
         return secs
-    return max(secs, network_seconds(primitive, p, load, t))
+    return max(secs, network_seconds(primitive, crossing_parties(primitive, groups, t.topology),
+                                     load, t))
 
 
 def copy_seconds(nbytes: float, device_type: str = "cpu", table: CostTable | None = None,

@@ -23,6 +23,7 @@ from sbpmpi.boxing.cost import (
     DEFAULT_NETWORK,
     DEFAULT_TABLE,
     Topology,
+    crossing_parties,
     factor,
     group_seconds,
     primitive_seconds,
@@ -66,12 +67,30 @@ def test_the_bytes_that_cross_are_charged_to_the_network():
     load = 2 * factor("all_reduce", 4) * n * 2 / 3
     assert TWO_HOSTS.link_bytes([(0, 1, 2, 3)], factor("all_reduce", 4) * n) == pytest.approx(load)
     net = DEFAULT_NETWORK.all_reduce
+    # the rounds that cross hosts: those of 2 parties (the group spans 2 hosts, its ranks
+    # host by host), as recursive doubling on 4 ranks crosses in one of its 2 rounds
     want = max(primitive_seconds("all_reduce", 4, n),
-               net.alpha * rounds("all_reduce", 4) + net.beta * load)
+               net.alpha * rounds("all_reduce", 2) + net.beta * load)
     assert group_seconds("all_reduce", [(0, 1, 2, 3)], n, table=two) == pytest.approx(want)
     # the columns across hosts: two groups of one rank per host, sharing each link
     across = group_seconds("all_reduce", [(0, 2), (1, 3)], n, table=two)
     assert across == pytest.approx(net.alpha + net.beta * 2 * n)
+
+
+def test_the_rounds_that_cross_count_the_hosts_a_group_spans():
+    four = Topology((0, 0, 1, 1, 2, 2, 3, 3))
+    assert crossing_parties("all_reduce", [(0, 1, 2, 3)], four) == 2
+    assert crossing_parties("all_gather", [(0, 2, 4, 6), (1, 3, 5, 7)], four) == 4
+    assert crossing_parties("all_reduce", [(0, 1), (2, 3)], four) == 1
+    # all_to_all: a rank's messages to other hosts (6 of 7 on 4 hosts of 2)
+    assert crossing_parties("all_to_all", [tuple(range(8))], four) == 6
+    # so a flat collective of a few bytes is charged the latency of one crossing round,
+    # not of every round of its group
+    t = DEFAULT_TABLE.with_topology(four)
+    net = DEFAULT_NETWORK.all_gather
+    assert group_seconds("all_gather", [(0, 1, 2, 3)], 64, table=t) == pytest.approx(max(
+        primitive_seconds("all_gather", 4, 64),
+        net.alpha * rounds("all_gather", 2) + net.beta * four.link_bytes([(0, 1, 2, 3)], 48)))
 
 
 def test_groups_are_split_by_host_only_where_every_host_holds_as_many_ranks():
@@ -239,6 +258,10 @@ def on_hosts():
 
 
 SHAPES = [(7, 5), (13,), (3, 4, 5), (1, 3), (0, 2), (64, 33)]
+# a link between hosts slow enough (100 kB/s) that the hierarchical form is the cheaper
+# even for the few bytes of these shapes: the plans under test are the hierarchical ones
+SLOW_NETWORK = sm.boxing.cost.DeviceCosts.uniform(alpha=30e-6, beta=1 / 1e5, copy_alpha=1e-6,
+                                                  copy_beta=1 / 8e9, p2p_alpha=25e-6, step=2e-6)
 DESTS = [B, S(0), S(-1)]
 
 
@@ -286,7 +309,7 @@ def test_hierarchical_plans_equal_numpy(on_hosts, hosts, dtype):
     if n % 2:
         pytest.skip("two hosts of n/2 ranks need an even n")
     nodes = [r // (n // 2) for r in range(n)] if hosts == "halves" else [r % 2 for r in range(n)]
-    on_hosts(nodes)
+    on_hosts(nodes, SLOW_NETWORK)
     _check_partial_and_split(n, dtype, want_hier=True)
 
 
