@@ -34,6 +34,7 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -256,6 +257,8 @@ def driver(a: argparse.Namespace) -> int:
         print(f"bench_hosts: no cluster of hosts here: {why}", file=sys.stderr)
         return 2
     exe = os.environ.get("SBPMPI_MPIEXEC") or shutil.which("mpiexec")
+    # a SIGTERM ends through the ``with`` below: the hosts go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs: list[list[dict[str, Any]]] = []
     trains: list[list[dict[str, Any]]] = []
     with hc.start(a.hosts, mpiexec=exe) as c, tempfile.TemporaryDirectory() as tmp:

@@ -72,6 +72,25 @@ def _columns(g: HostGroups, counts: Sequence[int]) -> list[list[tuple[int, int, 
             for j in range(m)]
 
 
+def _gather(out: Any, src: Any, counts: Sequence[int], group: comm.Group) -> None:
+    """All-gather on ``group``: the equal-block call where the blocks are equal (MPICH's
+    all-gather-v of equal blocks ran 10 to 25 times slower than its all-gather between
+    hosts on TCP, docs/benchmarks.md "Across hosts"), else the -v call."""
+    if len(set(counts)) == 1:
+        comm.all_gather(out, src, group)
+    else:
+        comm.all_gather_v(out, src, counts, None, group)
+
+
+def _reduce_scatter(out: Any, src: Any, counts: Sequence[int], op: comm.ReduceOp,
+                    group: comm.Group) -> None:
+    """Reduce-scatter on ``group``: the equal-block call where the blocks are equal."""
+    if len(set(counts)) == 1:
+        comm.reduce_scatter(out, src, op, group)
+    else:
+        comm.reduce_scatter_v(out, src, counts, op, group)
+
+
 def all_reduce(xp: Any, buf: Any, op: comm.ReduceOp, g: HostGroups) -> None:
     """All-reduce the flat ``buf`` (of array module ``xp``) in place over the group of ``g``."""
     n = buf.shape[0]
@@ -80,9 +99,9 @@ def all_reduce(xp: Any, buf: Any, op: comm.ReduceOp, g: HostGroups) -> None:
     counts = [b - a for a, b in ranges]
     lo, hi = ranges[g.l]
     part = backend.empty(xp, (hi - lo,), buf.dtype)
-    comm.reduce_scatter_v(part, buf, counts, op, g.inside)
+    _reduce_scatter(part, buf, counts, op, g.inside)
     comm.all_reduce(part, op, g.across)
-    comm.all_gather_v(buf, part, counts, None, g.inside)
+    _gather(buf, part, counts, g.inside)
 
 
 def reduce_scatter_v(xp: Any, out: Any, src: Any, counts: Sequence[int], op: comm.ReduceOp,
@@ -98,8 +117,8 @@ def reduce_scatter_v(xp: Any, out: Any, src: Any, counts: Sequence[int], op: com
             packed[o:o + c] = src[off:off + c]
             o += c
     mine = backend.empty(xp, (col_sizes[g.l],), src.dtype)
-    comm.reduce_scatter_v(mine, packed, col_sizes, op, g.inside)
-    comm.reduce_scatter_v(out, mine, [c for c, _, _ in cols[g.l]], op, g.across)
+    _reduce_scatter(mine, packed, col_sizes, op, g.inside)
+    _reduce_scatter(out, mine, [c for c, _, _ in cols[g.l]], op, g.across)
 
 
 def all_gather_v(xp: Any, out: Any, src: Any, counts: Sequence[int], g: HostGroups) -> None:
@@ -107,9 +126,9 @@ def all_gather_v(xp: Any, out: Any, src: Any, counts: Sequence[int], g: HostGrou
     cols = _columns(g, counts)
     col_sizes = [sum(c for c, _, _ in col) for col in cols]
     mine = backend.empty(xp, (col_sizes[g.l],), src.dtype)
-    comm.all_gather_v(mine, src, [c for c, _, _ in cols[g.l]], None, g.across)
+    _gather(mine, src, [c for c, _, _ in cols[g.l]], g.across)
     every = backend.empty(xp, (sum(col_sizes),), src.dtype)
-    comm.all_gather_v(every, mine, col_sizes, None, g.inside)
+    _gather(every, mine, col_sizes, g.inside)
     o = 0
     for col in cols:
         for c, off, _ in col:
