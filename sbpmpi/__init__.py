@@ -35,6 +35,7 @@ from .visualize import visualize  # a submodule import would otherwise shadow th
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
+_placement.set_topology_source(_world.topology)  # placements by node: {node: [local ranks]}
 _tensor.bind_layers_above(ops, _autograd, protocols, _conversion, _tape)  # GlobalTensor's methods
 _operators.install(GlobalTensor)  # its operators, from the op registry
 _tensor.bind_array_api(lambda: importlib.import_module("sbpmpi.array_api"))  # on first use

@@ -3,6 +3,7 @@
     python scripts/run_tests.py              # sizes 1 2 3 4
     python scripts/run_tests.py --sizes 2 -- -k boxing
     python scripts/run_tests.py --mpiexec-args "--bind-to none"
+    python scripts/run_tests.py --hosts 2      # across 2 hosts made on this machine (root)
 
 Runs on any MPI: it detects the family of the mpiexec (MPICH/Hydra, Intel MPI, Open MPI
 4 or 5, srun; sbpmpi/tools/launcher_family.py) and sets what it needs in the environment of
@@ -14,6 +15,12 @@ is passed on to the tests); $SBPMPI_MPIEXEC picks the mpiexec.
 Every mpiexec gets a time limit (MPIEXEC_TIMEOUT) and every test a per-test
 timeout (pytest-timeout, thread method), so a hang ends the run instead of CI.
 Prints one closing line ``total: N passed, N failed, N skipped``.
+
+``--hosts K`` runs across K hosts, each a network namespace of this machine
+(tests/hosts_cluster.py; root, Linux): the MPI tests at K x ``--ppn`` ranks (2 per host
+by default), then the tests that start jobs of their own (faults, the abort runner, the
+exit agreement) with one rank per host. The MPI library keeps its defaults. Where the
+hosts cannot be made (not root, no ``ip``), it says why and runs nothing.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ import importlib.util
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,6 +79,35 @@ def glue_mpiexec_args(argv: list[str]) -> list[str]:
     return out
 
 
+def hosts_cluster():  # noqa: ANN201 - a module
+    """tests/hosts_cluster.py, loaded by path (it imports nothing of sbpmpi)."""
+    path = ROOT / "tests" / "hosts_cluster.py"
+    spec = importlib.util.spec_from_file_location("_sbpmpi_hosts_cluster", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# the tests that start jobs of their own, run with one rank per host under --hosts
+OWN_JOBS = ["tests/faults/test_faults.py", "tests/faults/test_abort_runner.py",
+            "tests/faults/test_exit_codes.py"]
+# the tests of the hosts themselves, also run at 1 and 3 ranks per host under --hosts
+TOPOLOGY_TESTS = ["tests/comm/test_world.py", "tests/core/test_placement_by_node.py",
+                  "tests/boxing/test_hierarchical.py"]
+
+
+class MpiRun(NamedTuple):
+    """One ``mpiexec`` of the MPI tests: its name, ranks, environment, arguments, tests."""
+
+    name: str
+    n: int
+    env: dict[str, str]
+    args: list[str]
+    where: list[str]
+
+
 def counts(xml: Path) -> tuple[int, int, int]:
     if not xml.exists():
         return 0, 1, 0
@@ -94,60 +132,111 @@ def main() -> int:
                          "(also $SBPMPI_MPIEXEC_ARGS, which comes first)")
     ap.add_argument("--logs", default=str(ROOT / "test-logs"),
                     help="folder for the rank logs and JUnit files (emptied first)")
+    ap.add_argument("--hosts", type=int, default=0, metavar="K",
+                    help="run across K hosts made on this machine (root): the MPI tests at "
+                         "K x --ppn ranks, the fault, abort and exit tests at 1 rank per host")
+    ap.add_argument("--ppn", type=int, default=2, help="with --hosts: MPI ranks per host")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     a = ap.parse_args(glue_mpiexec_args(sys.argv[1:]))
     sizes = [int(x) for x in a.sizes.split(",") if x]
     if any(n < 1 for n in sizes):
         ap.error(f"--sizes must be positive, got {a.sizes!r}")
+    if a.hosts < 0 or a.ppn < 1:
+        ap.error(f"--hosts must be >= 0 and --ppn >= 1, got {a.hosts} and {a.ppn}")
     try:
         extra = " ".join(filter(None, [os.environ.get("SBPMPI_MPIEXEC_ARGS", ""),
                                        *a.mpiexec_args]))
         mpiexec_args = shlex.split(extra)
     except ValueError as e:
         ap.error(f"--mpiexec-args / SBPMPI_MPIEXEC_ARGS: {e}")
-    exe = mpiexec_cmd()
+    if a.hosts:
+        hc = hosts_cluster()
+        why = hc.unavailable()
+        if why:
+            print(f"--hosts {a.hosts}: no cluster of hosts here: {why}; nothing run")
+            print("total: 0 passed, 0 failed, 0 skipped")
+            return 0
+        # a SIGTERM (a CI runner's time limit) ends through the ``with``: the hosts go too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        with hc.start(a.hosts, mpiexec=mpiexec_cmd()) as cluster:
+            print(f"hosts: {', '.join(cluster.names)} (tests/hosts_cluster.py)", flush=True)
+            return run(a, mpiexec_args, cluster)
+    return run(a, mpiexec_args, None)
+
+
+def run(a: argparse.Namespace, mpiexec_args: list[str], cluster) -> int:  # noqa: ANN001
+    """The serial and the MPI runs; on ``cluster`` (a hosts_cluster.HostsCluster) when given."""
+    exe = mpiexec_cmd() if cluster is None else str(cluster.mpiexec_wrapper)
+    extra = shlex.join(mpiexec_args)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
     logs = Path(a.logs).resolve()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir()
     env = dict(os.environ, SBPMPI_TEST_LOGDIR=str(logs), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if extra:
-        env["SBPMPI_MPIEXEC_ARGS"] = extra  # for the mpiexec calls the tests make
+    # test files or folders among the pytest arguments replace the default "tests"
+    given = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
+    where = given or ["tests"]
+    options = [x for x in a.pytest_args if x not in given]
+    if cluster is None:
+        if extra:
+            env["SBPMPI_MPIEXEC_ARGS"] = extra  # for the mpiexec calls the tests make
+        serial = (env, where)
+        runs = [MpiRun(f"mpi n={n}", n, env, mpiexec_args, where) for n in sizes]
+    else:
+        # every mpiexec, the tests' own too, spans the hosts (the arguments given come
+        # after the hosts'): the MPI tests at a.ppn ranks per host, the tests of the
+        # hosts also at 1 and 3, and the jobs the serial tests start at 1 rank per host
+        def on_hosts(ppn: int) -> dict[str, str]:
+            e = cluster.env(ppn, env)
+            e["SBPMPI_MPIEXEC_ARGS"] = " ".join(filter(None, [e["SBPMPI_MPIEXEC_ARGS"], extra]))
+            return e
+
+        def mpi_run(ppn: int, tests: list[str]) -> MpiRun:
+            e = on_hosts(ppn)
+            return MpiRun(f"{a.hosts}x{ppn} mpi", a.hosts * ppn, e,
+                          shlex.split(e["SBPMPI_MPIEXEC_ARGS"]), tests)
+
+        serial = (on_hosts(1), where if given else OWN_JOBS)
+        topology = [x for x in given if x.split("::")[0] in TOPOLOGY_TESTS] if given \
+            else TOPOLOGY_TESTS
+        runs = [mpi_run(a.ppn, where)] + [mpi_run(ppn, topology) for ppn in (1, 3)
+                                          if ppn != a.ppn and topology]
     # the tests start jobs of up to 4 ranks themselves
-    info, added = launcher_family().needed_env(exe, max([4, *sizes]), environ=env)
-    env.update(added)
+    info, added = launcher_family().needed_env(exe, max([4, *(r.n for r in runs)]), environ=env)
+    for e in {id(x): x for x in [serial[0], *(r.env for r in runs)]}.values():
+        e.update(added)
     print(f"mpiexec: {exe} ({info.description})"
           + ("; environment added: " + " ".join(f"{k}={v}" for k, v in added.items())
              if added else ""), flush=True)
-    # test files or folders among the pytest arguments replace the default "tests"
-    given = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
-    where = [] if given else ["tests"]
     results = []
     if not a.no_serial:
         xml = logs / "serial.xml"
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not mpi", f"--junitxml={xml}",
-               *where, *a.pytest_args]
+               *serial[1], *options]
         print("$", " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        rc = subprocess.call(cmd, cwd=ROOT, env=serial[0])
         if rc == 5 and given:  # the files given have no serial tests
             rc = 0
-        results.append(("serial", rc, counts(xml), time.time() - t0))
-    for n in sizes:
+        name = "serial" if cluster is None else f"{a.hosts}x1 own"
+        results.append((name, rc, counts(xml), time.time() - t0))
+    for run in runs:
+        n = run.n
         xml = logs / f"mpi-n{n}.xml"
         t0 = time.time()
-        cmd = [exe, "-n", str(n), *mpiexec_args, sys.executable,
+        cmd = [exe, "-n", str(n), *run.args, sys.executable,
                str(ROOT / "scripts" / "mpi_pytest.py"),
-               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *where, *a.pytest_args]
+               "-q", "--with-mpi", "-m", "mpi", f"--junitxml={xml}", *run.where, *options]
         print("$", " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd, cwd=ROOT, env=dict(env, MPIEXEC_TIMEOUT=str(a.timeout)))
+        rc = subprocess.call(cmd, cwd=ROOT, env=dict(run.env, MPIEXEC_TIMEOUT=str(a.timeout)))
         if rc == 5 and given:  # pytest: no test collected; the files given have no MPI tests
             rc = 0
         if rc != 0:
             for f in sorted(logs.glob(f"n{n}-rank*.log")):
                 print(f"----- {f.name} (last lines) -----")
                 print("\n".join(f.read_text(errors="replace").splitlines()[-60:]))
-        results.append((f"mpi n={n}", rc, counts(xml), time.time() - t0))
+        results.append((run.name, rc, counts(xml), time.time() - t0))
     print("\n run         rc  passed  failed  skipped  seconds")
     tp = tf = ts = 0
     bad = False

@@ -25,6 +25,15 @@ Host (``"cpu"``) and device (``"cuda"``) buffers have separate parameters. The t
 in use must be the same on every rank (plans are computed independently on each rank);
 :func:`sbpmpi.runtime.calibrate` measures one and installs it everywhere.
 
+Hosts: a table may carry the job's :class:`Topology` (the node, or host, of every world
+rank) and a ``network`` row, the parameters of the links between hosts. A collective
+over a group whose ranks span hosts (:func:`group_seconds`) costs the larger of its
+time on the row of its buffers and its time on the network for the bytes that cross:
+each rank's share ``factor * n`` goes to the group's other ranks, the fraction of them on
+other hosts crosses, and the ranks of one host share its link (:meth:`Topology.link_bytes`).
+Without a topology, or for groups inside one host, the cost is exactly the formula above,
+so plans on one host do not change.
+
 This module is pure: functions take the table to use (``None``: :data:`DEFAULT_TABLE`).
 The table *in use* on this rank (installed, calibrated, or the defaults with the device
 row of the GPU transport in use) is kept by :mod:`sbpmpi.runtime.cost_table`.
@@ -33,6 +42,7 @@ row of the GPU transport in use) is kept by :mod:`sbpmpi.runtime.cost_table`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 __all__ = [
@@ -41,9 +51,14 @@ __all__ = [
     "DeviceCosts",
     "CostTable",
     "DEFAULT_TABLE",
+    "DEFAULT_NETWORK",
+    "Topology",
     "rounds",
     "factor",
     "primitive_seconds",
+    "group_seconds",
+    "network_seconds",
+    "crossing_parties",
     "copy_seconds",
     "step_seconds",
     "GPU_TRANSPORT_COSTS",
@@ -112,19 +127,80 @@ class DeviceCosts:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """The node (host) of every world rank: ``nodes[r]`` is rank ``r``'s node, numbered
+    from 0 (as :func:`sbpmpi.env.topology` gives them)."""
+
+    nodes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, tuple) or not self.nodes or any(
+                isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.nodes):
+            raise ValueError(f"nodes must be a non-empty tuple of node numbers >= 0, got "
+                             f"{self.nodes!r}")
+
+    @property
+    def count(self) -> int:
+        """The number of nodes."""
+        return len(set(self.nodes))
+
+    def by_node(self, group: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """The ranks of ``group`` on each of its nodes, in group order, the nodes in the
+        order their first rank appears in ``group``."""
+        out: dict[int, list[int]] = {}
+        for r in group:
+            out.setdefault(self.nodes[r], []).append(r)
+        return tuple(tuple(v) for v in out.values())
+
+    def spans(self, group: Sequence[int]) -> bool:
+        """Whether ``group`` has ranks on more than one node."""
+        return len({self.nodes[r] for r in group}) > 1
+
+    def link_bytes(self, groups: Sequence[Sequence[int]], per_rank: float) -> float:
+        """The most bytes one node's link carries when every rank of ``groups`` sends
+        ``per_rank`` bytes spread evenly over its group's other ranks (0 when no group
+        spans nodes)."""
+        load: dict[int, float] = {}
+        for g in groups:
+            p = len(g)
+            if p < 2 or not self.spans(g):
+                continue
+            here: dict[int, int] = {}
+            for r in g:
+                here[self.nodes[r]] = here.get(self.nodes[r], 0) + 1
+            for r in g:
+                k = self.nodes[r]
+                load[k] = load.get(k, 0.0) + per_rank * (p - here[k]) / (p - 1)
+        return max(load.values(), default=0.0)
+
+
+@dataclass(frozen=True)
 class CostTable:
-    """Host and device parameters, and where they came from."""
+    """Host and device parameters, and where they came from; where the job spans hosts,
+    its ``topology`` and the ``network`` row (the links between hosts)."""
 
     host: DeviceCosts
     device: DeviceCosts
     source: str = "defaults"
+    network: DeviceCosts | None = None
+    topology: Topology | None = None
 
     def __hash__(self) -> int:  # cached: tables key the plan caches
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.host, self.device, self.source))
+            h = hash((self.host, self.device, self.source, self.network, self.topology))
             object.__setattr__(self, "_hash", h)
         return h  # type: ignore[no-any-return]
+
+    @property
+    def network_costs(self) -> DeviceCosts:
+        """The parameters of the links between hosts (:data:`DEFAULT_NETWORK` if unset)."""
+        return self.network or DEFAULT_NETWORK
+
+    def with_topology(self, topology: Topology | None,
+                      network: DeviceCosts | None = None) -> CostTable:
+        """This table for a job on ``topology`` (the network row kept, or ``network``)."""
+        return replace(self, topology=topology, network=network or self.network)
 
     def params(self, device_type: str) -> DeviceCosts:
         """Parameters for buffers of ``device_type`` (``"cpu"`` or ``"cuda"``)."""
@@ -146,6 +222,15 @@ class CostTable:
                          f"{d.alpha * 1e6:>10.2f}us{1e-9 / d.beta:>11.2f}")
         lines.append(f"  {'per step':<15}{self.host.step * 1e6:>9.2f}us{'':>10}"
                      f"{self.device.step * 1e6:>10.2f}us")
+        if self.topology is not None and self.topology.count > 1:
+            lines.append(f"  between hosts ({self.topology.count} hosts; "
+                         f"{'measured' if self.network else 'defaults'}):")
+            net = self.network_costs
+            for f in fields(DeviceCosts):
+                if f.name in ("step", "copy"):
+                    continue
+                n = getattr(net, f.name)
+                lines.append(f"  {f.name:<15}{n.alpha * 1e6:>9.2f}us{1e-9 / n.beta:>10.2f}")
         return "\n".join(lines)
 
 
@@ -157,6 +242,11 @@ DEFAULT_TABLE = CostTable(
     device=DeviceCosts.uniform(alpha=15e-6, beta=1 / 20e9, copy_alpha=8e-6,
                                copy_beta=1 / 500e9, p2p_alpha=10e-6, step=10e-6),
 )
+
+# The links between hosts, until calibrate() measures them: a 10 Gbit/s network with a
+# few tens of microseconds per message round.
+DEFAULT_NETWORK = DeviceCosts.uniform(alpha=30e-6, beta=1 / 1.25e9, copy_alpha=1e-6,
+                                      copy_beta=1 / 8e9, p2p_alpha=25e-6, step=2e-6)
 
 # Device rows per GPU transport, estimated from measurements on one GPU shared by two
 # ranks (docs/benchmarks.md, "GPU transport defaults"): a staged step goes device ->
@@ -184,7 +274,7 @@ def table_for_transport(transport: str, table: CostTable = DEFAULT_TABLE) -> Cos
         raise ValueError(f"transport {transport!r} is not one of {tuple(GPU_TRANSPORT_COSTS)}")
     if row is table.device:
         return table
-    return CostTable(table.host, row, source=f"{table.source}; device row: {transport} defaults")
+    return replace(table, device=row, source=f"{table.source}; device row: {transport} defaults")
 
 
 def _log2(p: int) -> int:
@@ -235,6 +325,47 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
 def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> float:
     """The fixed cost of one plan step."""
     return (table or DEFAULT_TABLE).params(device_type).step
+
+
+def network_seconds(primitive: str, p: int, link_bytes: float,
+                    table: CostTable | None = None) -> float:
+    """Modelled seconds of ``primitive`` on the links between hosts when the busiest host's
+    link carries ``link_bytes``; ``p``: the parties whose rounds cross hosts (the hosts a
+    group spans; for p2p and all_to_all the messages that cross)."""
+    net = (table or DEFAULT_TABLE).network_costs.get(primitive)
+    r = float(p) if primitive in ("p2p", "all_to_all") else rounds(primitive, p)
+    return net.alpha * r + net.beta * float(link_bytes)
+
+
+def crossing_parties(primitive: str, groups: Sequence[Sequence[int]], topology: Topology) -> int:
+    """The ``p`` of :func:`network_seconds` for a collective on ``groups``: the most hosts
+    one group spans (a ring or recursive doubling over ranks placed host by host crosses
+    hosts in the rounds of that many parties), for all_to_all the most messages of one
+    rank to other hosts."""
+    most = 1
+    for g in groups:
+        parts = topology.by_node(g)
+        most = max(most, len(g) - min(len(x) for x in parts) if primitive == "all_to_all"
+                   else len(parts))
+    return most
+
+
+def group_seconds(primitive: str, groups: Sequence[Sequence[int]], nbytes: float,
+                  device_type: str = "cpu", table: CostTable | None = None) -> float:
+    """Modelled seconds of one collective ``primitive`` run at once on each of ``groups``
+    (equal sizes) on ``nbytes``: :func:`primitive_seconds`, or, where the table has a
+    topology and a group spans hosts, the time on the network for the bytes that cross
+    when that is longer."""
+    t = table or DEFAULT_TABLE
+    p = len(groups[0]) if groups else 1
+    secs = primitive_seconds(primitive, p, nbytes, device_type, t)
+    if t.topology is None or p <= 1:
+        return secs
+    load = t.topology.link_bytes(groups, factor(primitive, p) * float(nbytes))
+    if load == 0:
+        return secs
+    return max(secs, network_seconds(primitive, crossing_parties(primitive, groups, t.topology),
+                                     load, t))
 
 
 def copy_seconds(nbytes: float, device_type: str = "cpu", table: CostTable | None = None,

@@ -16,8 +16,10 @@ __all__ = ["Explanation"]
 class Explanation:
     """What ``x.to_global(...)`` would run: ``plan`` (chosen) and ``rejected`` candidates.
 
-    ``str()`` gives a table: one row per step (mesh axis, collective, communicators,
-    bytes per rank, estimated time), then the rejected candidates with their costs.
+    ``str()`` gives a table: the hosts of the ranks where they span several, one row per
+    step (mesh axis, collective, communicators -- inside and across hosts for a
+    hierarchical step --, bytes per rank, estimated time), then the rejected candidates
+    with their costs.
     """
 
     choice: PlanChoice
@@ -49,6 +51,11 @@ class Explanation:
         lines = [
             f"boxing {src.shape} {np.dtype(self.dtype)}: {sbp_text(src.sbp)} on "
             f"{ranks_text(src.placement)} -> {sbp_text(dst.sbp)} on {ranks_text(dst.placement)}",
+        ]
+        hosts = self.hosts_text()
+        if hosts:
+            lines.append(hosts)
+        lines += [
             f"chosen plan ({len(p.steps)} step{'s' if len(p.steps) != 1 else ''}, "
             f"est. {format_seconds(p.seconds)}):",
             p.table(),
@@ -63,6 +70,21 @@ class Explanation:
         lines.append(f"cost model: {self.table.source} (sm.boxing.calibrate() measures this "
                      f"machine; see sm.boxing.get_cost_table())")
         return "\n".join(lines)
+
+    def hosts_text(self) -> str | None:
+        """``hosts: node 0 ranks 0,1; node 1 ranks 2,3`` for the ranks of the conversion,
+        when they span hosts of the table's topology; else None."""
+        topo = self.table.topology
+        if topo is None:
+            return None
+        p = self.plan
+        by: dict[int, list[int]] = {}
+        for r in sorted(set(p.src.placement.rank_list) | set(p.dst.placement.rank_list)):
+            by.setdefault(topo.nodes[r], []).append(r)
+        if len(by) < 2:
+            return None
+        return "hosts: " + "; ".join(f"node {k} ranks {','.join(str(r) for r in rs)}"
+                                     for k, rs in sorted(by.items()))
 
     def __repr__(self) -> str:
         return f"<Explanation {self.plan.summary()} est. {format_seconds(self.seconds)}>"

@@ -19,6 +19,13 @@ send_recv          any -> any (placements)  point-to-point blocks, then a local 
                                             of partial contributions if there are several
 =================  =======================  ===========================================
 
+An all_gather, all_reduce or reduce_scatter step whose groups span hosts may run
+*hierarchically* (``Step.hosts`` set, named ``hier_<kind>``): inside each host and across
+hosts in turn, each rank crossing with the ranks of the same local index on the other
+hosts (all_reduce: reduce-scatter inside, all-reduce across on 1/m of the data,
+all-gather inside; reduce_scatter: inside, then across; all_gather: across, then
+inside). The SBP change is the step's kind's; only the collectives differ.
+
 This module holds the steps, the rules saying which single-step changes are valid
 (:func:`transition_kind`, :func:`span_kind`), which conversions have a meaning
 (:func:`why_meaningless`) and the symbolic application of a plan (:func:`modelled_result`).
@@ -218,6 +225,7 @@ class Step:
     messages: int = 0
     seconds: float = 0.0
     span: int = 1
+    hosts: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @property
     def axes(self) -> tuple[int, ...]:
@@ -260,11 +268,24 @@ class Step:
     @property
     def name(self) -> str:
         """The primitive, with (v) where block sizes differ."""
-        if self.kind in ("all_gather", "reduce_scatter", "all_to_all") and self._uneven():
+        if not self.hosts and self.kind in ("all_gather", "reduce_scatter", "all_to_all") \
+                and self._uneven():
             return f"{self.kind}_v"
         if self.kind == "send_recv" and self.op is not None:
             return f"send_recv+reduce({self.op})"
+        if self.hosts:
+            return f"hier_{self.kind}" + ("_v" if self.kind != "all_reduce"
+                                          and self._uneven() else "")
         return self.kind
+
+    def communicators_text(self) -> str:
+        """The groups it runs on; for a hierarchical step, inside and across hosts."""
+        if self.hosts:
+            inside = " ".join(str(list(h)) for g in self.hosts for h in g)
+            across = " ".join(str([h[j] for h in g]) for g in self.hosts
+                              for j in range(len(g[0])))
+            return f"inside hosts {inside}; across {across}"
+        return " ".join(str(list(g)) for g in self.groups) or "-"
 
     def _uneven(self) -> bool:
         assert self.axis is not None
@@ -344,7 +365,7 @@ class Plan:
                 change = (f"{sbp_text(s.src.sbp)} -> {sbp_text(s.dst.sbp)} on "
                           f"{ranks_text(s.dst.placement)}")
             else:
-                comms = " ".join(str(list(g)) for g in s.groups) or "-"
+                comms = s.communicators_text()
                 change = s.change_text() if s.kind != "broadcast" else (
                     f"from rank {s.root} to {ranks_text(s.dst.placement)}")
             rows.append((str(i), s.name, s.axis_label, change, comms,

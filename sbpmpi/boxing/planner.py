@@ -6,6 +6,12 @@ table (:mod:`.cost`): per-axis (or several-axes) collectives and local steps on 
 placement, and point-to-point or broadcast moves between them. The cheapest path wins;
 the best path through every other first step is kept as a rejected candidate. Pure:
 the same on every rank, without MPI and without arrays.
+
+Where the cost table has a topology (the job spans hosts), a gather, reduction or
+reduce-scatter whose groups span hosts evenly (the same number ``m >= 2`` of each group's
+ranks on each of its hosts) has a second, hierarchical edge beside the flat one
+(:func:`hierarchical_step`): the search takes whichever is cheaper. Without a topology
+the graph, and so every plan, is what it is on one host.
 """
 
 from __future__ import annotations
@@ -19,7 +25,17 @@ from typing import NamedTuple
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
-from .cost import DEFAULT_TABLE, CostTable, copy_seconds, factor, primitive_seconds, step_seconds
+from .cost import (
+    DEFAULT_TABLE,
+    CostTable,
+    Topology,
+    copy_seconds,
+    factor,
+    group_seconds,
+    network_seconds,
+    primitive_seconds,
+    step_seconds,
+)
 from .plan import (
     Plan,
     PlanChoice,
@@ -34,6 +50,7 @@ from .schedule import broadcast_members, is_contiguous_box, relative, slots_of, 
 from .search import Edge, InEdge, Node, ranked_plans
 
 __all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds",
+           "host_split", "hierarchical_step", "axis_steps",
            "AxisTraffic", "axis_traffic", "searched_dims", "axis_values", "side_values",
            "cross_steps", "ConversionGraph"]
 
@@ -106,12 +123,89 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
                     groups=pl.axis_groups(axis), copy_bytes=t.copy,
                     seconds=copy_seconds(t.copy, dev, table) + step_seconds(dev, table),
                     span=span)
-    secs = primitive_seconds(kind, p, t.payload, dev, table)
+    groups = pl.axis_groups(axis, span)
+    secs = group_seconds(kind, groups, t.payload, dev, table)
     secs += copy_seconds(t.copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(t.moved))
     return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
-                groups=pl.axis_groups(axis, span), send_bytes=nb, recv_bytes=nb,
+                groups=groups, send_bytes=nb, recv_bytes=nb,
                 copy_bytes=t.copy, seconds=secs, span=span)
+
+
+# kinds with a hierarchical form, and the legs of each: (primitive, where, share of the
+# step's payload): "inside" a host (groups of m), "across" hosts (groups of k)
+_HIER_LEGS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "all_reduce": (("reduce_scatter", "inside", "all"), ("all_reduce", "across", "1/m"),
+                   ("all_gather", "inside", "all")),
+    "reduce_scatter": (("reduce_scatter", "inside", "all"), ("reduce_scatter", "across", "1/m")),
+    "all_gather": (("all_gather", "across", "1/m"), ("all_gather", "inside", "all")),
+}
+
+
+def host_split(groups: Sequence[Sequence[int]], topology: Topology | None,
+               ) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """Each group's ranks split by host (:meth:`Topology.by_node`), when every group spans
+    at least 2 hosts with the same number ``m >= 2`` of its ranks on each; else None (the
+    hierarchical form would be the flat collective, or is not defined)."""
+    if topology is None:
+        return None
+    out = []
+    for g in groups:
+        parts = topology.by_node(g)
+        if len(parts) < 2 or len(parts[0]) < 2 or len({len(x) for x in parts}) != 1:
+            return None
+        out.append(parts)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16384)
+def hierarchical_step(flat: Step, itemsize: int, table: CostTable) -> Step | None:
+    """The hierarchical form of the collective step ``flat`` (see :mod:`.plan`), with its
+    modelled cost, or None where its groups do not span hosts evenly.
+
+    Its legs are costed as collectives on their own groups (:func:`group_seconds`: the
+    legs inside a host on the buffers' row, the leg across on the network with the ranks
+    of a host sharing its link), plus the copies of the flat step, a reorder of the whole
+    buffer for a gather or reduce-scatter (their blocks travel grouped by local index),
+    and one step cost per leg.
+    """
+    if flat.kind not in _HIER_LEGS:
+        return None
+    hosts = host_split(flat.groups, table.topology)
+    if hosts is None:
+        return None
+    m = len(hosts[0][0])
+    inside = [h for g in hosts for h in g]
+    across = [tuple(h[j] for h in g) for g in hosts for j in range(m)]
+    src, dst = flat.src, flat.dst
+    p = len(flat.groups[0])
+    assert flat.frm is not None and flat.to is not None
+    t = axis_traffic(flat.kind, flat.frm, flat.to, p, max_local_extents(src),
+                     max_local_extents(dst), itemsize)
+    dev = src.placement.type
+    secs = moved = 0.0
+    for prim, where, share in _HIER_LEGS[flat.kind]:
+        groups = inside if where == "inside" else across
+        n = t.payload / m if share == "1/m" else float(t.payload)
+        secs += group_seconds(prim, groups, n, dev, table) + step_seconds(dev, table)
+        moved += factor(prim, len(groups[0])) * n
+    copy = t.copy + (t.payload if flat.kind != "all_reduce" else 0)
+    secs += copy_seconds(copy, dev, table, ops=0)
+    nb = int(math.ceil(moved))
+    return Step(kind=flat.kind, src=src, dst=dst, axis=flat.axis, frm=flat.frm, to=flat.to,
+                op=flat.op, groups=flat.groups, send_bytes=nb, recv_bytes=nb, copy_bytes=copy,
+                seconds=secs, span=flat.span, hosts=hosts)
+
+
+def axis_steps(kind: str, src: Layout, axis: int, to: SBP, itemsize: int, table: CostTable,
+               span: int = 1) -> tuple[Step, ...]:
+    """The ``kind`` step changing mesh axes ``axis .. axis + span - 1`` of ``src`` to ``to``:
+    the flat one, and its hierarchical form where the table's topology gives one."""
+    flat = _axis_step(kind, src, axis, to, itemsize, table, span)
+    if table.topology is None:
+        return (flat,)
+    hier = hierarchical_step(flat, itemsize, table)
+    return (flat,) if hier is None else (flat, hier)
 
 
 def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
@@ -127,7 +221,8 @@ def axis_change_seconds(src: Layout, axis: int, to: SBP, itemsize: int,
     kind = transition_kind(src.sbp, src.placement.hierarchy, axis, to)
     if kind is None:
         return None
-    return _axis_step(kind, src, axis, to, itemsize, table or DEFAULT_TABLE).seconds
+    return min(st.seconds for st in axis_steps(kind, src, axis, to, itemsize,
+                                                table or DEFAULT_TABLE))
 
 
 def _cross_device(src: Layout, dst: Layout) -> str:
@@ -170,8 +265,10 @@ def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) ->
     ms = max(msgs.values(), default=0)
     nb = max(max(sent.values(), default=0), max(recv.values(), default=0))
     cb = max(copied.values(), default=0)
-    secs = (primitive_seconds("p2p", ms, nb, dev, table) if ms else 0.0) + \
-        copy_seconds(cb, dev, table) + step_seconds(dev, table)
+    secs = (primitive_seconds("p2p", ms, nb, dev, table) if ms else 0.0)
+    if table.topology is not None and ms:
+        secs = max(secs, _crossing_p2p_seconds(sched, itemsize, table))
+    secs = secs + copy_seconds(cb, dev, table) + step_seconds(dev, table)  # summed as before
     if reduce_op is not None and not any(slots_of(src, dst, r) > 1
                                          for r in dst.placement.rank_list):
         reduce_op = None
@@ -179,6 +276,29 @@ def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) ->
     return Step(kind="send_recv", src=src, dst=dst, op=reduce_op, groups=pairs,
                 send_bytes=max(sent.values(), default=0), recv_bytes=max(recv.values(), default=0),
                 copy_bytes=cb, messages=ms, seconds=secs)
+
+
+def _crossing_p2p_seconds(sched: Sequence, itemsize: int, table: CostTable) -> float:
+    """The time of a point-to-point step's messages between hosts on the network: the
+    busiest host's link (bytes out or in) and the most such messages of one rank."""
+    topo = table.topology
+    assert topo is not None
+    out: dict[int, int] = {}
+    into: dict[int, int] = {}
+    msgs: dict[int, int] = {}
+    for t in sched:
+        a, b = topo.nodes[t.src], topo.nodes[t.dst]
+        if a == b:
+            continue
+        n = math.prod(hi - lo for lo, hi in t.box) * itemsize
+        out[a] = out.get(a, 0) + n
+        into[b] = into.get(b, 0) + n
+        msgs[t.src] = msgs.get(t.src, 0) + 1
+        msgs[t.dst] = msgs.get(t.dst, 0) + 1
+    if not msgs:
+        return 0.0
+    load = max(max(out.values(), default=0), max(into.values(), default=0))
+    return network_seconds("p2p", max(msgs.values()), load, table)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,7 +311,7 @@ def _broadcast_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) -
         return None
     n = math.prod(src.shape) * itemsize
     dev = _cross_device(src, dst)
-    secs = primitive_seconds("broadcast", p, n, dev, table) + step_seconds(dev, table)
+    secs = group_seconds("broadcast", (members.group,), n, dev, table) + step_seconds(dev, table)
     copy = 0
     if src.placement.type != dst.placement.type:
         copy = n
@@ -315,7 +435,7 @@ def _steps_from(s: NdSbp, shape: tuple[int, ...], pl: Placement, itemsize: int,
                 continue
             t = s[:a] + (v,) + s[a + 1:]
             if t in valid:
-                out.append(SideEdge(t, _axis_step(kind, lay, a, v, itemsize, table)))
+                out.extend(SideEdge(t, st) for st in axis_steps(kind, lay, a, v, itemsize, table))
     for a in range(pl.ndim):
         for b in range(a + 1, pl.ndim):
             for v in values[a]:
@@ -324,8 +444,8 @@ def _steps_from(s: NdSbp, shape: tuple[int, ...], pl: Placement, itemsize: int,
                     continue
                 t = s[:a] + (v,) * (b - a + 1) + s[b + 1:]
                 if t in valid:
-                    out.append(SideEdge(t, _axis_step(kind, lay, a, v, itemsize, table,
-                                                      b - a + 1)))
+                    out.extend(SideEdge(t, st) for st in axis_steps(kind, lay, a, v, itemsize,
+                                                                    table, b - a + 1))
     return out
 
 

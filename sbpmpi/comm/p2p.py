@@ -6,6 +6,7 @@ message travels on the group's communicator.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mpi4py import MPI
@@ -138,10 +139,32 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
         buf = st.out(arr, m)
         status = MPI.Status()
         with c.mpi_call(0, m.dtype, src, m.on_gpu, st.staged):
-            c.comm.Recv([buf, m.size, t], source=peer, tag=tag, status=status)
+            if peer == MPI.ANY_SOURCE:
+                _matched(c.comm, tag).Recv([buf, m.size, t], status=status)
+            else:
+                c.comm.Recv([buf, m.size, t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
         _check_count(status, m, t, sender, "recv")
     return sender
+
+
+def _matched(comm: MPI.Intracomm, tag: int) -> MPI.Message:
+    """The next message of ``tag`` from any rank, found by a polled matched probe.
+
+    A receive from ``MPI_ANY_SOURCE`` posted after its message has arrived never completes
+    under MPICH's UCX network layer (the mpich wheel's default between hosts; seen with
+    MPICH 5.0.2 and UCX 1.20), while a probe finds the message and a receive of the probed
+    message completes. The probe is polled, yielding the core after the first thousand
+    tries, so the watchdog of the call still sees a stuck receive.
+    """
+    tries = 0
+    while True:
+        msg = comm.Improbe(source=MPI.ANY_SOURCE, tag=tag)
+        if msg is not None:
+            return msg
+        tries += 1
+        if tries > 1000:
+            time.sleep(50e-6)
 
 
 # isend/irecv are not watched (posting returns at once); Work.wait is. The Work holds the

@@ -1,9 +1,11 @@
 """The process's place in the world: world rank and size, and its machine's ranks.
 
 The one module that asks MPI where this process stands. A script run without
-``mpiexec`` is a world of size 1. :func:`init` builds the per-node communicator at
-``import sbpmpi`` (collective over the world); ``sm.env`` shows these functions under
-their public names. :func:`expect_world` tells a program run on too few ranks how to
+``mpiexec`` is a world of size 1. :func:`init` builds the per-node communicator and
+learns the host (node) of every rank at ``import sbpmpi`` (collective over the world);
+``sm.env`` shows these functions under their public names. Hosts are numbered as in
+OneFlow's placement by node: node ``k`` is the ``k``-th host ordered by its lowest world
+rank, and a rank's local rank is its index among its host's ranks in rank order. :func:`expect_world` tells a program run on too few ranks how to
 run it.
 """
 
@@ -21,6 +23,11 @@ __all__ = [
     "get_world_size",
     "get_local_rank",
     "get_local_world_size",
+    "get_node_rank",
+    "get_node_count",
+    "node_of",
+    "node_ranks",
+    "topology",
     "init",
     "lone_task_warning",
     "set_launcher_env",
@@ -44,14 +51,29 @@ def _node_comm() -> MPI.Comm:
     return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
 
 
-def init() -> None:
-    """Build the per-node communicator now (collective over the world; done at import).
+@functools.cache
+def topology() -> tuple[int, ...]:
+    """The node (host) of every world rank, in rank order (collective on first use;
+    :func:`init` makes it at import)."""
+    node = _node_comm()
+    # the node's lowest world rank names it: the split is keyed by world rank
+    leader = node.bcast(MPI.COMM_WORLD.Get_rank(), root=0)
+    leaders = MPI.COMM_WORLD.allgather(leader)
+    order = {r: k for k, r in enumerate(sorted(set(leaders)))}
+    return tuple(order[r] for r in leaders)
 
-    Later calls of :func:`get_local_rank` from a subset of ranks (binding a GPU for a
-    placement that excludes some ranks, say) then need no communication. Also warns
-    when a launcher started several tasks that MPI sees as worlds of one.
+
+def init() -> None:
+    """Build the per-node communicator and learn every rank's node now (collective over
+    the world; done at import).
+
+    Later calls of :func:`get_local_rank` or :func:`node_of` from a subset of ranks
+    (binding a GPU for a placement that excludes some ranks, say) then need no
+    communication. Also warns when a launcher started several tasks that MPI sees as
+    worlds of one.
     """
     _node_comm()
+    topology()
     warning = lone_task_warning(os.environ, MPI.COMM_WORLD.Get_size())
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -82,6 +104,40 @@ def get_local_rank() -> int:
 def get_local_world_size() -> int:
     """Return the number of processes on this machine."""
     return _node_comm().Get_size()
+
+
+def get_node_rank() -> int:
+    """Return the index of this process's node (host): node ``k`` is the ``k``-th host
+    ordered by its lowest world rank."""
+    return topology()[get_rank()]
+
+
+def get_node_count() -> int:
+    """Return the number of nodes (hosts) the world spans."""
+    return max(topology()) + 1
+
+
+def node_of(rank: int) -> int:
+    """Return the node (host) of world ``rank``."""
+    nodes = topology()
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+    if not 0 <= rank < len(nodes):
+        raise ValueError(f"rank {rank} is out of range for a world of {len(nodes)} "
+                         f"process{'es' if len(nodes) != 1 else ''}")
+    return nodes[rank]
+
+
+def node_ranks(node: int) -> tuple[int, ...]:
+    """Return the world ranks on ``node``, in rank order (local rank ``j`` is the ``j``-th)."""
+    nodes = topology()
+    count = max(nodes) + 1
+    if isinstance(node, bool) or not isinstance(node, int):
+        raise TypeError(f"node must be an int, got {type(node).__name__} {node!r}")
+    if not 0 <= node < count:
+        raise ValueError(f"node {node} does not exist: the job runs on {count} "
+                         f"node{'s' if count != 1 else ''} (nodes 0..{count - 1})")
+    return tuple(r for r, k in enumerate(nodes) if k == node)
 
 
 def set_launcher_env() -> dict[str, str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,58 @@ def _world_size() -> int:
     return _world_size_source[0]()
 
 
+_topology_source: list[Callable[[], Sequence[int]]] = []
+
+
+def set_topology_source(source: Callable[[], Sequence[int]]) -> None:
+    """Where a placement by node (``{node: [local ranks]}``) learns the node of every
+    world rank; ``sbpmpi`` sets it to :func:`sbpmpi.env.topology` at import."""
+    _topology_source[:] = [source]
+
+
+def node_major_ranks(nodes: Mapping[Any, Any]) -> list[int]:
+    """The world ranks of a placement by node, ``{node: [local ranks]}`` as in OneFlow:
+    nodes in ascending order, each node's local ranks in the order given.
+
+    Node ``k`` is the ``k``-th host ordered by its lowest world rank; local rank ``j`` of a
+    node is the ``j``-th of its ranks in rank order. A node or local rank that does not
+    exist is a ValueError naming it.
+    """
+    if not _topology_source:
+        raise RuntimeError("placement: the nodes of the ranks are unknown here; "
+                           "import sbpmpi first (it records them)")
+    of = list(_topology_source[0]())
+    count = max(of) + 1 if of else 0
+    for node in nodes:
+        if not _is_int(node):
+            raise TypeError(f"placement nodes must be integers, got {type_name(node)} "
+                            f"{node!r} in {dict(nodes)!r}")
+    ranks: list[int] = []
+    for node in sorted(nodes):
+        if not 0 <= node < count:
+            raise ValueError(f"placement node {node} does not exist: the job runs on {count} "
+                             f"node{'s' if count != 1 else ''} (nodes 0..{count - 1})")
+        here = [r for r, k in enumerate(of) if k == node]
+        local = nodes[node]
+        local = [local] if _is_int(local) else list(local)
+        for j in local:
+            if not _is_int(j):
+                raise TypeError(f"placement local ranks must be integers, got {type_name(j)} "
+                                f"{j!r} for node {node}")
+            if not 0 <= j < len(here):
+                raise ValueError(f"placement node {node} has no local rank {j}: it runs "
+                                 f"{len(here)} rank{'s' if len(here) != 1 else ''} (local "
+                                 f"ranks 0..{len(here) - 1})")
+            ranks.append(here[j])
+    if not ranks:
+        raise ValueError("placement ranks must name at least one rank, got an empty mapping")
+    return ranks
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 class Placement:
     """Device type plus an N-d mesh of world ranks.
 
@@ -38,9 +90,13 @@ class Placement:
     ----------
     type : {"cpu", "cuda"}
         Backend of the shards: NumPy on ``"cpu"``, CuPy on ``"cuda"``.
-    ranks : int, sequence or ndarray
+    ranks : int, sequence, ndarray or mapping
         World ranks; a nested sequence gives an N-d mesh (``[[0, 1], [2, 3]]`` is 2x2).
-        The order is kept: the first block of a split goes to ``ranks.flat[0]``.
+        The order is kept: the first block of a split goes to ``ranks.flat[0]``. A
+        mapping ``{node: [local ranks]}`` places by node as in OneFlow (node ``k``: the
+        ``k``-th host ordered by its lowest world rank; local rank ``j``: the ``j``-th of
+        its ranks): a 1-D placement of those world ranks, node by node
+        (:func:`node_major_ranks`).
     world_size : int, optional
         Bound for the ranks; the current world size by default.
     """
@@ -52,6 +108,8 @@ class Placement:
             raise ValueError(
                 f"placement type {type!r} is not supported; expected one of {DEVICE_TYPES}"
             )
+        if isinstance(ranks, Mapping):
+            ranks = node_major_ranks(ranks)
         try:
             np.array(ranks)  # NumPy refuses ragged nesting here
             arr = np.array(ranks, dtype=object)

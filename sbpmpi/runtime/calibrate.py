@@ -6,12 +6,19 @@ Measured tables are kept in the cache file of :mod:`.cost_cache`, one entry per
 table installed, a single-node job with a GPU uses the cached device row at start
 (:func:`~.cost_cache.cached_device_row`); ``python -m sbpmpi info --calibrate`` measures
 and refreshes the entry.
+
+On a job that spans hosts the two kinds of link are measured apart: the row of the
+buffers (``cpu``, ``cuda``) on the ranks of the first host alone (the link inside a
+host), and the ``network`` row on one rank per host (the lowest of each: pairs and groups
+chosen across hosts), each with the other ranks idle. The table then carries the job's
+topology, and the cache file keeps both rows.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,11 +29,12 @@ from ..boxing.cost import (
     AlphaBeta,
     CostTable,
     DeviceCosts,
+    Topology,
     factor,
     rounds,
 )
 from .cost_cache import cache_key, read_cache, table_from, write_cache_entry
-from .cost_table import get_cost_table, set_cost_table
+from .cost_table import get_cost_table, job_topology, set_cost_table
 
 __all__ = ["calibrate"]
 
@@ -34,12 +42,13 @@ _FLOOR_ALPHA = 1e-7
 _FLOOR_BETA = 1e-13
 
 
-def _timer(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
+def _timer(fn: Callable[[], None], repeats: int, sync: Callable[[], None],
+           group: comm.Group) -> float:
     fn()  # warm up (buffers, communicators, protocol switch)
     sync()
     ts = []
     for _ in range(repeats):
-        comm.barrier()
+        comm.barrier(group)
         t0 = time.perf_counter()
         fn()
         sync()
@@ -55,37 +64,63 @@ class Sample(NamedTuple):
 
 
 def _measure(primitive: str, nbytes: int, xp: Any, repeats: int, sync: Callable[[], None],
-             ) -> Sample:
-    """The :class:`Sample` of one primitive on WORLD with about ``nbytes``."""
-    p = comm.WORLD.size
-    me = comm.WORLD.rank
+             group: comm.Group) -> Sample:
+    """The :class:`Sample` of one primitive on ``group`` (a member calls) with about
+    ``nbytes``; point-to-point between group ranks ``2i`` and ``2i + 1``."""
+    p = group.size
+    me = group.rank
     blk = max(1, nbytes // 8 // p)
     n = blk * p
     x = xp.ones(n, dtype=np.float64)
     y = xp.empty(n, dtype=np.float64)
+    g = group
+
+    def timed(fn: Callable[[], None]) -> float:
+        return _timer(fn, repeats, sync, g)
+
     if primitive == "all_gather":
-        return Sample(_timer(lambda: comm.all_gather(y, x[:blk]), repeats, sync), n * 8)
+        return Sample(timed(lambda: comm.all_gather(y, x[:blk], g)), n * 8)
     if primitive == "reduce_scatter":
-        return Sample(_timer(lambda: comm.reduce_scatter(y[:blk], x), repeats, sync), n * 8)
+        return Sample(timed(lambda: comm.reduce_scatter(y[:blk], x, group=g)), n * 8)
     if primitive == "all_reduce":
-        return Sample(_timer(lambda: comm.all_reduce(y), repeats, sync), n * 8)
+        return Sample(timed(lambda: comm.all_reduce(y, group=g)), n * 8)
     if primitive == "all_to_all":
-        return Sample(_timer(lambda: comm.all_to_all(y, x), repeats, sync), n * 8 * p)
+        return Sample(timed(lambda: comm.all_to_all(y, x, g)), n * 8 * p)
     if primitive == "broadcast":
-        return Sample(_timer(lambda: comm.broadcast(y, 0), repeats, sync), n * 8)
+        return Sample(timed(lambda: comm.broadcast(y, g.ranks[0], g)), n * 8)
     if primitive == "copy":
         def copy() -> None:
             y[...] = x
-        return Sample(_timer(copy, repeats, sync), n * 8)
+        return Sample(timed(copy), n * 8)
     assert primitive == "p2p"
     peer = me ^ 1
 
     def exchange() -> None:
         if peer < p:
-            w = [comm.irecv(y, peer, 7), comm.isend(x, peer, 7)]
+            w = [comm.irecv(y, g.ranks[peer], 7), comm.isend(x, g.ranks[peer], 7)]
             for r in w:
                 r.wait()
-    return Sample(_timer(exchange, repeats, sync), n * 8)
+    return Sample(timed(exchange), n * 8)
+
+
+def _fitted(group: comm.Group | None, primitives: Sequence[str], xp: Any,
+            sync: Callable[[], None], sizes: tuple[int, int], repeats: int,
+            old: DeviceCosts) -> DeviceCosts:
+    """``old`` with the ``primitives`` measured on ``group`` (collective over WORLD: the
+    members measure, every rank takes the slowest member's times)."""
+    times = np.zeros((len(primitives), 2, 2), dtype=np.float64)
+    if group is not None and group.is_member():
+        for k, prim in enumerate(primitives):
+            for s, nb in enumerate(sizes):
+                times[k, s] = _measure(prim, nb, xp, repeats * (4 if s == 0 else 1), sync,
+                                       group)
+    comm.all_reduce(times, comm.ReduceOp.MAX)  # slowest rank; identical everywhere
+    if group is None:
+        return old
+    new = {prim: _fit(prim, group.size, Sample(*times[k, 0]), Sample(*times[k, 1]),
+                      old.get(prim))
+           for k, prim in enumerate(primitives)}
+    return replace(old, **new)  # type: ignore[arg-type]
 
 
 def _fit(primitive: str, p: int, small: Sample, large: Sample, old: AlphaBeta) -> AlphaBeta:
@@ -105,13 +140,26 @@ def _fit(primitive: str, p: int, small: Sample, large: Sample, old: AlphaBeta) -
     return AlphaBeta(alpha, beta)
 
 
+def _measured_groups(topo: Topology | None) -> tuple[comm.Group | None, comm.Group | None]:
+    """(the group measured for the link inside a host, the group across hosts): WORLD and
+    None on one host; else the first host's ranks (None when it has one rank: nothing to
+    measure) and the lowest rank of every host."""
+    if topo is None:
+        return comm.WORLD, None
+    first = tuple(r for r, k in enumerate(topo.nodes) if k == 0)
+    leaders = tuple(sorted({k: r for r, k in reversed(list(enumerate(topo.nodes)))}.values()))
+    inside = comm.get_group(first) if len(first) > 1 else None
+    return inside, comm.get_group(leaders)
+
+
 def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 64,
               large_bytes: int = 16 << 20, repeats: int = 3, install: bool = True,
               reuse: bool = False, store: bool = True) -> CostTable:
     """Measure alpha and beta of every primitive on the running machine (collective).
 
     Runs each collective on WORLD at two sizes (best of ``repeats``), takes the
-    slowest rank's time, and fits ``alpha * rounds + beta * factor * bytes``. The
+    slowest rank's time, and fits ``alpha * rounds + beta * factor * bytes``; on a job
+    that spans hosts, inside the first host and across hosts apart (module docstring). The
     result is the same on every rank. ``device_types``: ``"cpu"`` and, where every
     rank has a GPU, ``"cuda"`` by default; parameters not measured are kept from the
     current table. With ``install`` the table is used by boxing from now on. Device
@@ -151,7 +199,11 @@ def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 6
             return found  # type: ignore[no-any-return]
     old = get_cost_table()
     p = comm.WORLD.size
+    topo = job_topology()
+    inside, across = _measured_groups(topo)
     params = {"cpu": old.host, "cuda": old.device}
+    network = old.network
+    sizes = (small_bytes, large_bytes)
     for dt in device_types:
         xp = backend.get_xp(dt)
 
@@ -159,21 +211,18 @@ def calibrate(device_types: Sequence[str] | None = None, *, small_bytes: int = 6
             if xp is not np:
                 backend.synchronize()
 
-        times = np.zeros((len(PRIMITIVES), 2, 2), dtype=np.float64)
-        for k, prim in enumerate(PRIMITIVES):
-            for s, nb in enumerate((small_bytes, large_bytes)):
-                times[k, s] = _measure(prim, nb, xp, repeats * (4 if s == 0 else 1), sync)
-        comm.all_reduce(times, comm.ReduceOp.MAX)  # slowest rank; identical everywhere
-        cur = params[dt]
-        new = {prim: _fit(prim, p, Sample(*times[k, 0]), Sample(*times[k, 1]), cur.get(prim))
-               for k, prim in enumerate(PRIMITIVES)}
-        params[dt] = DeviceCosts(**new, step=cur.step)
+        params[dt] = _fitted(inside, PRIMITIVES, xp, sync, sizes, repeats, params[dt])
+        if topo is not None and dt == "cpu":
+            network = _fitted(across, [q for q in PRIMITIVES if q != "copy"], xp, sync,
+                              sizes, repeats, old.network_costs)
     from ..comm.gpu import gpu_transport
 
     gpu = f", GPU transport {gpu_transport().name}" if "cuda" in device_types else ""
+    where = f" on {topo.count} hosts" if topo is not None else ""
     table = CostTable(params["cpu"], params["cuda"],
-                      source=f"calibrated on {p} rank{'s' if p != 1 else ''} "
-                             f"({', '.join(device_types)}{gpu})")
+                      source=f"calibrated on {p} rank{'s' if p != 1 else ''}{where} "
+                             f"({', '.join(device_types)}{gpu})",
+                      network=network, topology=topo)
     if install:
         set_cost_table(table)
     if store and comm.WORLD.rank == 0:

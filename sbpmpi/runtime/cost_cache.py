@@ -4,7 +4,9 @@ Measured tables (:func:`sbpmpi.runtime.calibrate.calibrate`) are kept in a cache
 setting :data:`sbpmpi.config.cost_cache`, ``$SBPMPI_COST_CACHE``; else
 ``$XDG_CACHE_HOME/sbpmpi/cost-tables.json`` or ``~/.cache/sbpmpi/cost-tables.json``;
 ``off`` disables it), one entry per :func:`cache_key`: host, MPI library, GPU, GPU
-transport and number of ranks. The cost table in use (:mod:`.cost_table`) reads the
+transport and number of ranks (and of hosts, for a job that spans several). An entry
+holds a row per kind of link: ``cpu`` and ``cuda`` (inside a host) and, measured on a
+job across hosts, ``network`` (between hosts). The cost table in use (:mod:`.cost_table`) reads the
 cached device row at start (:func:`cached_device_row`); calibration writes entries.
 """
 
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 
 from .. import backend, comm, config
 from ..boxing.cost import AlphaBeta, CostTable, DeviceCosts
+from ..comm import world
 from ..comm.gpu import gpu_transport
 from ..comm.info import library_name
 
@@ -52,10 +55,13 @@ def _gpu_name() -> str:
 
 
 def cache_key(world_size: int | None = None) -> str:
-    """``host | MPI library | GPU | GPU transport | N ranks`` of this process."""
+    """``host | MPI library | GPU | GPU transport | N ranks`` of this process
+    (``N ranks on K hosts`` for a job that spans hosts)."""
     p = comm.WORLD.size if world_size is None else world_size
+    k = world.get_node_count() if world_size is None else 1
+    ranks = f"{p} ranks" + (f" on {k} hosts" if k > 1 else "")
     return " | ".join([socket.gethostname(), library_name(), _gpu_name(),
-                       f"transport {gpu_transport().name}", f"{p} ranks"])
+                       f"transport {gpu_transport().name}", ranks])
 
 
 def read_cache(path: str | None = None) -> dict[str, Any]:
@@ -79,8 +85,10 @@ def costs_from(d: dict[str, Any]) -> DeviceCosts:
 
 def table_from(entry: dict[str, Any], key: str) -> CostTable:
     """The :class:`CostTable` of the cache entry ``entry`` stored under ``key``."""
+    net = entry.get("network")
     return CostTable(costs_from(entry["cpu"]), costs_from(entry["cuda"]),
-                     source=f"cached {entry.get('measured', '')}: {entry.get('source', key)}")
+                     source=f"cached {entry.get('measured', '')}: {entry.get('source', key)}",
+                     network=costs_from(net) if net else None)
 
 
 def write_cache_entry(key: str, table: CostTable, path: str | None = None) -> str | None:
@@ -92,6 +100,8 @@ def write_cache_entry(key: str, table: CostTable, path: str | None = None) -> st
     doc[key] = {"cpu": asdict(table.host), "cuda": asdict(table.device),
                 "source": table.source,
                 "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if table.network is not None:
+        doc[key]["network"] = asdict(table.network)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -5,7 +5,10 @@ Until a table is installed (:func:`set_cost_table`, or :func:`sbpmpi.runtime.cal
 the GPU transport in use (:data:`sbpmpi.boxing.cost.GPU_TRANSPORT_COSTS`), or, on a
 single-node job, the device row cached by an earlier calibration on this machine. The
 transport is decided from the environment and the MPI library only, so every rank gets
-the same table. :func:`version` changes whenever the table in use may have changed (a
+the same table. Where the job spans hosts, a table without a topology is used with the
+job's (:func:`sbpmpi.env.topology`, the same on every rank) and, unless it has one, the
+default network row: the planner then costs the links between hosts and considers
+hierarchical plans. :func:`version` changes whenever the table in use may have changed (a
 table installed; the settings ``gpu_transport``, ``cuda_aware`` or ``cost_cache``
 changed): plan caches key on it.
 """
@@ -13,11 +16,12 @@ changed): plan caches key on it.
 from __future__ import annotations
 
 from .. import backend, config
-from ..boxing.cost import DEFAULT_TABLE, CostTable, table_for_transport
+from ..boxing.cost import DEFAULT_TABLE, CostTable, Topology, table_for_transport
+from ..comm import world
 from ..comm.gpu import gpu_transport
 from .cost_cache import cached_device_row
 
-__all__ = ["get_cost_table", "set_cost_table", "version"]
+__all__ = ["get_cost_table", "set_cost_table", "version", "job_topology"]
 
 _version = 0
 
@@ -52,11 +56,29 @@ def _default_table() -> CostTable:
     return hit
 
 
+def job_topology() -> Topology | None:
+    """The hosts of this job's ranks, or None when it runs on one host."""
+    nodes = world.topology()
+    return Topology(nodes) if max(nodes) > 0 else None
+
+
+_placed: dict[CostTable, CostTable] = {}
+
+
+def _on_job_hosts(table: CostTable) -> CostTable:
+    """``table`` with this job's topology where it spans hosts and ``table`` has none."""
+    if table.topology is not None:
+        return table
+    hit = _placed.get(table)
+    if hit is None:
+        topo = job_topology()
+        hit = _placed[table] = table if topo is None else table.with_topology(topo)
+    return hit
+
+
 def get_cost_table() -> CostTable:
     """The table in use."""
-    if _installed:
-        return _current
-    return _default_table()
+    return _on_job_hosts(_current if _installed else _default_table())
 
 
 def set_cost_table(table: CostTable | None) -> CostTable:
@@ -70,6 +92,7 @@ def set_cost_table(table: CostTable | None) -> CostTable:
     prev = get_cost_table()
     _current, _installed = (DEFAULT_TABLE if table is None else table), table is not None
     _auto.clear()
+    _placed.clear()
     _version += 1
     return prev
 
@@ -78,6 +101,7 @@ def _forget_defaults(_: object) -> None:
     """The GPU transport or the cache file may have changed: so may the default table."""
     global _version
     _auto.clear()
+    _placed.clear()
     _version += 1
 
 

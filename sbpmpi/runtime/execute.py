@@ -26,6 +26,7 @@ from ..comm.mpi_library import max_count
 from ..core.layout import Layout, balanced_range, empty_shape
 from ..core.reduction import REDUCTIONS, identity_value, reduction
 from ..core.sbp import Partial, Split
+from . import hierarchical
 
 __all__ = ["Program", "compile_plan", "TAG", "AxisSetup", "Receive", "Send", "LocalCopy", "Moves",
            "rank_moves", "run_moves"]
@@ -175,6 +176,15 @@ def _axis_setup(st: Step, me: int) -> AxisSetup | None:
     return AxisSetup(xp, group, group.size, group.ranks.index(me))
 
 
+def _host_groups(st: Step, me: int, group: comm.Group) -> hierarchical.HostGroups | None:
+    """For a hierarchical step (``st.hosts``), this rank's communicators inside its host
+    and across hosts; None for a flat step."""
+    if not st.hosts:
+        return None
+    i = st.groups.index(group.ranks)
+    return hierarchical.host_groups(group.ranks, st.hosts[i], me)
+
+
 def _extents(layout: Layout, ranks: Sequence[int], dim: int) -> list[int]:
     """Extent along ``dim`` of each rank's block (the blocks of a group, in group order)."""
     return [layout.local_shape(r)[dim] for r in ranks]
@@ -194,9 +204,12 @@ def _all_gather(st: Step, me: int) -> Fn | None:
     counts = _counts(out_shape, d, sizes)
     even = len(set(counts)) == 1
     direct = math.prod(out_shape[:d]) <= 1
+    hier = _host_groups(st, me, group)
 
     def gather(out_flat: Any, src: Any) -> None:
-        if even:
+        if hier is not None:
+            hierarchical.all_gather_v(xp, out_flat, src.reshape(-1), counts, hier)
+        elif even:
             comm.all_gather(out_flat, src.reshape(-1), group)
         else:
             comm.all_gather_v(out_flat, src.reshape(-1), counts, None, group)
@@ -222,11 +235,15 @@ def _all_reduce(st: Step, me: int) -> Fn | None:
     xp, group, _, _ = s
     assert isinstance(st.frm, Partial)
     op = _REDUCE[st.frm.op]
+    hier = _host_groups(st, me, group)
 
     def run(a: Any) -> Any:
         out = backend.empty(xp, a.shape, a.dtype)  # comm reduces in place; the input stays
         out[...] = a
-        comm.all_reduce(out, op, group)
+        if hier is not None:
+            hierarchical.all_reduce(xp, out.reshape(-1), op, hier)
+        else:
+            comm.all_reduce(out, op, group)
         return out
 
     return run
@@ -258,6 +275,7 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     n_send = sum(send_counts) if not direct else sum(counts)
     n_recv = sum(recv_counts)
     large = sum(counts)
+    hier = _host_groups(st, me, group)
 
     def whole(a: Any) -> Any:
         src = _contiguous(xp, a)
@@ -266,7 +284,10 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
             _pack(src, d, sizes, tmp)
             src = tmp
         out = backend.empty(xp, out_shape, src.dtype)
-        if even:
+        if hier is not None:
+            hierarchical.reduce_scatter_v(xp, out.reshape(-1), src.reshape(-1), counts, op,
+                                          hier)
+        elif even:
             comm.reduce_scatter(out.reshape(-1), src.reshape(-1), op, group)
         else:
             comm.reduce_scatter_v(out.reshape(-1), src.reshape(-1), counts, op, group)
@@ -274,7 +295,7 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
 
     def run(a: Any) -> Any:
         dt = a.dtype
-        if large * dt.itemsize < OWN_BLOCK_BYTES:
+        if hier is not None or large * dt.itemsize < OWN_BLOCK_BYTES:
             return whole(a)
         if direct:
             sbuf = _contiguous(xp, a).reshape(-1)

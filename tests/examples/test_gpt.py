@@ -103,6 +103,23 @@ def test_layout_losses_equal_the_numpy_reference(layout):
     assert same_on_every_rank(run.sample) and len(run.sample) == 6
 
 
+@pytest.mark.mpi(min_size=2)
+def test_2d_keeps_tensor_parallelism_inside_a_host_and_data_parallelism_across_hosts():
+    """Across hosts filled in rank order by pairs (``run_tests.py --hosts 2``: 2 x 2), each
+    row of the 2d mesh (the tensor axis) lies on one host and its data axis crosses hosts,
+    so the layer's all-reduces stay on shared memory; the losses are checked above."""
+    nodes = [sm.env.node_of(r) for r in range(size)]
+    if size % 2 or sm.env.get_node_count() < 2 or nodes != sorted(nodes) or any(
+            nodes.count(k) % 2 for k in set(nodes)):
+        pytest.skip(f"needs hosts of an even number of ranks each, in rank order; "
+                    f"the ranks' hosts are {nodes}")
+    mesh = train_gpt.gpt_layout("2d").placement.ranks
+    assert mesh.shape == (size // 2, 2)
+    for row in mesh.tolist():  # tensor axis: one host
+        assert len({nodes[r] for r in row}) == 1, (row, nodes)
+    assert len({nodes[r] for r in mesh[:, 0].tolist()}) == sm.env.get_node_count()
+
+
 @pytest.mark.mpi(min_size=1)
 def test_reference_check_notices_a_different_training():
     """The comparison is not vacuous: a reference with another learning rate differs."""

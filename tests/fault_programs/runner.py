@@ -4,11 +4,18 @@ Used by the serial tests in tests/faults/test_faults.py and
 tests/checkpoint/test_save_and_load.py (and others): the job must end by itself; if it
 does not within ``timeout`` seconds, MPIEXEC_TIMEOUT makes the launcher kill it, and
 failing that the whole process group is killed here.
+
+The program gets this environment without the ``SBPMPI_*`` settings (a test names the
+ones it wants), except where to launch: ``SBPMPI_MPIEXEC`` picks the ``mpiexec`` and
+``SBPMPI_MPIEXEC_ARGS`` is added to its command line (so that the cluster of hosts of
+``run_tests.py --hosts`` places the ranks on several hosts), and ``SBPMPI_COST_CACHE``
+(the tests never write the user's cost cache).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,7 +38,15 @@ class Result:
         return f"exit code {self.rc} after {self.seconds:.1f} s; output:\n{self.out}"
 
 
+# settings passed on to the programs: where and how to launch, and the test cache setting
+PASSED_ON = ("SBPMPI_MPIEXEC", "SBPMPI_MPIEXEC_ARGS", "SBPMPI_COST_CACHE")
+
+
 def mpiexec() -> str | None:
+    """``$SBPMPI_MPIEXEC``, else ``mpiexec`` (or ``mpirun``) on PATH."""
+    given = os.environ.get("SBPMPI_MPIEXEC")
+    if given:
+        return shutil.which(given)
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
@@ -44,14 +59,15 @@ def run_mpi(n: int, program: str, *args: str, env: dict[str, str] | None = None,
     """
     exe = mpiexec()
     assert exe is not None, "no mpiexec on PATH"
-    e = {k: v for k, v in os.environ.items() if not k.startswith("SBPMPI_")}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SBPMPI_") or k in PASSED_ON}
     e.update({
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
         "MPIEXEC_TIMEOUT": str(max(5, int(timeout) - 5)),
     })
     e.update(env or {})
-    cmd = [exe, "-n", str(n), sys.executable, *python_args, str(HERE / program), *args]
+    launch = shlex.split(os.environ.get("SBPMPI_MPIEXEC_ARGS", ""))
+    cmd = [exe, "-n", str(n), *launch, sys.executable, *python_args, str(HERE / program), *args]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e,
                          cwd=str(ROOT), start_new_session=True, text=True)

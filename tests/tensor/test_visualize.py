@@ -31,9 +31,10 @@ def ref_ranges(shape, mesh, nd_sbp, coord):
 
 
 def parse_grid(text):
-    """{(row range, col range): set of ranks} from a rendered 1-D or 2-D grid."""
+    """{(row range, col range): set of ranks} from a rendered 1-D or 2-D grid (host
+    boundaries, ``#`` and ``=``, read as the other borders)."""
     lines = text.splitlines()
-    sep_rows = [i for i, line in enumerate(lines) if re.fullmatch(r"\s*\+[-+]+\+", line)]
+    sep_rows = [i for i, line in enumerate(lines) if re.fullmatch(r"\s*\+[-=+]+\+", line)]
     header = lines[sep_rows[0] - 1]
     cols = [tuple(map(int, m.split(":"))) for m in re.findall(r"\d+:\d+", header)]
     cells = {}
@@ -42,7 +43,7 @@ def parse_grid(text):
         label, _, body = row.partition("|")
         m = re.search(r"(\d+):(\d+)", label)
         rr = (int(m.group(1)), int(m.group(2))) if m else None
-        parts = body.rstrip().rstrip("|").split("|")
+        parts = re.split(r"[|#]", body.rstrip().rstrip("|"))
         assert len(parts) == len(cols), row
         for c, cell in zip(cols, parts):
             cells[(rr, c)] = cell.strip()
@@ -129,6 +130,29 @@ def test_other_ranks_of_dims_are_listed_not_drawn():
     assert "[1:2, 0:3, 0:2]  held by 2" in text
     scalar = render(Layout.make((), Placement("cpu", [0, 1], world_size=2), B))
     assert "scalar held by 0,1" in scalar
+
+
+def test_host_boundaries_are_marked():
+    pl = Placement("cpu", [0, 1, 2, 3], world_size=4)
+    text = render(Layout.make((10,), pl, S(0)), nodes=(0, 0, 1, 1))
+    assert "hosts: node 0 ranks 0,1; node 1 ranks 2,3" in text
+    assert "|  0  |  1  #  2  |  3   |" in text
+    assert {k: ranks_in(v) for k, v in parse_grid(text).items()} == {
+        (None, (0, 3)): [0], (None, (3, 6)): [1], (None, (6, 8)): [2], (None, (8, 10)): [3]}
+    mesh = Placement("cpu", [[0, 1], [2, 3]], world_size=4)
+    rows = render(Layout.make((4, 6), mesh, (S(0), S(1))), nodes=(0, 0, 1, 1)).splitlines()
+    assert rows[rows.index(next(r for r in rows if r.lstrip().startswith("0:2"))) + 1] \
+        .strip() == "+=====+=====+"
+    cols = render(Layout.make((4, 6), mesh, (S(1), S(0))), nodes=(0, 0, 1, 1))
+    assert "|  0  #  2  |" in cols and "|  1  #  3  |" in cols
+    # copies on both hosts: no boundary between blocks held on the same hosts
+    both = render(Layout.make((4, 6), mesh, (B, S(0))), nodes=(0, 0, 1, 1))
+    grid = [r for r in both.splitlines()[2:] if r.lstrip().startswith(("+", "0:", "2:"))]
+    assert grid and not any("#" in r or "=" in r for r in grid), both
+    # one host, or no topology: nothing marked
+    for nodes in ((0, 0, 0, 0), None):
+        one = render(Layout.make((10,), pl, S(0)), nodes=nodes)
+        assert "hosts:" not in one and "#" not in one
 
 
 def test_visualize_checks_its_arguments():

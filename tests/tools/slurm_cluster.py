@@ -42,6 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "scontrol", "scancel")
@@ -95,6 +96,7 @@ class SlurmCluster:
     cpus: int
     gpus: int  # stand-in GPUs (gres/gpu), 0 where they could not be made
     env: dict[str, str]
+    nodes: list[str] = field(default_factory=list)  # every node's name (``node``: the first)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -132,8 +134,8 @@ class SlurmCluster:
 
     def logs(self, lines: int = 20) -> str:
         out = []
-        for name in ("slurmctld.log", "slurmd.log", "munged.log"):
-            f = self.root / name
+        for f in [self.root / "slurmctld.log", *sorted(self.root.glob("slurmd-*.log")),
+                  self.root / "munged.log"]:
             if f.exists():
                 tail = f.read_text(errors="replace").splitlines()[-lines:]
                 out.append(f"\n----- {f} (last lines) -----\n" + "\n".join(tail))
@@ -175,16 +177,29 @@ def _stand_in_gpus(where: Path, n: int) -> int:
     return n
 
 
-def _conf(root: Path, node: str, cpus: int, gpus: int, mem_mb: int, ports: list[int]) -> str:
+@dataclass(frozen=True)
+class SlurmNode:
+    """A node of the cluster: its name (the host's name), address, and the command prefix
+    that runs its ``slurmd`` (empty: on this machine)."""
+
+    name: str
+    address: str
+    prefix: tuple[str, ...] = ()
+
+
+def _conf(root: Path, ctld: SlurmNode, nodes: Sequence[SlurmNode], cpus: int, gpus: int,
+          mem_mb: int, ports: list[int]) -> str:
     gres = f" Gres=gpu:{gpus}" if gpus else ""
+    node_lines = "\n".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} "
+                            f"RealMemory={mem_mb}{gres} State=UNKNOWN" for n in nodes)
     first_job_id = random.SystemRandom().randrange(1_000_000, 60_000_000, 1000)
     return f"""\
-# one-node cluster written by tests/tools/slurm_cluster.py
+# cluster written by tests/tools/slurm_cluster.py
 ClusterName=sbpmpitest
 # job ids unlike an earlier cluster's: MPICH names its shared memory after the PMI job id
 # and an aborted job leaves it in /dev/shm, which would break a later job of the same id
 FirstJobId={first_job_id}
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={ctld.name}({ctld.address})
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
 SlurmUser=root
@@ -193,11 +208,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge.socket
 StateSaveLocation={root}/ctld
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 SlurmdParameters=config_overrides
@@ -215,15 +230,20 @@ KillWait=5
 MinJobAge=600
 InactiveLimit=0
 GresTypes=gpu
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb}{gres} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=60 State=UP
+{node_lines}
+PartitionName=debug Nodes={",".join(n.name for n in nodes)} Default=YES MaxTime=60 State=UP
 """
 
 
-def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
-    """Start a private one-node cluster of ``cpus`` CPUs (default: this machine's, at least
+def start(cpus: int | None = None, timeout: float = 60, hosts: Any = None) -> SlurmCluster:
+    """Start a private cluster of ``cpus`` CPUs a node (default: this machine's, at least
     4); raise RuntimeError (with the daemons' logs) if it does not come up within
-    ``timeout`` seconds. Use as a context manager to stop it."""
+    ``timeout`` seconds. Use as a context manager to stop it.
+
+    One node, this machine, by default. ``hosts``: a running ``hosts_cluster.HostsCluster``
+    (tests/hosts_cluster.py): a node per host, its ``slurmd`` inside the host's namespaces
+    and named after it, ``slurmctld`` on this machine at the hosts' bridge address.
+    """
     why = unavailable()
     if why:
         raise RuntimeError(why)
@@ -236,9 +256,19 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     node = socket.gethostname().split(".")[0]
+    if hosts is None:
+        ctld = SlurmNode(node, "127.0.0.1")
+        nodes = [ctld]
+    else:  # the hosts reach this machine at the bridge's address
+        ctld = SlurmNode(node, hosts.subnet.rsplit(".", 1)[0] + ".1")
+        nodes = [SlurmNode(h.name, h.address, tuple(h.prefix_keeping_mounts()))
+                 for h in hosts.hosts]
+    for n in nodes:
+        (root / "spool" / n.name).mkdir()
     cpus = cpus or max(os.cpu_count() or 1, 4)
     gpus = _stand_in_gpus(root / "dev", cpus)
-    (root / "slurm.conf").write_text(_conf(root, node, cpus, gpus, _memory_mb(), _free_ports(2)))
+    (root / "slurm.conf").write_text(_conf(root, ctld, nodes, cpus, gpus, _memory_mb(),
+                                           _free_ports(2)))
     py_bin = os.path.dirname(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_",
                                                                     "SALLOC_", "SRUN_"))}
@@ -248,7 +278,7 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
     env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", ""), "/usr/sbin", "/usr/bin"])
     if (Path(py_bin).parent / "pyvenv.cfg").exists():
         env["VIRTUAL_ENV"] = str(Path(py_bin).parent)
-    c = SlurmCluster(root, node, cpus, gpus, env)
+    c = SlurmCluster(root, nodes[0].name, cpus, gpus, env, nodes=[n.name for n in nodes])
     daemons = [
         ("munged", [_which("munged") or "munged", "--foreground", "--force",
                     f"--socket={root}/munge.socket", f"--key-file={key}",
@@ -256,8 +286,8 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
                     f"--seed-file={root}/munge/munged.seed"]),
         ("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-c", "-i",
                        "-f", str(c.conf)]),
-        ("slurmd", [_which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(c.conf)]),
-    ]
+    ] + [(f"slurmd-{n.name}", [*n.prefix, _which("slurmd") or "slurmd", "-D", "-N", n.name,
+                               "-f", str(c.conf)]) for n in nodes]
     try:
         for name, cmd in daemons:
             with open(root / f"{name}.stdout", "wb") as out:
@@ -267,7 +297,8 @@ def start(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
                                                  preexec_fn=_die_with_parent)
             if name == "munged":
                 _wait_for(lambda: (root / "munge.socket").exists(), 10, "munged's socket", c)
-        _wait_for(lambda: _node_idle(c), timeout, f"node {node} to be idle", c)
+        _wait_for(lambda: _node_idle(c), timeout,
+                  f"node{'s' if len(nodes) > 1 else ''} {', '.join(c.nodes)} to be idle", c)
     except BaseException:
         c.stop()
         raise
@@ -287,7 +318,7 @@ def _die_with_parent() -> None:
 
 def _node_idle(c: SlurmCluster) -> bool:
     p = c.run(["sinfo", "-h", "-N", "-o", "%t"], check=False, timeout=10)
-    return p.returncode == 0 and p.stdout.strip() == "idle"
+    return p.returncode == 0 and p.stdout.split() == ["idle"] * len(c.nodes)
 
 
 def _wait_for(cond, timeout: float, what: str, c: SlurmCluster) -> None:

@@ -92,3 +92,21 @@ def test_the_docs_mpiexec_args_examples_are_accepted(tmp_path, example):
                        timeout=60, env=dict(os.environ, SBPMPI_MPIEXEC_ARGS=""))
     assert r.returncode == 0, r.stderr
     assert f" -n 2 {example} " in r.stdout.splitlines()[-1]
+
+
+def test_hosts_runs_the_files_given_and_the_tests_of_the_hosts_at_1_2_3_ranks_per_host(tmp_path):
+    import hosts_cluster
+
+    why = hosts_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    r, calls = run_tests(tmp_path, MPICH, ["--hosts", "2", "--", "tests/comm/test_world.py",
+                                           "tests/ops/test_every_op.py", "-x"])
+    assert r.returncode != 0  # the stand-in runs no test: no JUnit file, never green
+    runs = [(c["argv"][c["argv"].index("-n") + 1], c["argv"][c["argv"].index("-ppn") + 1],
+             [x for x in c["argv"] if x.startswith("tests/") or x == "-x"]) for c in calls]
+    assert runs == [("4", "2", ["tests/comm/test_world.py", "tests/ops/test_every_op.py", "-x"]),
+                    ("2", "1", ["tests/comm/test_world.py", "-x"]),
+                    ("6", "3", ["tests/comm/test_world.py", "-x"])], (runs, r.stdout)
+    assert all("-hosts" in c["argv"] and "-launcher-exec" in c["argv"] for c in calls), calls
+    assert "hosts: sbh" in r.stdout and "2x1 mpi" in r.stdout, r.stdout
