@@ -291,10 +291,9 @@ class ScheduleInterleaved1F1B(_Schedule):
     def _placements(self) -> list[Placement]:
         n = len(self.stages)
         ps: list[Placement] = []
-        for s in self.stages:
-            if s.placement in ps:
-                break
-            ps.append(s.placement)
+        for s in self.stages:  # the distinct placements, in their first stages' order
+            if s.placement not in ps:
+                ps.append(s.placement)
         p = len(ps)
         name = type(self).__name__
         if n % p:
