@@ -31,6 +31,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_v] = "1"
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -183,6 +184,8 @@ def main() -> None:
     n = sm.env.get_world_size()
     if a.pp * a.dp != n:
         raise SystemExit(f"bench_pipeline: pp {a.pp} x dp {a.dp} must be the world size {n}")
+    if a.picture and importlib.util.find_spec("matplotlib") is None:  # alike on every rank
+        raise SystemExit("bench_pipeline: --picture needs matplotlib: pip install 'sbpmpi[plot]'")
     sm.config.update(check=False)
     rows = []
     torch_ok = not a.no_torch and a.dp == 1

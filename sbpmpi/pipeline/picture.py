@@ -54,7 +54,10 @@ def plot_schedule(intervals: Sequence[Interval], path: str, title: str = "",
     """Draw one row per stage (or ``row_of`` row): forwards in blue, backwards in green,
     each labelled with its micro-batch, waits hatched; save to ``path`` (matplotlib) and
     return the bubble fraction shown in the title."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("plot_schedule needs matplotlib: pip install 'sbpmpi[plot]'") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
