@@ -219,3 +219,28 @@ def test_interleaved_needs_stages_round_the_placements():
               for i, layer in enumerate(model)]
     kind, msg = errors_of(lambda: ScheduleInterleaved1F1B(stages, 2, mse))
     assert kind == "ValueError" and "stage 1 must live on placement 1" in msg
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("src_sbp, dst_sbp", [((B,), (B,)), ((S(0),), (S(1),)),
+                                              ((S(1),), (B,))])
+def test_a_transfer_between_placements_is_posted_then_waited(src_sbp, dst_sbp):
+    """runtime.start_redistribute of a point-to-point conversion (two placements): the
+    messages are posted (isend/irecv in the trace) and wait() gives the
+    shard redistribute gives; ranks outside both get an empty shard."""
+    from sbpmpi.runtime import redistribute, start_redistribute
+
+    a, b = lines(2)
+    value = np.arange(7 * 5, dtype=np.float64).reshape(7, 5)
+    x = sm.tensor(value, placement=a, sbp=src_sbp)
+    dst = sm.layout.Layout.make((7, 5), b, dst_sbp)
+    with sm.trace() as t:
+        pending = start_redistribute(x.to_local(), x.layout, dst, x.dtype)
+    posted = comm.allgather(sum(1 for r in t if r.op in ("isend", "irecv")))
+    got = pending.wait()  # every rank reaches its wait, whatever the assertions below say
+    want = redistribute(x.to_local(), x.layout, dst, x.dtype)
+    assert all(posted[r] for r in b.rank_list)  # started there, not waited for
+    assert not any(posted[r] for r in range(size) if r not in a and r not in b)
+    np.testing.assert_array_equal(got, want)
+    y = sm.GlobalTensor(got, dst, x.dtype)
+    np.testing.assert_array_equal(y.numpy(), value)
