@@ -345,7 +345,8 @@ def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--layout", default="dp", choices=["dp", "tp", "sp", "2d"])
+    ap.add_argument("--layout", default="dp", choices=["dp", "tp", "sp", "2d", "pp", "3d"],
+                    help="pp, 3d: pipeline stages on a dp x pp x tp mesh (gpt_pipeline.py)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--dim", type=int, default=32)
@@ -370,6 +371,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="compare every loss with the NumPy reference (needs --dropout 0)")
     ap.add_argument("--compare-dp", action="store_true",
                     help="train a dp copy too and compare every loss")
+    ap.add_argument("--pp", type=int, default=2, help="pp, 3d: pipeline placements")
+    ap.add_argument("--tp", type=int, default=1, help="3d: the tensor-parallel axis's size")
+    ap.add_argument("--microbatches", type=int, default=4, help="pp, 3d: micro-batches")
+    ap.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
+    ap.add_argument("--virtual", type=int, default=2,
+                    help="interleaved: stages per pipeline placement")
     return ap.parse_args(argv)
 
 
@@ -386,6 +393,9 @@ class Run:
 def train(args: argparse.Namespace, verbose: bool = False) -> Run:
     """Train as the command line says; compare with the reference and/or a ``dp`` copy."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpt_reference.py
+    if args.layout in ("pp", "3d"):  # pipeline stages: gpt_pipeline.py
+        import gpt_pipeline
+        return gpt_pipeline.train(args, verbose)
     from gpt_reference import NumpyGPT
 
     if args.check and args.dropout:

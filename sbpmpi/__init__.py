@@ -63,6 +63,7 @@ _SUBMODULES: dict[str, str] = {
     "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
     "array_api": "sbpmpi.array_api",  # the Array API namespace (x.__array_namespace__())
     "linalg": "sbpmpi.linalg",  # linear algebra at the size of the data (lstsq, cg, ...)
+    "pipeline": "sbpmpi.pipeline",  # pipeline stages on placements and their schedules
     "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 

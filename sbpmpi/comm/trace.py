@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["CommRecord", "Mark", "Trace", "trace", "record", "record_agreement", "mark",
-           "next_seq"]
+__all__ = ["CommRecord", "Mark", "Interval", "Trace", "trace", "record", "record_agreement",
+           "mark", "record_interval", "next_seq"]
 
 # One counter for the records and marks of every trace: their order within a trace.
 _seq = itertools.count()
@@ -91,19 +91,41 @@ class Mark:
     seq: int = field(default_factory=next_seq, compare=False)
 
 
+@dataclass(frozen=True)
+class Interval:
+    """A span of time on this rank that a layer above names: a pipeline stage's
+    ``"forward"``, ``"backward"``, ``"send"`` (starting a transfer to the next or previous
+    stage) or ``"wait"`` (blocked until a transfer has arrived) of one micro-batch.
+
+    ``start`` and ``end`` are ``time.perf_counter()`` seconds on this rank.
+    """
+
+    kind: str
+    stage: int
+    microbatch: int
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
 class Trace:
     """The records collected by one ``with trace():`` block, in call order.
 
     ``records`` holds the comm calls; ``agreements`` the agreement exchanges (op
     ``"agreement"``: a 16-byte fingerprint or verdict all-reduce; ``"agreement_gather"``
     and ``"agreement_broadcast"``: the descriptions or a root's verdict), not counted by
-    ``len``, ``count`` and the others.
+    ``len``, ``count`` and the others. ``intervals`` holds the timed spans of the layers
+    above (:class:`Interval`: ``sm.pipeline``'s forward, backward, send and wait).
     """
 
     def __init__(self) -> None:
         self.records: list[CommRecord] = []
         self.agreements: list[CommRecord] = []
         self.marks: list[Mark] = []
+        self.intervals: list[Interval] = []
 
     def __len__(self) -> int:
         return len(self.records)
@@ -139,6 +161,7 @@ class Trace:
         self.records.clear()
         self.agreements.clear()
         self.marks.clear()
+        self.intervals.clear()
 
     def events(self) -> list[CommRecord | Mark]:
         """The records and marks merged in program order (by ``seq``)."""
@@ -192,6 +215,12 @@ def mark(text: str) -> None:
     m = Mark(text)
     for t in ACTIVE:
         t.marks.append(m)
+
+
+def record_interval(iv: Interval) -> None:
+    """Append ``iv`` to every active trace's ``intervals``."""
+    for t in ACTIVE:
+        t.intervals.append(iv)
 
 
 def record_agreement(rec: CommRecord) -> None:

@@ -70,6 +70,23 @@ class Program:
             return np.empty(self.out_shape, dtype=local.dtype)
         return a
 
+    def start(self, local: Any) -> Callable[[], Any] | None:
+        """Post the messages of a program whose only step on this rank is point-to-point
+        (``send_recv``) and return the function that waits and returns the new shard;
+        None for any other program (run it by calling it)."""
+        if len(self.fns) != 1 or not isinstance(self.fns[0], StartableFn):
+            return None
+        finish = self.fns[0].start(local)
+        if self.member:
+            return finish
+        shape, dtype = self.out_shape, local.dtype
+
+        def finish_empty() -> Any:
+            finish()
+            return np.empty(shape, dtype=dtype)
+
+        return finish_empty
+
 
 def compile_plan(plan: Plan, me: int) -> Program:
     """Compile ``plan`` for world rank ``me`` (creates the communicators it needs)."""
@@ -557,12 +574,35 @@ def rank_moves(transfers: Sequence[Transfer], me: int, src_box: Box | None,
     return Moves(tuple(receives), tuple(sends), tuple(copies))
 
 
+class MovesInFlight(NamedTuple):
+    """The messages of :func:`start_moves` in flight, and the scratch blocks to copy into
+    place once they have arrived."""
+
+    works: tuple[comm.Work, ...]
+    later: tuple[_Scratch, ...]
+    bufs: Sequence[Any]
+
+    def finish(self) -> None:
+        """Wait for every message, then copy the scratch blocks into place."""
+        for w in self.works:
+            w.wait()
+        for sc in self.later:
+            self.bufs[sc.slot][sc.at] = sc.buf
+
+
 def run_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: Any,
               out_type: str, same_type: bool) -> None:
     """Send the blocks of ``a`` (arrays of ``xp_in``) and receive into ``bufs`` (one per
     slot, arrays of ``xp_out`` on device type ``out_type``): non-blocking messages of at
     most ``MAX_COUNT`` elements, local blocks copied while they travel. ``same_type``: the
     input already is of ``out_type``."""
+    start_moves(moves, a, bufs, xp_in, xp_out, out_type, same_type).finish()
+
+
+def start_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: Any,
+                out_type: str, same_type: bool) -> MovesInFlight:
+    """:func:`run_moves` without its wait: the messages are posted and the local blocks
+    copied; ``finish()`` on the result completes it (``a`` must not be written before)."""
     dt = a.dtype
     works: list[comm.Work] = []
     later: list[_Scratch] = []
@@ -580,10 +620,7 @@ def run_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: Any
             works.append(comm.isend(piece, sd.peer, TAG))
     for cp in moves.copies:
         bufs[cp.slot][cp.dst_at] = _on_device_type(a[cp.src_at], same_type, out_type)
-    for w in works:
-        w.wait()
-    for sc in later:
-        bufs[sc.slot][sc.at] = sc.buf
+    return MovesInFlight(tuple(works), tuple(later), bufs)
 
 
 def _send_recv(st: Step, me: int) -> Fn | None:
@@ -610,7 +647,7 @@ def _send_recv(st: Step, me: int) -> Fn | None:
         ufunc = reduction(red).ufunc_of(xp2)
     ndim = len(dst.shape)
 
-    def run(a: Any) -> Any:
+    def start(a: Any) -> Callable[[], Any]:
         dt = a.dtype
         bufs: list[Any] = []
         out = None
@@ -620,15 +657,34 @@ def _send_recv(st: Step, me: int) -> Fn | None:
             else:
                 out = backend.empty(xp2, out_shape, dt)
             bufs = [out] + [backend.empty(xp2, out_shape, dt) for _ in range(nslots - 1)]
-        run_moves(moves, a, bufs, xp1, xp2, t2, same_type)
-        if ufunc is not None:
-            for b in bufs[1:]:
-                ufunc(out, b, out=out)
-        if out is None:
-            return np.empty(empty_shape(ndim), dtype=dt)
-        return out
+        flight = start_moves(moves, a, bufs, xp1, xp2, t2, same_type)
 
-    return run
+        def finish() -> Any:
+            flight.finish()
+            if ufunc is not None:
+                for b in bufs[1:]:
+                    ufunc(out, b, out=out)
+            if out is None:
+                return np.empty(empty_shape(ndim), dtype=dt)
+            return out
+
+        return finish
+
+    return StartableFn(start)
+
+
+class StartableFn:
+    """A compiled step that can also be started without waiting (the point-to-point
+    ``send_recv`` step): ``start(a)`` posts its messages and returns the function that
+    waits for them and returns the new shard; calling it runs both at once."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: Callable[[Any], Callable[[], Any]]) -> None:
+        self.start = start
+
+    def __call__(self, a: Any) -> Any:
+        return self.start(a)()
 
 
 def _broadcast(st: Step, me: int) -> Fn | None:

@@ -19,6 +19,7 @@ the current layer computes); it returns a :class:`PendingConversion` to ``wait()
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,17 +108,24 @@ class PendingConversion:
     """A conversion started by :func:`start_redistribute`: :meth:`wait` returns the shard
     (:meth:`test` lets MPI advance it and says whether it is done)."""
 
-    __slots__ = ("_out", "_work")
+    __slots__ = ("_out", "_work", "_finish")
 
-    def __init__(self, out: Any, work: comm.CollectiveWork | None) -> None:
+    def __init__(self, out: Any, work: comm.CollectiveWork | None,
+                 finish: Callable[[], Any] | None = None) -> None:
         self._out = out
         self._work = work
+        self._finish = finish  # a point-to-point program's wait, which makes the shard
 
     def test(self) -> bool:
+        if self._finish is not None:
+            return False  # its messages are tested by waiting (a pipeline waits where used)
         return self._work is None or self._work.test()
 
     def wait(self) -> Any:
         """This rank's shard in the destination layout (blocks until it has arrived)."""
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._out = finish()
         if self._work is not None:
             self._work.wait()
             self._work = None
@@ -143,13 +151,19 @@ def start_redistribute(local: Any, src: Layout, dst: Layout, dtype: Any) -> Pend
     shard.
 
     Non-blocking when the conversion is one all-gather of equal blocks along dim 0 on
-    one mesh axis (``comm.all_gather(..., async_op=True)``): ``local`` must not be
+    one mesh axis (``comm.all_gather(..., async_op=True)``), or one point-to-point step
+    (``send_recv``: between placements, a pipeline's activations and gradients;
+    ``isend``/``irecv`` posted now, waited for by ``wait()``): ``local`` must not be
     written before the wait. Any other conversion runs now and its handle is complete.
     """
     dtype = np.dtype(dtype)
     if checks.checking():  # as redistribute does, before anything returns
         agree_on_conversion(src, dst, dtype)
     prog = program_for(src, dst, dtype)
+    if prog is not None and not checks.checking():
+        finish = prog.start(local)
+        if finish is not None:
+            return PendingConversion(None, None, finish)
     me = get_rank()
     st = _even_gather(src, prog, me)
     if st is None:

@@ -44,10 +44,11 @@ CASES = [
 # train_gpt.py runs with arguments (below; every layout and world size: test_gpt.py);
 # gpt_reference.py is its companion module, not a program
 RUN_WITH_ARGUMENTS = {"train_gpt.py"}
-COMPANIONS = {"gpt_reference.py"}
+COMPANIONS = {"gpt_reference.py", "gpt_pipeline.py"}  # imported by train_gpt.py
 # (layout, ranks): small sizes and few steps; the docs' command runs the full 50 steps
 GPT_RUNS = [("sp", 3, ["--check"]), ("2d", 2, ["--check"]),
-            ("tp", 2, ["--dropout", "0.1", "--compare-dp"])]
+            ("tp", 2, ["--dropout", "0.1", "--compare-dp"]),
+            ("pp", 2, ["--check", "--pp", "2", "--microbatches", "4", "--schedule", "1f1b"])]
 GPT_SMALL = ["--layers", "2", "--heads", "4", "--dim", "16", "--seq", "8", "--batch", "4",
              "--steps", "4", "--sample", "8"]
 
