@@ -23,6 +23,7 @@ from .comm import world as _world
 from .comm.trace import trace
 from .core import placement as _placement
 from .core import sbp
+from .core.dtypes import bfloat16, float16, float32, float64
 from .core.layout import Layout
 from .core.placement import Placement, placement
 from .core.random import manual_seed
@@ -65,6 +66,7 @@ _SUBMODULES: dict[str, str] = {
 __all__ = [
     "__version__", "comm", "config", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
+    "float16", "bfloat16", "float32", "float64",
     "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     *_LAZY, *_SUBMODULES,
 ]

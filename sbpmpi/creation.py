@@ -18,6 +18,7 @@ import numpy as np
 from . import backend, comm
 from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
+from .core.dtypes import float32, is_floating, is_half
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
@@ -108,10 +109,13 @@ def _random_values(name: str, shape: Any, placement: Placement | None,
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
     dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
-    if dt.kind != "f":
+    if not is_floating(dt):
         raise TypeError(f"{name} needs a floating dtype, got {dt}")
     seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: draw(xp, shp, r, seed, call, dt))
+    # half-width dtypes: float32's values, then rounded (the same draw at every width)
+    drawn = float32 if is_half(dt) else dt
+    return _build(layout, dt, lambda xp, r: xp.asarray(draw(xp, shp, r, seed, call, drawn))
+                  .astype(drawn, copy=False))
 
 
 @_grad_option

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .core.dtypes import is_floating
 from .core.layout import Layout
 from .grad_mode import is_grad_enabled
 from .tensor import GlobalTensor
@@ -99,8 +100,8 @@ def _saved(name: str, operands: tuple[Any, ...], args: tuple[Any, ...], out: Glo
 
 def differentiable(dtype: np.dtype) -> bool:
     """Real floating dtypes carry gradients (complex ones are not supported yet: their
-    rules need conjugates)."""
-    return np.dtype(dtype).kind == "f"
+    rules need conjugates); bfloat16 is one of them."""
+    return is_floating(dtype)
 
 
 def detached(x: GlobalTensor) -> GlobalTensor:
