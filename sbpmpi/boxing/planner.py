@@ -19,7 +19,15 @@ from typing import NamedTuple
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
-from .cost import DEFAULT_TABLE, CostTable, copy_seconds, factor, primitive_seconds, step_seconds
+from .cost import (
+    DEFAULT_TABLE,
+    CostTable,
+    copy_seconds,
+    factor,
+    half_width_seconds,
+    primitive_seconds,
+    step_seconds,
+)
 from .plan import (
     Plan,
     PlanChoice,
@@ -106,7 +114,10 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
                     groups=pl.axis_groups(axis), copy_bytes=t.copy,
                     seconds=copy_seconds(t.copy, dev, table) + step_seconds(dev, table),
                     span=span)
-    secs = primitive_seconds(kind, p, t.payload, dev, table)
+    if itemsize == 2 and kind in ("all_reduce", "reduce_scatter"):  # float16, bfloat16
+        secs = half_width_seconds(kind, p, t.payload, dev, table)
+    else:
+        secs = primitive_seconds(kind, p, t.payload, dev, table)
     secs += copy_seconds(t.copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(t.moved))
     return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,
