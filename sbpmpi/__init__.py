@@ -30,6 +30,7 @@ from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .ops import operators as _operators
+from .ops.autocast import autocast
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
@@ -60,13 +61,14 @@ _SUBMODULES: dict[str, str] = {
     "runtime": "sbpmpi.runtime", "layout": "sbpmpi.core.layout",
     "array_api": "sbpmpi.array_api",  # the Array API namespace (x.__array_namespace__())
     "linalg": "sbpmpi.linalg",  # linear algebra at the size of the data (lstsq, cg, ...)
+    "amp": "sbpmpi.amp",  # mixed precision: autocast, GradScaler
     "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 
 __all__ = [
     "__version__", "comm", "config", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
-    "float16", "bfloat16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64", "autocast", "amp",
     "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     *_LAZY, *_SUBMODULES,
 ]
