@@ -141,6 +141,8 @@ def _run(root: Node, g: GlobalTensor) -> None:
             poll()
         if ACTIVE:
             mark(f"backward {node.name}")
+        if node.recompute is not None:  # sm.nn.checkpoint dropped its data: rerun the region
+            node.recompute.restore()
         gxs = rule(node, gy)
         for x, need, gx in zip(node.inputs, node.needs, gxs):
             if not need:

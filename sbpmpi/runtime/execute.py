@@ -245,7 +245,8 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     xp, group, p, k = s
     assert isinstance(st.frm, Partial) and isinstance(st.to, Split)
     op = _REDUCE[st.frm.op]
-    ufunc = reduction(st.frm.op).ufunc_of(xp)
+    red = st.frm.op
+    ufunc = reduction(red).ufunc_of(xp)
     d = st.to.dim
     in_shape = st.src.local_shape(me)  # alike on every rank of the group (a partial axis)
     out_shape = st.dst.local_shape(me)
@@ -298,7 +299,7 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
         n = counts[k]
         parts = [rbuf[o:o + n].reshape(out_shape) for q, o in enumerate(recv_displs) if q != k]
         if half:
-            out[...] = accumulate(xp, ufunc, a[own], parts, st.frm.op)
+            out[...] = accumulate(xp, ufunc, a[own], parts, red)
             return out
         ufunc(a[own], parts[0], out=out)
         for part in parts[1:]:
