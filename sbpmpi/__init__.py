@@ -23,7 +23,7 @@ from .comm import world as _world
 from .comm.trace import trace
 from .core import placement as _placement
 from .core import sbp
-from .core.dtypes import bfloat16, float16, float32, float64
+from .core import dtypes as _dtypes
 from .core.layout import Layout
 from .core.placement import Placement, placement
 from .core.random import manual_seed
@@ -33,6 +33,11 @@ from .ops import operators as _operators
 from .ops.autocast import autocast
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
+
+# The floating scalar types, as NumPy's (np.float32): any dtype argument takes them, and
+# a dtype compares equal to its type (x.dtype == sm.bfloat16).
+float16, bfloat16 = _dtypes.float16.type, _dtypes.bfloat16.type
+float32, float64 = _dtypes.float32.type, _dtypes.float64.type
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call

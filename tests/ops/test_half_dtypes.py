@@ -25,7 +25,7 @@ from sbpmpi.testing import make_input
 
 comm = MPI.COMM_WORLD
 B = sm.sbp.broadcast
-HALVES = [sm.float16, sm.bfloat16]
+HALVES = [np.dtype(sm.float16), np.dtype(sm.bfloat16)]
 #: The number of roundings to the half dtype an op's result may carry: its output's, and
 #: those of the steps a split softmax or cross-entropy runs as (each step's result is
 #: rounded to the dtype before the next reads it).
