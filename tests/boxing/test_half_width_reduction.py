@@ -132,3 +132,20 @@ def test_the_half_width_all_reduce_step(dt, shape):
     assert got.dtype == dt and got.shape == shape
     np.testing.assert_array_equal(got, want)
     assert all(r.dtype == np.dtype(dt).name for r in t)  # nothing travels in float32
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_a_widening_cast_keeps_a_half_width_partial_sum_partial(dt):
+    """astype(float32) of a half-width partial_sum: each part cast (exact), no message;
+    its value is the float32 sum of the parts, without a rounding to half width."""
+    pl = sm.placement("cpu", list(range(size)))
+    rng = np.random.default_rng(8)
+    shards = [(1 + rng.random((5, 3)) * 0.01).astype(dt) for _ in range(size)]
+    x = sm.to_global(shards[rank], placement=pl, sbp=sm.sbp.partial_sum)
+    with sm.trace() as t:
+        y = x.astype(np.float32)
+    assert len(t) == 0 and y.sbp == (sm.sbp.partial_sum,) and y.dtype == np.float32
+    want = sum(s.astype(np.float32) for s in shards)
+    got = y.numpy()
+    agree(lambda: np.testing.assert_allclose(got, want, rtol=1e-6))
