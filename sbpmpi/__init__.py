@@ -21,9 +21,9 @@ from .comm import exit_agreement as _exit_agreement
 from .comm import settings_agreement as _settings_agreement
 from .comm import world as _world
 from .comm.trace import trace
+from .core import dtypes as _dtypes
 from .core import placement as _placement
 from .core import sbp
-from .core import dtypes as _dtypes
 from .core.layout import Layout
 from .core.placement import Placement, placement
 from .core.random import manual_seed
