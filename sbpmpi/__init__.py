@@ -22,6 +22,7 @@ from .comm import exit_agreement as _exit_agreement
 from .comm import settings_agreement as _settings_agreement
 from .comm import world as _world
 from .comm.trace import trace
+from .core import dtypes as _dtypes
 from .core import placement as _placement
 from .core import sbp
 from .core.layout import Layout
@@ -30,8 +31,14 @@ from .core.random import manual_seed
 from .creation import arange, full, ones, rand, randn, tensor, to_global, zeros
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .ops import operators as _operators
+from .ops.autocast import autocast
 from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
+
+# The floating scalar types, as NumPy's (np.float32): any dtype argument takes them, and
+# a dtype compares equal to its type (x.dtype == sm.bfloat16).
+float16, bfloat16 = _dtypes.float16.type, _dtypes.bfloat16.type
+float32, float64 = _dtypes.float32.type, _dtypes.float64.type
 
 # Wiring of the layers (this package is the composition root):
 _placement.set_world_size_source(_world.get_world_size)  # core.placement makes no MPI call
@@ -64,12 +71,14 @@ _SUBMODULES: dict[str, str] = {
     "array_api": "sbpmpi.array_api",  # the Array API namespace (x.__array_namespace__())
     "linalg": "sbpmpi.linalg",  # linear algebra at the size of the data (lstsq, cg, ...)
     "pipeline": "sbpmpi.pipeline",  # pipeline stages on placements and their schedules
+    "amp": "sbpmpi.amp",  # mixed precision: autocast, GradScaler
     "launch": "sbpmpi.launch",  # the launcher (a tool), for sm.launch.expect_world & co
 }
 
 __all__ = [
     "__version__", "comm", "config", "env", "sbp", "placement", "Placement", "Layout", "GlobalTensor",
     "randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global", "manual_seed", "trace", "visualize",
+    "float16", "bfloat16", "float32", "float64", "autocast", "amp",
     "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     *_LAZY, *_SUBMODULES,
 ]

@@ -18,6 +18,7 @@ import numpy as np
 from . import backend, comm
 from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
+from .core.dtypes import bfloat16, float32, is_floating, is_half
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
@@ -108,10 +109,13 @@ def _random_values(name: str, shape: Any, placement: Placement | None,
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
     dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
-    if dt.kind != "f":
+    if not is_floating(dt):
         raise TypeError(f"{name} needs a floating dtype, got {dt}")
     seed, call = _random.next_stream()
-    return _build(layout, dt, lambda xp, r: draw(xp, shp, r, seed, call, dt))
+    # half-width dtypes: float32's values, then rounded (the same draw at every width)
+    drawn = float32 if is_half(dt) else dt
+    return _build(layout, dt, lambda xp, r: xp.asarray(draw(xp, shp, r, seed, call, drawn))
+                  .astype(drawn, copy=False))
 
 
 @_grad_option
@@ -232,7 +236,10 @@ class _Prepared:
 
     def shard(self) -> LocalShard:
         """What the metadata exchange tells the other ranks about it."""
-        return LocalShard(tuple(int(n) for n in self.array.shape), np.dtype(self.array.dtype).str)
+        dt = np.dtype(self.array.dtype)
+        # bfloat16's .str is raw bytes ('<V2'): its name is what np.dtype reads back
+        return LocalShard(tuple(int(n) for n in self.array.shape),
+                          dt.name if dt == bfloat16 else dt.str)
 
 
 @dataclass(frozen=True)
@@ -266,7 +273,7 @@ def _prepared(local: Any, placement: Placement) -> _Prepared | _LocalError:
                 f"local must be an array (NumPy, CuPy or any DLPack array), got "
                 f"{type(local).__name__}; use sm.tensor(data, ...) for a global value")
         arr = backend.from_dlpack(local)
-        if np.dtype(arr.dtype).kind not in "biufc":
+        if np.dtype(arr.dtype).kind not in "biufc" and not is_floating(arr.dtype):
             raise TypeError(f"local array dtype {arr.dtype} is not numeric")
         if backend.device_type_of(arr) != placement.type:
             return _Prepared(backend.to_device(arr, placement.type), True)  # a new array

@@ -20,11 +20,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .core.dtypes import is_floating
 from .core.layout import Layout
 from .grad_mode import is_grad_enabled
 from .tensor import GlobalTensor
 
-__all__ = ["Node", "Saves", "SAVES", "record_op", "record_conversion", "differentiable", "detached",
+__all__ = ["Node", "Saves", "SAVES", "CAPTURE", "held_bytes", "record_op", "record_conversion", "differentiable", "detached",
            "check_requires_grad", "check_grad_value"]
 
 
@@ -40,6 +41,9 @@ class Node:
     kwargs: dict[str, Any]
     out: GlobalTensor
     needs: tuple[bool, ...] = field(default=())
+    #: an activation recomputation that dropped this node's data (``sm.nn.checkpoint``):
+    #: the engine calls its ``restore()`` before the rule, which puts the data back
+    recompute: Any = None
 
     def param(self, index: int, name: str, default: Any = None) -> Any:
         """Argument ``name`` of the call, given by position ``index`` or by keyword."""
@@ -99,8 +103,8 @@ def _saved(name: str, operands: tuple[Any, ...], args: tuple[Any, ...], out: Glo
 
 def differentiable(dtype: np.dtype) -> bool:
     """Real floating dtypes carry gradients (complex ones are not supported yet: their
-    rules need conjugates)."""
-    return np.dtype(dtype).kind == "f"
+    rules need conjugates); bfloat16 is one of them."""
+    return is_floating(dtype)
 
 
 def detached(x: GlobalTensor) -> GlobalTensor:
@@ -119,7 +123,10 @@ def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
         return out
     needs = tuple(_needs(o) for o in operands)
     operands, args, kept = _saved(name, operands, args, out)
-    out._set_node(Node(name, operands, args, kwargs, kept, needs))
+    node = Node(name, operands, args, kwargs, kept, needs)
+    out._set_node(node)
+    if CAPTURE:
+        CAPTURE[-1].append(node)
     return out
 
 
@@ -135,8 +142,16 @@ def record_conversion(src: GlobalTensor, out: GlobalTensor,
     if out is src:
         out = detached(src)
     kwargs = {} if grad is None else {"grad_sbp": grad.sbp}
-    out._set_node(Node("to_global", (src,), (), kwargs, detached(out), (True,)))
+    node = Node("to_global", (src,), (), kwargs, detached(out), (True,))
+    out._set_node(node)
+    if CAPTURE:
+        CAPTURE[-1].append(node)
     return out
+
+
+#: The lists that the nodes recorded now are appended to, innermost last (an activation
+#: recomputation's region, ``sm.nn.checkpoint``, collects its nodes there); empty: none.
+CAPTURE: list[list[Node]] = []
 
 
 def _enabled_for(operands: tuple[Any, ...], out: GlobalTensor) -> bool:
@@ -166,3 +181,33 @@ def check_grad_value(x: GlobalTensor, g: Any) -> GlobalTensor | None:
         raise ValueError(f"x.grad must have x's shape, placement and SBP ({x.layout}), got "
                          f"{g.layout}")
     return g
+
+
+def held_bytes(root: GlobalTensor) -> int:
+    """Bytes of the arrays the tape behind ``root`` keeps on this rank: the data of the
+    computed tensors its nodes hold for their rules (leaves, which live anyway, not
+    counted), each array once (a view counts as its base). The activation memory that
+    ``sm.nn.checkpoint`` trades for a second forward."""
+    seen_nodes: set[int] = set()
+    seen_arrays: set[int] = set()
+    total = 0
+    stack = [root._node] if root._node is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        for x in (*node.inputs, *node.args, node.out):
+            if not isinstance(x, GlobalTensor):
+                continue
+            if x._node is not None and id(x._node) not in seen_nodes:
+                stack.append(x._node)
+            if x is node.out or x._node is not None:
+                a = x._local
+                if a is None:
+                    continue
+                base = a.base if getattr(a, "base", None) is not None else a
+                if id(base) not in seen_arrays:
+                    seen_arrays.add(id(base))
+                    total += int(base.nbytes)
+    return total

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
+from .core.dtypes import bfloat16, eps
 from .core.layout import Layout, balanced_range
 from .core.placement import Placement
 from .core.reduction import REDUCTIONS
@@ -66,6 +67,8 @@ class Input:
 def tolerance(dtype: Any) -> tuple[float, float]:
     """``(rtol, atol)`` for comparing results of ``dtype``; exact for integers and bools."""
     dt = np.dtype(dtype)
+    if dt == bfloat16:
+        return 4 * eps(dt), 4 * eps(dt)
     if dt.kind not in "fc":
         return 0.0, 0.0
     size = dt.itemsize // (2 if dt.kind == "c" else 1)

@@ -15,6 +15,14 @@ same model in PyTorch: plain in one process, ``DistributedDataParallel`` for ``d
 DTensor ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` (and
 ``SequenceParallel`` for ``sp``) and ``loss_parallel`` for ``tp``/``sp`` (gloo, CPU).
 float32, dropout 0, one BLAS/torch thread per rank (set before NumPy loads).
+
+``--dtype bfloat16`` (or ``float16``) and ``--recompute full`` (or ``selective``) are
+passed to the example (float32 weights, the forward under ``sm.autocast``; each block
+under ``sm.nn.checkpoint``); torch then runs under ``torch.autocast("cpu", torch.bfloat16)``
+and ``torch.utils.checkpoint`` (``use_reentrant=False``) alike. For each sbpmpi layout
+the run also reports the bytes handed to MPI in one step (``sm.trace``) and the bytes the
+tape holds at the end of forward (``sbpmpi.tape.held_bytes``): these hold on any device,
+where CPU half-width arithmetic may be slower than float32.
 """
 
 from __future__ import annotations
@@ -80,11 +88,18 @@ def worker(argv: list[str]) -> None:
     layouts = ["dp"] if size == 1 else ["dp", "tp", "sp"] + (
         ["2d"] if size >= 4 and size % 2 == 0 else [])
     rows: dict[str, float] = {}
+    from sbpmpi.tape import held_bytes
     for layout in layouts:
         args.layout = layout
         trainer = train_gpt.build(args, layout)
-        rows[f"sbpmpi {layout}" if size > 1 else "sbpmpi"] = tokens / median_step(
-            functools.partial(trainer.step, ids, targets))
+        name = f"sbpmpi {layout}" if size > 1 else "sbpmpi"
+        rows[name] = tokens / median_step(functools.partial(trainer.step, ids, targets))
+        with train_gpt.sm.trace() as t:  # bytes handed to MPI in one step, this rank
+            trainer.step(ids, targets)
+        loss = trainer.loss(ids, targets)  # the tape at the end of forward, this rank
+        rows[f"wire bytes {name}"] = float(world.allreduce(t.nbytes(), op=MPI.MAX))
+        rows[f"tape bytes {name}"] = float(world.allreduce(held_bytes(loss), op=MPI.MAX))
+        loss.backward()  # the buckets' round ends (DataParallel)
     if own.torch:
         torch_setup(rank, size, world)
         kinds = ["plain"] if size == 1 else ["ddp", "tp", "sp"]
@@ -113,6 +128,7 @@ def torch_setup(rank: int, size: int, world: Any) -> None:
 def torch_gpt(vocab: int, args: argparse.Namespace) -> Any:
     """The example's GPT in torch: q, k, v, proj as ``nn.Linear`` (heads in the columns)."""
     import torch
+    import torch.utils.checkpoint
     from torch import nn
 
     d, h = args.dim, args.heads
@@ -152,7 +168,10 @@ def torch_gpt(vocab: int, args: argparse.Namespace) -> Any:
             t = ids.shape[1]
             mask = torch.triu(torch.full((t, t), float("-inf")), 1)
             for blk in self.blocks:
-                x = blk(x, mask)
+                if args.recompute == "none":
+                    x = blk(x, mask)
+                else:  # --recompute: torch's non-reentrant checkpoint of each block
+                    x = torch.utils.checkpoint.checkpoint(blk, x, mask, use_reentrant=False)
             return self.head(self.lnf(x))
 
     return GPT()
@@ -171,6 +190,7 @@ def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> C
 
     torch.manual_seed(args.seed)
     model = torch_gpt(len(train_gpt.VOCAB), args)
+    low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
     rank, size = dist.get_rank(), dist.get_world_size()
     x, y = torch.from_numpy(ids), torch.from_numpy(targets)
     ctx: Callable[[], Any] = contextlib.nullcontext
@@ -220,7 +240,7 @@ def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> C
 
     def step() -> Any:
         opt.zero_grad()
-        with ctx():
+        with ctx(), torch.autocast("cpu", low or torch.bfloat16, enabled=low is not None):
             logits = model(x)
             loss = functional.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1))
             loss.backward()
@@ -272,8 +292,10 @@ def driver(argv: list[str]) -> None:
         row = one_run(1, rest, torch_ok)
         row.update(one_run(a.ranks, rest, torch_ok))
         runs.append(row)
-    names = list(runs[0])
-    med = {k: statistics.median(r[k] for r in runs) for k in names}
+    every = list(runs[0])
+    med = {k: statistics.median(r[k] for r in runs) for k in every}
+    names = [k for k in every if not k.startswith(("wire bytes ", "tape bytes "))]
+    sizes = [k for k in every if k.startswith("wire bytes ")]
     single = med["sbpmpi"]
     torch_for = {"dp": "torch ddp", "tp": "torch tp", "sp": "torch sp", "2d": None}
     table = []
@@ -283,15 +305,21 @@ def driver(argv: list[str]) -> None:
         table.append(dict(name=k, tokens_per_s=med[k], runs=[r[k] for r in runs],
                           vs_one_process=med[k] / single,
                           vs_torch=(med[k] / med[ref]) if ref and ref in med else None))
-    print(f"bench_gpt: {a.ranks} ranks, {' '.join(rest)}, float32, one thread per rank; "
+    print(f"bench_gpt: {a.ranks} ranks, {' '.join(rest)}, one thread per rank; "
           f"medians of {a.runs} runs")
     print(f"{'run':14s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
     for t in table:
         vs = "-" if t["vs_torch"] is None else f"{t['vs_torch']:.2f}"
         print(f"{t['name']:14s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
+    print(f"{'run':14s} {'wire bytes/step':>16s} {'tape bytes':>12s}  (largest rank)")
+    memory = {}
+    for k in sizes:
+        run = k[len("wire bytes "):]
+        memory[run] = {"wire_bytes": med[k], "tape_bytes": med[f"tape bytes {run}"]}
+        print(f"{run:14s} {med[k]:16.0f} {med[f'tape bytes {run}']:12.0f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"ranks": a.ranks, "size": rest, "runs": a.runs,
-                                            "results": table}, indent=1))
+                                            "results": table, "memory": memory}, indent=1))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from ..comm.trace import ACTIVE, mark
 from ..core.sbp import broadcast
 from ..creation import full
 from ..grad_mode import no_grad
+from ..ops import autocast
 from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
 from .gradients import accumulate
@@ -92,7 +93,7 @@ def backward(root: GlobalTensor, gradient: Any = None) -> None:
                            "(make a leaf with requires_grad=True, outside sm.no_grad())")
     g = _seed(root, gradient)
     failed = True
-    with no_grad():
+    with no_grad(), autocast.suspended():  # rules follow the forward's dtypes
         try:
             if root._node is None:
                 _to_leaf(root, g, HOOKS.root_calls(root))
@@ -140,6 +141,8 @@ def _run(root: Node, g: GlobalTensor) -> None:
             poll()
         if ACTIVE:
             mark(f"backward {node.name}")
+        if node.recompute is not None:  # sm.nn.checkpoint dropped its data: rerun the region
+            node.recompute.restore()
         gxs = rule(node, gy)
         for x, need, gx in zip(node.inputs, node.needs, gxs):
             if not need:

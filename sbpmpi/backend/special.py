@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import bfloat16
+
 __all__ = ["erf"]
 
 _SERIES_BELOW = 2.5
@@ -71,7 +73,9 @@ def _erf_numpy(x: np.ndarray) -> np.ndarray:
         out[small] = _series(a[small])
         big = a >= _SERIES_BELOW
         out[big] = _fraction(a[big])
-    return np.copysign(out, x).astype(np.result_type(x.dtype, np.float16), copy=False)
+    # bfloat16 has no promotion with float16: it keeps its own width
+    dt = x.dtype if x.dtype == bfloat16 else np.result_type(x.dtype, np.float16)
+    return np.copysign(out, x.astype(np.float64)).astype(dt, copy=False)
 
 
 _UNKNOWN: Any = object()

@@ -40,7 +40,8 @@ class LocalShard:
     """What the metadata exchange tells every rank about one rank's local array."""
 
     shape: tuple[int, ...]
-    #: ``np.dtype(...).str`` (the same text for the same dtype on every rank)
+    #: ``np.dtype(...).str`` (the same text for the same dtype on every rank; bfloat16's
+    #: name, which ``np.dtype`` reads back)
     dtype: str
 
 

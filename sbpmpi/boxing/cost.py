@@ -322,6 +322,24 @@ def primitive_seconds(primitive: str, p: int, nbytes: float, device_type: str = 
     return ab.alpha * rounds(primitive, p) + ab.beta * factor(primitive, p) * float(nbytes)
 
 
+def half_width_seconds(kind: str, p: int, nbytes: float, device_type: str = "cpu",
+                       table: CostTable | None = None) -> float:
+    """Modelled seconds of a reduction (``kind``: all_reduce or reduce_scatter) of ``nbytes``
+    of 2-byte values over ``p`` ranks, as :mod:`sbpmpi.runtime.half_width` runs it: an
+    all-to-all of the half-width blocks, a float32 sum (the blocks widened: twice their
+    bytes copied), and for all_reduce a half-width all-gather of the sums. The bytes on
+    the wire are those of the float32 reduction halved; the latency is the all-to-all's
+    ``p - 1`` rounds. (2-byte integer sums, which MPI adds itself, are charged the same.)
+    """
+    if p <= 1:
+        return 0.0
+    secs = primitive_seconds("all_to_all", p, p * float(nbytes), device_type, table)
+    secs += copy_seconds(2 * float(nbytes), device_type, table, ops=p)
+    if kind == "all_reduce":
+        secs += primitive_seconds("all_gather", p, float(nbytes), device_type, table)
+    return secs
+
+
 def step_seconds(device_type: str = "cpu", table: CostTable | None = None) -> float:
     """The fixed cost of one plan step."""
     return (table or DEFAULT_TABLE).params(device_type).step

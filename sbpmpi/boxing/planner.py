@@ -32,6 +32,7 @@ from .cost import (
     copy_seconds,
     factor,
     group_seconds,
+    half_width_seconds,
     network_seconds,
     primitive_seconds,
     step_seconds,
@@ -124,7 +125,10 @@ def _axis_step(kind: str, src: Layout, axis: int, to: SBP, itemsize: int,
                     seconds=copy_seconds(t.copy, dev, table) + step_seconds(dev, table),
                     span=span)
     groups = pl.axis_groups(axis, span)
-    secs = group_seconds(kind, groups, t.payload, dev, table)
+    if itemsize == 2 and kind in ("all_reduce", "reduce_scatter"):  # float16, bfloat16
+        secs = half_width_seconds(kind, p, t.payload, dev, table)
+    else:
+        secs = group_seconds(kind, groups, t.payload, dev, table)
     secs += copy_seconds(t.copy, dev, table, ops=0) + step_seconds(dev, table)
     nb = int(math.ceil(t.moved))
     return Step(kind=kind, src=src, dst=dst, axis=axis, frm=frm, to=to, op=t.op,

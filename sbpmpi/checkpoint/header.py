@@ -11,10 +11,12 @@ import ast
 import io
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format
 
+from ..core.dtypes import bfloat16
 from ..errors import CheckpointError
 from .regular_file import open_regular
 
@@ -36,7 +38,7 @@ def npy_header(dtype: np.dtype, shape: Sequence[int], fortran_order: bool = Fals
     """The ``.npy`` header bytes (format 1.0, or 2.0 when it does not fit) for an array."""
     # The header dict is written out rather than taken from header_data_from_array_1_0,
     # which needs the whole array: no rank holds it (each writes its own block).
-    d = {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": bool(fortran_order),
+    d = {"descr": dtype_descr(dtype), "fortran_order": bool(fortran_order),
          "shape": tuple(int(n) for n in shape)}
     buf = io.BytesIO()
     try:
@@ -45,6 +47,15 @@ def npy_header(dtype: np.dtype, shape: Sequence[int], fortran_order: bool = Fals
         buf = io.BytesIO()
         npy_format.write_array_header_2_0(buf, d)
     return buf.getvalue()
+
+
+def dtype_descr(dtype: np.dtype) -> Any:
+    """The ``.npy`` descr of ``dtype``: NumPy's, except bfloat16's, which NumPy writes as
+    ``'<V2'`` (raw bytes): ``'bfloat16'``, the name ``ml_dtypes`` registers, so that
+    ``numpy.load`` after ``import ml_dtypes`` reads it back as bfloat16."""
+    if np.dtype(dtype) == bfloat16:
+        return "bfloat16"
+    return npy_format.dtype_to_descr(dtype)
 
 
 def element_count(shape: Iterable[int]) -> int:

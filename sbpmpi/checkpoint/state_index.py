@@ -29,7 +29,7 @@ from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 from ..errors import CheckpointError
 from ..tensor import GlobalTensor
 from . import atomic_write
-from .header import dtype_problem, element_count, native, shape_problem
+from .header import dtype_descr, dtype_problem, element_count, native, shape_problem
 from .regular_file import open_regular
 
 __all__ = ["INDEX_NAME", "entry", "new_index", "read_index", "write_index", "sbp_from_json",
@@ -64,7 +64,7 @@ def new_index(entries: dict[str, Any]) -> dict[str, Any]:
 
 def descr_json(dtype: np.dtype) -> Any:
     """The dtype's .npy descr as it reads back from JSON (lists, not tuples)."""
-    return json.loads(json.dumps(npy_format.dtype_to_descr(dtype)))
+    return json.loads(json.dumps(dtype_descr(dtype)))
 
 
 def dtype_from_json(descr: Any) -> np.dtype:

@@ -109,13 +109,14 @@ def _writes(layout: Layout, rank: int) -> bool:
 
 
 def load(path: str | os.PathLike[str], *, placement: Placement | None = None,
-         sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
+         sbp: SBP | Sequence[SBP] | None = None, dtype: Any = None) -> GlobalTensor:
     """Read a ``.npy`` file into a global tensor with ``placement`` and ``sbp`` (collective).
 
     Any world size, mesh or SBP works, whatever wrote the file. Each rank reads only its
     own slice; under a partial SBP the first rank of each partial axis holds the value
     and the others the reduction's identity. Big-endian files are converted to native
-    byte order.
+    byte order. ``dtype``: the values converted to it after reading (a bfloat16 or
+    float16 file read into float32, say); None keeps the file's.
 
     Raises
     ------
@@ -127,8 +128,13 @@ def load(path: str | os.PathLike[str], *, placement: Placement | None = None,
     p = path_arg(path)
     pl = placement_arg(placement, "sm.load")
     sbp = sbp_arg(sbp, "sm.load")
-    consistency.check_collective("sm.load", (p, pl, sbp))
-    return read_tensor(p, pl, sbp)
+    try:
+        want = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"sm.load: dtype {dtype!r} is not a NumPy dtype") from None
+    consistency.check_collective("sm.load", (p, pl, sbp, want))
+    x = read_tensor(p, pl, sbp)
+    return x if want is None or x.dtype == want else x.astype(want)
 
 
 def read_tensor(path: str, pl: Placement, sbp: Any, what: str = "sm.load") -> GlobalTensor:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["manual_seed", "initial_seed", "next_stream", "philox4x32", "uniform", "normal"]
+__all__ = ["manual_seed", "initial_seed", "next_stream", "get_state", "set_state", "philox4x32", "uniform", "normal"]
 
 _M0 = 0xD2511F53
 _M1 = 0xCD9E8D57
@@ -36,6 +36,18 @@ def manual_seed(seed: int) -> None:
 def initial_seed() -> int:
     """Return the current seed."""
     return _seed
+
+
+def get_state() -> tuple[int, int]:
+    """``(seed, call counter)``: where the random streams stand (an activation
+    recomputation replays its forward's draws from here)."""
+    return _seed, _calls
+
+
+def set_state(state: tuple[int, int]) -> None:
+    """Put the random streams back to ``state`` (from :func:`get_state`)."""
+    global _seed, _calls
+    _seed, _calls = int(state[0]), int(state[1])
 
 
 def next_stream() -> tuple[int, int]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import bfloat16
+
 __all__ = ["Reduction", "REDUCTIONS", "NAMES", "reduction", "identity_value"]
 
 
@@ -57,7 +59,7 @@ class Reduction:
         if dt.kind in "iu":
             info = np.iinfo(dt)
             return dt.type(info.min if self.name == "max" else info.max)
-        if dt.kind == "f":
+        if dt.kind == "f" or dt == bfloat16:
             return dt.type(-np.inf if self.name == "max" else np.inf)
         raise TypeError(f"partial_{self.name} is not defined for dtype {dt} (no ordering)")
 

@@ -33,11 +33,13 @@ from .functional import (
     softmax,
 )
 from .layers import Dropout, Embedding, LayerNorm, Linear
+from .mixed_precision import MixedPrecision
 from .module import Module
+from .recompute import checkpoint
 
 __all__ = ["Module", "ModuleList", "Sequential", "Linear", "Embedding", "LayerNorm", "Dropout",
            "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "embedding", "layer_norm",
-           "dropout", "clip_grad_norm_", "DataParallel", "no_sync", "shard"]
+           "dropout", "clip_grad_norm_", "checkpoint", "MixedPrecision", "DataParallel", "no_sync", "shard"]
 
 #: Names that moved, kept for one release: ``sm.nn.<old>`` -> ``sm.<new>``.
 _MOVED = {"save_training_state": "checkpoint.save_training_state",

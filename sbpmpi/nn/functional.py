@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..core.dtypes import is_floating
 from ..core.sbp import Partial, Split, broadcast
 from ..creation import arange, rand, tensor
 from ..grad_mode import no_grad
@@ -81,7 +82,7 @@ def cross_entropy(logits: GlobalTensor, labels: Any, ignore_index: int = -100) -
     if labels.shape != (n,):
         raise ValueError(f"cross_entropy: labels have shape {labels.shape}, expected ({n},) "
                          f"for logits of shape {logits.shape}")
-    if logits.dtype.kind != "f":
+    if not is_floating(logits.dtype):
         raise TypeError(f"cross_entropy: logits must have a floating dtype, got {logits.dtype}")
     if count is not None:
         scale = 1.0 / count if count else float("nan")
@@ -133,7 +134,7 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
     of the reduced shape (``x.shape[:-1] + (1,)``), never a gather of ``x``. ``weight``
     and ``bias`` have shape ``(x.shape[-1],)`` (or are None).
     """
-    if not isinstance(x, GlobalTensor) or x.ndim < 1 or x.dtype.kind != "f":
+    if not isinstance(x, GlobalTensor) or x.ndim < 1 or not is_floating(x.dtype):
         raise TypeError(f"layer_norm: x must be a floating GlobalTensor of at least 1 dim, "
                         f"got {getattr(x, 'dtype', type(x).__name__)} of shape "
                         f"{getattr(x, 'shape', None)}")

@@ -20,6 +20,7 @@ from ..core.placement import Placement
 from ..core.sbp import SBP, Broadcast, Partial, Split, broadcast, split
 from ..creation import ones, rand, randn, zeros
 from ..grad_mode import no_grad
+from ..ops import autocast
 from ..tensor import GlobalTensor
 from .functional import dropout, embedding, layer_norm
 from .module import Module
@@ -100,7 +101,10 @@ class Linear(Module):
 
     def forward(self, x: GlobalTensor) -> GlobalTensor:
         y = ops.matmul(x, self.weight)
-        return y if self.bias is None else ops.add(y, self.bias)
+        if self.bias is None:
+            return y
+        low = autocast.low_dtype()  # inside sm.autocast the bias joins in the low dtype
+        return ops.add(y, self.bias if low is None or y.dtype != low else self.bias.astype(low))
 
     def __repr__(self) -> str:
         return (f"Linear({self.in_features}, {self.out_features}, bias={self.bias is not None},"

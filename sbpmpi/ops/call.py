@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import accumulation_dtype, float32, is_floating, is_half
 from ..tensor import GlobalTensor
 from .kernel import Kernel
 from .signature import DimMatch, Signature
@@ -127,26 +128,35 @@ def probe_dtype(op: str, fn: Callable[..., Any], *args: Any) -> np.dtype:
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            return np.dtype(np.asarray(fn(*stand)).dtype)
+            dtype = np.dtype(np.asarray(fn(*stand)).dtype)
     except (TypeError, ValueError) as e:
         dts = ", ".join(str(a.dtype) if isinstance(a, GlobalTensor) else arg_summary(a)
                         for a in args)
         raise type(e)(f"{op}: not defined for operands of dtype {dts}: {e}") from None
+    # ml_dtypes' loops (matmul, bfloat16 times a Python float) widen bfloat16 to float32
+    # where NumPy's float16 keeps its width: a half-width tensor's result stays half width
+    # when no operand is wider (as torch's type promotion does)
+    half = {a.dtype for a in args if isinstance(a, GlobalTensor) and is_floating(a.dtype)}
+    if dtype == float32 and len(half) == 1 and is_half(next(iter(half))):
+        return next(iter(half))
+    return dtype
 
 
 def float_dtype(op: str, *xs: Any) -> np.dtype:
     """The floating result dtype of ``xs`` promoted together (integers give float64); a
     TypeError naming ``op`` for complex or other non-real values."""
     dtype = probe_dtype(op, lambda *z: sum(z) * 0.5, *xs)
-    if dtype.kind != "f":
+    if not is_floating(dtype):
         raise TypeError(f"{op}: needs real values, got dtype "
                         f"{', '.join(str(x.dtype) for x in xs)}")
     return dtype
 
 
 def as_dtype(a: Any, dtype: Any) -> Any:
-    """``a`` itself when it has ``dtype``, else a copy in it (a kernel's input cast)."""
-    return a if a.dtype == dtype else a.astype(dtype)
+    """``a`` itself when it has ``dtype``, else a copy in it (a kernel's input cast); for a
+    half-width ``dtype``, in float32, which such a kernel computes in (:mod:`.precision`)."""
+    target = accumulation_dtype(dtype)
+    return a if a.dtype == target else a.astype(target)
 
 
 def check_eps(op: str, eps: Any) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import is_floating
 from ..core.sbp import Broadcast, Partial
 from ..tensor import GlobalTensor
 from .signature import Resolved
@@ -56,7 +57,7 @@ def exact(r: Resolved, name: str, operands: Sequence[Any], out_dtype: np.dtype,
     :func:`partners_finite`) and fail otherwise.
     """
     ok = EXACT_PARTNERS.get(name)
-    if ok is None or np.dtype(out_dtype).kind not in "fc":
+    if ok is None or (np.dtype(out_dtype).kind != "c" and not is_floating(out_dtype)):
         return True
     if not any(isinstance(s, Partial) for s in r.inputs):
         return True

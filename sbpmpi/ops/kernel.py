@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.layout import Layout
 from ..env import get_rank
+from .precision import widened
 
 __all__ = ["Kernel", "local_result"]
 
@@ -43,7 +44,7 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         When the kernel's result has another shape than ``layout`` gives this rank (an
         internal error of op ``name``).
     """
-    res = xp.asarray(kernel(xp, args, shape))
+    res = xp.asarray(kernel(xp, widened(name, args), shape))
     if res.dtype != dtype:
         res = res.astype(dtype)
     if view:

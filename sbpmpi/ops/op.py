@@ -30,7 +30,7 @@ from ..runtime.consistency import (
 )
 from ..tape import record_op
 from ..tensor import GlobalTensor
-from . import dispatch
+from . import autocast, dispatch
 from .call import OpCall
 from .exactness import partners_finite, risky_partners
 from .inference import clear_if_table_changed, infer
@@ -138,6 +138,8 @@ class GlobalOp:
         self.fast = fast
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
+            args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches

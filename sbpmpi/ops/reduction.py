@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..core.dtypes import is_floating
 from ..core.reduction import REDUCTIONS, identity_value
 from ..core.sbp import PARTIALS, Broadcast, Partial, Split
 from ..grad_mode import no_grad
@@ -148,7 +149,7 @@ def _var_args(x: Any, dim: Any, keepdim: Any, correction: Any
                         f"{correction!r}")
     if not isinstance(keepdim, (bool, np.bool_)):
         raise TypeError(f"var: keepdim must be a bool, got {type(keepdim).__name__} {keepdim!r}")
-    if x.dtype.kind not in "fc":
+    if x.dtype.kind != "c" and not is_floating(x.dtype):
         raise TypeError(f"var: needs a floating dtype, got {x.dtype}")
     return x, axes, bool(keepdim), float(correction)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import is_half
 from ..core.reduction import reduction
 from ..core.sbp import PARTIALS, SBP, Broadcast, Partial, Split, broadcast
 
@@ -190,6 +192,15 @@ def resolve(table: Sequence[Signature], dims: Mapping[str, Sequence[DimMatch]],
     return tuple(out)
 
 
+def widens_exactly(src: Any, dst: Any) -> bool:
+    """Whether casting ``src`` to ``dst`` is exact for every value and keeps a pending sum:
+    float16/bfloat16 to float32 or float64. The parts of a half-width ``partial_sum`` cast
+    to float32 sum to the value the parts stand for, without the rounding to half width a
+    reduction first would add (a half-width gradient cast to its float32 weight's dtype
+    is then reduced in float32, as ``reduce_dtype=float32`` means)."""
+    return is_half(src) and np.dtype(dst) in (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def admissible(r: Resolved, in_dtypes: Sequence[np.dtype | None], out_dtype: np.dtype) -> bool:
     """Whether ``r`` gives exact values for these dtypes.
 
@@ -204,7 +215,8 @@ def admissible(r: Resolved, in_dtypes: Sequence[np.dtype | None], out_dtype: np.
         return False  # partial_max/min need ordered dtypes
     for s, dt in zip(r.inputs, in_dtypes):
         if isinstance(s, Partial) and dt is not None:
-            if s.op == "sum" and np.dtype(dt) != np.dtype(out_dtype):
+            if s.op == "sum" and np.dtype(dt) != np.dtype(out_dtype) \
+                    and not widens_exactly(dt, out_dtype):
                 return False
             if r.source.when == "float" and np.dtype(dt).kind != "f":
                 return False

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..nn.mixed_precision import MixedPrecision
 from ..nn.module import Module
 from .reducer import MIB, Reducer, no_sync
 
@@ -46,7 +47,11 @@ class DataParallel(Module):
     """
 
     def __init__(self, module: Module, *, axis: int = 0, bucket_cap_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0) -> None:
+                 first_bucket_mb: float = 1.0, mixed_precision: MixedPrecision | None = None
+                 ) -> None:
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            raise TypeError(f"DataParallel: mixed_precision must be an sm.nn.MixedPrecision "
+                            f"or None, got {type(mixed_precision).__name__}")
         if not isinstance(module, Module):
             raise TypeError(f"DataParallel: module must be an sm.nn.Module, got "
                             f"{type(module).__name__}")
@@ -62,6 +67,9 @@ class DataParallel(Module):
         # the engine's hook table holds the reducer, not the wrapper: dropping the
         # wrapper removes the hooks
         weakref.finalize(self, self.reducer.close)
+        self.mixed_precision = mixed_precision
+        if mixed_precision is not None:  # float32 masters, half-width compute copies
+            mixed_precision.attach(self)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

@@ -23,10 +23,12 @@ from .. import backend, comm
 from ..boxing.plan import Box, Plan, Step, group_of
 from ..boxing.schedule import Transfer, is_contiguous_box, slots_of, transfer_schedule
 from ..comm.mpi_library import max_count
+from ..core.dtypes import HALF
 from ..core.layout import Layout, balanced_range, empty_shape
 from ..core.reduction import REDUCTIONS, identity_value, reduction
 from ..core.sbp import Partial, Split
 from . import hierarchical
+from .half_width import HalfWidthReduction, accumulate
 
 __all__ = ["Program", "compile_plan", "TAG", "AxisSetup", "Receive", "Send", "LocalCopy", "Moves",
            "rank_moves", "run_moves"]
@@ -249,12 +251,16 @@ def _all_reduce(st: Step, me: int) -> Fn | None:
     s = _axis_setup(st, me)
     if s is None:
         return None
-    xp, group, _, _ = s
+    xp, group, p, k = s
     assert isinstance(st.frm, Partial)
     op = _REDUCE[st.frm.op]
     hier = _host_groups(st, me, group)
 
+    half = HalfWidthReduction(xp, group, p, k, st.frm.op)
+
     def run(a: Any) -> Any:
+        if a.dtype in HALF:  # MPI cannot add them: blocks in half width, sums in float32
+            return half.all_reduce(a)
         out = backend.empty(xp, a.shape, a.dtype)  # comm reduces in place; the input stays
         out[...] = a
         if hier is not None:
@@ -273,7 +279,8 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
     xp, group, p, k = s
     assert isinstance(st.frm, Partial) and isinstance(st.to, Split)
     op = _REDUCE[st.frm.op]
-    ufunc = reduction(st.frm.op).ufunc_of(xp)
+    red = st.frm.op
+    ufunc = reduction(red).ufunc_of(xp)
     d = st.to.dim
     in_shape = st.src.local_shape(me)  # alike on every rank of the group (a partial axis)
     out_shape = st.dst.local_shape(me)
@@ -312,7 +319,8 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
 
     def run(a: Any) -> Any:
         dt = a.dtype
-        if hier is not None or large * dt.itemsize < OWN_BLOCK_BYTES:
+        half = dt in HALF  # MPI cannot add them: the all-to-all, and sums in float32
+        if not half and (hier is not None or large * dt.itemsize < OWN_BLOCK_BYTES):
             return whole(a)
         if direct:
             sbuf = _contiguous(xp, a).reshape(-1)
@@ -328,6 +336,9 @@ def _reduce_scatter(st: Step, me: int) -> Fn | None:
             return out
         n = counts[k]
         parts = [rbuf[o:o + n].reshape(out_shape) for q, o in enumerate(recv_displs) if q != k]
+        if half:
+            out[...] = accumulate(xp, ufunc, a[own], parts, red)
+            return out
         ufunc(a[own], parts[0], out=out)
         for part in parts[1:]:
             ufunc(out, part, out=out)
@@ -661,7 +672,10 @@ def _send_recv(st: Step, me: int) -> Fn | None:
 
         def finish() -> Any:
             flight.finish()
-            if ufunc is not None:
+            if ufunc is not None and dt in HALF:  # summed in float32, rounded once
+                assert red is not None and out is not None
+                out[...] = accumulate(xp2, ufunc, out, bufs[1:], red)
+            elif ufunc is not None:
                 for b in bufs[1:]:
                     ufunc(out, b, out=out)
             if out is None:

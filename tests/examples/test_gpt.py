@@ -262,3 +262,29 @@ def test_2d_step_is_tp_on_the_tensor_axis_and_bucketed_gradients_on_the_data_axi
         assert {op for op, _ in on_column} == {"all_reduce"}
         assert len(on_column) < len(params)  # buckets, not one call per parameter
         assert sum(n for _, n in on_column) == sum(p.to_local().size for p in params)
+
+
+# ---- half-width training and recomputation (issue 32) ------------------------------------------
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["dp", "tp", "sp", "2d"])
+def test_half_width_training_and_recomputation(layout):
+    """bfloat16 and float16 (float32 masters, autocast; float16 with the GradScaler) train
+    within 2% of the float32 losses; --recompute full and selective give losses and
+    weights bit-identical to none (dropout on)."""
+    if layout not in fitting_layouts():
+        pytest.skip(f"{layout} needs an even world, this one has {size} ranks")
+    runs = {}
+    for dtype, rc in [("float32", "none"), ("bfloat16", "none"), ("bfloat16", "full"),
+                      ("bfloat16", "selective"), ("float16", "none"), ("float16", "full")]:
+        args = train_gpt.parse(["--layout", layout, "--steps", "4", "--dropout", "0.1",
+                                "--dtype", dtype, "--recompute", rc, *SMALL])
+        trainer_run = train_gpt.train(args)
+        runs[dtype, rc] = trainer_run.losses
+    base = np.array(runs["float32", "none"])
+    for key, losses in runs.items():
+        assert np.max(np.abs(np.array(losses) - base) / base) < 0.02, (key, losses, base)
+    for dtype, rc in runs:
+        if rc != "none":
+            assert runs[dtype, rc] == runs[dtype, "none"], (dtype, rc)

@@ -75,6 +75,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...autograd.rules import register_rules
+from ...nn.mixed_precision import MixedPrecision
 from .backward_rules import ZERO_BACKWARD_RULES
 from .optimizer import GatherAfterStep, ShardedOptimizer, repoint
 from .params import ParamGroup, ShardedParam
@@ -91,7 +92,8 @@ register_rules(ZERO_BACKWARD_RULES)
 
 
 def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
-          bucketed: bool = True, prefetch: bool = True) -> tuple[ZeroModule, Any]:
+          bucketed: bool = True, prefetch: bool = True,
+          mixed_precision: MixedPrecision | None = None) -> tuple[ZeroModule, Any]:
     """``(module, optimizer)`` with ZeRO ``stage`` on mesh axis ``axis`` (see the module
     docstring); use the returned pair from then on.
 
@@ -105,14 +107,22 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
     ``prefetch``: stage 3 starts the next layer's all-gather (non-blocking) before the
     current layer computes, in forward and in backward (bucketed only).
     """
+    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"shard: mixed_precision must be an sm.nn.MixedPrecision or None, "
+                        f"got {type(mixed_precision).__name__}")
     check_shard(module, optimizer, stage, axis, bucketed, prefetch)
     axis = int(axis)
+    out: tuple[ZeroModule, Any]
     if stage == 1:
-        return ZeroStage1(module, axis), ShardedOptimizer(optimizer, axis)
-    if stage == 2:
+        out = ZeroStage1(module, axis), ShardedOptimizer(optimizer, axis)
+    elif stage == 2:
         two = ZeroStage2(module, axis, bool(bucketed))
         repoint(optimizer, two)
-        return two, GatherAfterStep(optimizer, two)
-    three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch))
-    repoint(optimizer, three)
-    return three, optimizer
+        out = two, GatherAfterStep(optimizer, two)
+    else:
+        three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch))
+        repoint(optimizer, three)
+        out = three, optimizer
+    if mixed_precision is not None:  # float32 masters (sharded), half-width compute copies
+        mixed_precision.attach(out[0])
+    return out

@@ -1,0 +1,103 @@
+"""``sm.nn.MixedPrecision``: the mixed-precision policy of a parallel wrapper, as FSDP2's
+``MixedPrecisionPolicy``.
+
+``sm.nn.DataParallel(model, mixed_precision=sm.nn.MixedPrecision())`` and
+``sm.nn.shard(model, opt, stage=..., mixed_precision=...)`` keep the parameters (and under
+ZeRO their shards and the optimizer states) in float32, the master weights, and run each
+forward of the wrapped model with half-width copies for compute: the forward runs under
+``sm.autocast(param_dtype)`` (matmuls and linear layers on ``param_dtype`` copies of the
+weights, made per call and recorded on the tape, whose gradients the engine casts back
+to float32), and its floating outputs are cast to ``output_dtype`` when given.
+Checkpoints save the float32 masters (the module's parameters are never replaced).
+
+``reduce_dtype``: the dtype gradients are reduced in. The gradients of float32 masters
+arrive in float32, and the buckets and ZeRO's reduce-scatters reduce them as they are,
+so float32 (the default) is the one value taken today; a half-width reduction of
+gradients is refused with a ValueError naming it (half-width ``partial_sum`` tensors do
+reduce in half width with float32 sums, through any conversion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.dtypes import HALF, bfloat16, float32, is_floating
+from ..ops.autocast import autocast
+from ..tensor import GlobalTensor
+from .module import Module
+
+__all__ = ["MixedPrecision"]
+
+
+def _dtype(name: str, value: Any, allowed: tuple[np.dtype, ...]) -> np.dtype:
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"MixedPrecision: {name} must be a dtype, got {value!r}") from None
+    if dt not in allowed:
+        raise ValueError(f"MixedPrecision: {name} must be one of "
+                         f"{[d.name for d in allowed]}, got {dt.name}")
+    return dt
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """``MixedPrecision(param_dtype=sm.bfloat16, reduce_dtype=sm.float32, output_dtype=None)``.
+
+    ``param_dtype``: the compute dtype of the forward (bfloat16, float16, or float32 for
+    none); ``reduce_dtype``: the gradients' reduction dtype (float32); ``output_dtype``:
+    the dtype the wrapper's floating outputs are cast to (None: as computed).
+    """
+
+    param_dtype: Any = bfloat16
+    reduce_dtype: Any = float32
+    output_dtype: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "param_dtype", _dtype(
+            "param_dtype", self.param_dtype, (bfloat16, np.dtype(np.float16), float32)))
+        rd = _dtype("reduce_dtype", self.reduce_dtype,
+                    (float32, bfloat16, np.dtype(np.float16)))
+        if rd != float32:
+            raise ValueError(f"MixedPrecision: reduce_dtype {rd.name} is not supported: the "
+                             f"gradients of the float32 master weights are reduced in "
+                             f"float32 (reduce_dtype=sm.float32)")
+        object.__setattr__(self, "reduce_dtype", rd)
+        if self.output_dtype is not None:
+            od = np.dtype(self.output_dtype)
+            if not is_floating(od):
+                raise ValueError(f"MixedPrecision: output_dtype must be a floating dtype or "
+                                 f"None, got {od}")
+            object.__setattr__(self, "output_dtype", od)
+
+    def attach(self, module: Module) -> None:
+        """Run ``module``'s forward under this policy (forward hooks on it)."""
+        ctx: list[autocast] = []
+        low = self.param_dtype in HALF
+
+        def before(m: Module, args: tuple[Any, ...]) -> None:
+            if low:
+                c = autocast(self.param_dtype)
+                c.__enter__()
+                ctx.append(c)
+
+        def after(m: Module, args: tuple[Any, ...], out: Any) -> Any:
+            if ctx:
+                ctx.pop().__exit__(None, None, None)
+            return None if out is None else self._cast_output(out)
+
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after, always_call=True)
+
+    def _cast_output(self, out: Any) -> Any:
+        dt = self.output_dtype
+        if dt is None:
+            return out
+        if isinstance(out, GlobalTensor):
+            return out.astype(dt) if is_floating(out.dtype) and out.dtype != dt else out
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._cast_output(o) for o in out)
+        return out

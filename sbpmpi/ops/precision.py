@@ -1,0 +1,40 @@
+"""Which ops compute in float32 when given half-width operands.
+
+float16 and bfloat16 hold about 3 and 2 decimal digits: a sum of many of them rounded at
+every step (NumPy's float16 ``sum``, a matmul's dot products, the mean and variance of
+layer norm, softmax's normaliser, the log-sum-exp of cross-entropy) loses the value. The
+kernels of the ops named here get their half-width operands widened to float32 and their
+result rounded once to the op's dtype (:func:`widened`, called by
+:func:`.kernel.local_result` on both the full path and the dispatch fast path), as
+cuBLAS and every mixed-precision stack accumulate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.dtypes import HALF, float32
+
+__all__ = ["FLOAT32_KERNELS", "widened"]
+
+#: Ops whose kernels sum or chain many values (or evaluate a polynomial): run in float32
+#: on half-width operands.
+FLOAT32_KERNELS: frozenset[str] = frozenset({
+    "matmul", "matmul_tn", "matmul_nt",            # dot products
+    "sum", "mean", "var",                          # reductions
+    "softmax", "log_softmax", "sum_exp", "softmax_finish",
+    "normalize", "normalize_backward",             # layer norm's mean and variance
+    "cross_entropy", "cross_entropy_grad", "vocab_stats", "vocab_loss", "vocab_grad",
+    "embedding_backward",                          # rows added up with np.add.at
+    "gelu", "gelu_backward", "erf",                # erf/tanh polynomials
+})
+
+
+def widened(name: str, args: Sequence[Any]) -> Sequence[Any]:
+    """``args`` with their half-width arrays as float32 when op ``name`` accumulates."""
+    if name not in FLOAT32_KERNELS:
+        return args
+    if not any(getattr(a, "dtype", None) in HALF for a in args):
+        return args
+    return [a.astype(float32) if getattr(a, "dtype", None) in HALF else a for a in args]

@@ -1,0 +1,91 @@
+"""sm.nn.MixedPrecision with DataParallel and sm.nn.shard at n = 1..4: float32 master
+weights (and, under ZeRO, sharded masters and optimizer states), the forward in the low
+dtype (matmul outputs), gradients of the masters in float32; the losses and weights equal
+those of the unwrapped model run under sm.autocast by hand; checkpoints hold float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import sbpmpi as sm
+
+S, B = sm.sbp.split, sm.sbp.broadcast
+comm = MPI.COMM_WORLD
+size = comm.Get_size()
+
+
+def world():
+    return sm.placement("cpu", list(range(size)))
+
+
+class MLP(sm.nn.Module):
+    def __init__(self):
+        sm.manual_seed(5)
+        self.l1 = sm.nn.Linear(7, 8, placement=world())
+        self.ln = sm.nn.LayerNorm(8, placement=world())
+        self.l2 = sm.nn.Linear(8, 3, placement=world())
+        self.seen = []
+
+    def forward(self, x):
+        h = self.l1(x)
+        self.seen.append(h.dtype)
+        return self.l2(sm.nn.relu(self.ln(h)))
+
+
+def _steps(model, opt, n=3, by_hand=None):
+    losses = []
+    for s in range(n):
+        rng = np.random.default_rng(s)
+        x = sm.tensor(rng.standard_normal((11, 7)).astype(np.float32), placement=world(),
+                      sbp=S(0))
+        y = rng.integers(0, 3, 11)
+        opt.zero_grad()
+        if by_hand is not None:
+            with sm.autocast(dtype=by_hand):
+                out = model(x)
+        else:
+            out = model(x)
+        loss = sm.nn.cross_entropy(out.astype(np.float32), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.numpy()))
+    return losses
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dt", [sm.bfloat16, sm.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("wrap", ["dp", "zero1", "zero2", "zero3"])
+def test_masters_stay_float32_and_the_forward_runs_low(dt, wrap, shared_dir):
+    ref = MLP()
+    ref_opt = sm.optim.Adam(ref.parameters(), lr=0.01)
+    want = _steps(ref, ref_opt, by_hand=dt)
+    net = MLP()
+    opt = sm.optim.Adam(net.parameters(), lr=0.01)
+    mp = sm.nn.MixedPrecision(param_dtype=dt, output_dtype=np.float32)
+    if wrap == "dp":
+        model = sm.nn.DataParallel(net, mixed_precision=mp)
+    else:
+        model, opt = sm.nn.shard(net, opt, stage=int(wrap[-1]), mixed_precision=mp)
+    got = _steps(model, opt)
+    assert net.seen and all(d == dt for d in net.seen)  # compute in the low dtype
+    assert all(p.dtype == np.float32 for p in model.parameters())  # masters
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    if wrap == "zero3":
+        assert all(p.sbp == (S(0),) for p in model.parameters())  # sharded masters
+    sm.save_state(dict(model.named_parameters()), f"{shared_dir}/mp")
+    back = sm.load_state(f"{shared_dir}/mp")
+    assert all(v.dtype == np.float32 for v in back.values())
+
+
+def test_policy_arguments():
+    mp = sm.nn.MixedPrecision()
+    assert mp.param_dtype == sm.bfloat16 and mp.reduce_dtype == sm.float32
+    assert mp.output_dtype is None
+    with pytest.raises(ValueError, match="param_dtype must be one of"):
+        sm.nn.MixedPrecision(param_dtype=np.int32)
+    with pytest.raises(ValueError, match="reduce_dtype bfloat16 is not supported"):
+        sm.nn.MixedPrecision(reduce_dtype=sm.bfloat16)
+    with pytest.raises(TypeError, match="mixed_precision must be"):
+        sm.nn.DataParallel(MLP(), mixed_precision="bf16")
