@@ -47,6 +47,8 @@ _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  #
 _LAZY: dict[str, str] = {
     **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
+    "graph": "sbpmpi.capture",  # a training step captured and replayed
+    "GraphBreak": "sbpmpi.capture",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",
     "save_state": "sbpmpi.checkpoint",

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.layout import Layout
 from ..env import get_rank
+from ..runtime.recording import RECORDERS
 
 __all__ = ["Kernel", "local_result"]
 
@@ -43,4 +44,8 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         raise RuntimeError(f"{name}: internal error: local result has shape "
                            f"{tuple(res.shape)}, layout {layout} expects {shape} on rank "
                            f"{get_rank()}")
+    if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
+        RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
+                            lambda a: local_result(name, kernel, xp, a, shape, dtype, layout),
+                            args, res)
     return res
