@@ -81,7 +81,7 @@ def _output_slots(spec: Any) -> set[int]:
 class Plan:
     """The replay of one recording (see the module docstring)."""
 
-    def __init__(self, rec: Recording, output: Any, name: str) -> None:
+    def __init__(self, rec: Recording, output: Any, name: str, signature: str) -> None:
         self.template: list[Any] = [None] * len(rec.values)
         for s, e in rec.externals.items():
             self.template[s] = e.array
@@ -105,11 +105,10 @@ class Plan:
         for i, n in enumerate(self.nodes):
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
-        # global metadata only (a kernel's key holds this rank's shard shape)
-        text = "\n".join(
-            f"{n.kind} {n.name} {meta_text(n.key[3:] if n.kind == 'kernel' else n.key)}"
-            if isinstance(n, Call) else type(n).__name__ for n in self.nodes)
-        self.digest = hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:16]
+        # what every rank must agree on: the graph and the global signature (the nodes
+        # may differ between ranks: a rank whose shard a conversion leaves as it is
+        # records no call there)
+        self.digest = hashlib.sha256(f"{name}\n{signature}".encode()).hexdigest()[:16]
         self.name = name
         self.replays = 0
         self.counts: dict[str, int] = {}
@@ -187,7 +186,7 @@ class GraphFunction:
         if not callable(fn):
             raise TypeError(f"sm.graph: needs a callable step, got {type(fn).__name__}")
         self.fn = fn
-        self.name = name or getattr(fn, "__qualname__", type(fn).__name__)
+        self.name: str = name or str(getattr(fn, "__qualname__", type(fn).__name__))
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._pending: dict[tuple[Any, ...], Recording] = {}
         self.breaks: list[str] = []
@@ -239,10 +238,10 @@ class GraphFunction:
             rec.rec.values = []  # the step's values: only the comparison's facts are kept
             self._pending[key] = rec.rec
         else:
-            self._plans[key] = Plan(rec.rec, spec, self.name)
+            self._plans[key] = Plan(rec.rec, spec, self.name, meta_text(key[0]))
             rec.rec.values = []
-            for e in rec.rec.externals.values():
-                e.snapshot = None
+            for ext in rec.rec.externals.values():
+                ext.snapshot = None
         return out
 
     def explain(self) -> GraphExplanation:

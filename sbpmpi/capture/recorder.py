@@ -209,7 +209,7 @@ class StepRecorder:
                     == inp.__array_interface__["data"][0]):
                 shape = data.shape
                 self._call("tensor", "sm.tensor", key + (shape,),
-                           lambda a, shape=shape: fn(a[0].reshape(shape)), [inp], out)
+                           _reshaped(fn, shape), [inp], out)
                 return
 
     def host_read(self, what: str) -> None:
@@ -259,6 +259,11 @@ class StepRecorder:
                     f"replay (a data-parallel bucket, clip_grad_norm_'s reduction, a ZeRO "
                     f"gather or a direct sm.comm call): not capturable yet; run this step "
                     f"eagerly (DataParallel: use the unbucketed path)")
+
+
+def _reshaped(fn: Callable[[Any], Any], shape: tuple[int, ...]) -> Callable[[list[Any]], Any]:
+    """``fn`` of its one argument reshaped to ``shape`` (``sm.tensor`` of a reshaped input)."""
+    return lambda a: fn(a[0].reshape(shape))
 
 
 def _equal(x: Any, y: Any) -> bool:
