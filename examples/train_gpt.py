@@ -380,7 +380,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sample", type=int, default=60, help="characters to generate")
     ap.add_argument("--graph", action="store_true",
                     help="capture the step as a graph (sm.graph) and replay it; needs "
-                         "--clip 0, --dropout 0 and, in dp and 2d, --buckets off")
+                         "--clip 0 and --dropout 0")
     ap.add_argument("--check", action="store_true",
                     help="compare every loss with the NumPy reference (needs --dropout 0)")
     ap.add_argument("--compare-dp", action="store_true",
@@ -420,11 +420,9 @@ def train(args: argparse.Namespace, verbose: bool = False) -> Run:
               f"{args.dtype}, dropout {args.dropout}")
         for name, p in list(model.named_parameters())[:14]:
             print(f"  {name:24s} {str(p.shape):14s} sbp {tuple(str(s) for s in p.sbp)}")
-    if args.graph and (args.clip or args.dropout or (
-            args.layout in ("dp", "2d") and args.buckets == "on")):
+    if args.graph and (args.clip or args.dropout):
         raise SystemExit("train_gpt: --graph needs --clip 0 (clipping reads the norm on the "
-                         "host), --dropout 0 (masks from a Python counter) and, in dp and "
-                         "2d, --buckets off (the buckets' reductions are not captured yet)")
+                         "host) and --dropout 0 (masks from a Python counter)")
     captured = trainer.graph_step() if args.graph else None
     worst, losses = 0.0, []
     for step in range(args.steps):

@@ -14,7 +14,9 @@ all-reduce per parameter), the slowest rank's time, and the
 same model in PyTorch: plain in one process, ``DistributedDataParallel`` for ``dp``,
 DTensor ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` (and
 ``SequenceParallel`` for ``sp``) and ``loss_parallel`` for ``tp``/``sp`` (gloo, CPU).
-float32, dropout 0, one BLAS/torch thread per rank (set before NumPy loads).
+float32, dropout 0, one BLAS/torch thread per rank (set before NumPy loads). ``--graph``
+adds, per layout, the same step captured as a graph (``sm.graph``,
+``Trainer.graph_step``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default="")
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--graph", action="store_true")
     own, rest = ap.parse_known_args(argv)
     args = train_gpt.parse(["--dtype", "float32", "--dropout", "0", *rest])
     data = train_gpt.load_corpus()
@@ -85,6 +88,10 @@ def worker(argv: list[str]) -> None:
         trainer = train_gpt.build(args, layout)
         rows[f"sbpmpi {layout}" if size > 1 else "sbpmpi"] = tokens / median_step(
             functools.partial(trainer.step, ids, targets))
+        if own.graph:  # the same step captured as a graph (sm.graph)
+            captured = train_gpt.build(args, layout).graph_step()
+            rows[f"sbpmpi graph {layout}" if size > 1 else "sbpmpi graph"] = tokens / \
+                median_step(functools.partial(captured, ids, targets), warmup=3)
     if own.torch:
         torch_setup(rank, size, world)
         kinds = ["plain"] if size == 1 else ["ddp", "tp", "sp"]
@@ -279,16 +286,16 @@ def driver(argv: list[str]) -> None:
     table = []
     for k in names:
         layout = k.split()[-1] if k.startswith("sbpmpi ") else ""
-        ref = torch_for.get(layout)
+        ref = "torch" if k in ("sbpmpi", "sbpmpi graph") else torch_for.get(layout)
         table.append(dict(name=k, tokens_per_s=med[k], runs=[r[k] for r in runs],
                           vs_one_process=med[k] / single,
                           vs_torch=(med[k] / med[ref]) if ref and ref in med else None))
     print(f"bench_gpt: {a.ranks} ranks, {' '.join(rest)}, float32, one thread per rank; "
           f"medians of {a.runs} runs")
-    print(f"{'run':14s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
+    print(f"{'run':18s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
     for t in table:
         vs = "-" if t["vs_torch"] is None else f"{t['vs_torch']:.2f}"
-        print(f"{t['name']:14s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
+        print(f"{t['name']:18s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
     if a.json:
         Path(a.json).write_text(json.dumps({"ranks": a.ranks, "size": rest, "runs": a.runs,
                                             "results": table}, indent=1))

@@ -29,7 +29,7 @@ from ..grad_mode import no_grad
 from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
 from .gradients import accumulate
-from .hooks import HOOKS, LeafCalls
+from .hooks import HOOKS, LeafCalls, run_hook
 from .rules import rule_for
 
 __all__ = ["backward", "accumulate"]
@@ -137,7 +137,7 @@ def _run(root: Node, g: GlobalTensor) -> None:
         if rule is None:  # e.g. the backward-only ops, called by hand with grad on
             raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
         for poll in polls:
-            poll()
+            run_hook(poll)
         if ACTIVE:
             mark(f"backward {node.name}")
         gxs = rule(node, gy)

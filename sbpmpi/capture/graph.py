@@ -35,7 +35,16 @@ from ..grad_mode import is_grad_enabled
 from ..runtime import cost_table
 from ..runtime.consistency import check_collective, check_enabled, meta_text
 from ..tensor import GlobalTensor
-from .recorder import Call, GraphBreak, HostCall, Recording, SetGrad, StepRecorder, compare
+from .recorder import (
+    Call,
+    GraphBreak,
+    HostCall,
+    Recording,
+    SetGrad,
+    StepRecorder,
+    TensorRef,
+    compare,
+)
 
 __all__ = ["graph", "Graph", "GraphFunction", "Plan", "GraphExplanation"]
 
@@ -98,6 +107,10 @@ class Plan:
                 last.setdefault(n.out, i)  # a value nobody reads dies where it is made
             elif isinstance(n, SetGrad) and n.slot >= 0:
                 last[n.slot] = i
+            elif isinstance(n, HostCall):
+                for a in n.args:
+                    if isinstance(a, TensorRef):
+                        last[a.slot] = i
         frees: dict[int, list[int]] = {}
         for s, i in last.items():
             if s not in keep:
@@ -141,7 +154,11 @@ class Plan:
                                  GlobalTensor(vals[n.slot], n.layout, n.dtype))
             else:
                 assert type(n) is HostCall
-                n.fn(*n.args)
+                if n.refs:
+                    n.fn(*[GlobalTensor(vals[a.slot], a.layout, a.dtype)
+                           if type(a) is TensorRef else a for a in n.args])
+                else:
+                    n.fn(*n.args)
         self.replays += 1
         return _build_output(self.output, vals)
 

@@ -34,7 +34,7 @@ import numpy as np
 from ..comm.trace import Trace, trace
 from ..tensor import GlobalTensor
 
-__all__ = ["GraphBreak", "Call", "SetGrad", "HostCall", "External", "Recording",
+__all__ = ["GraphBreak", "Call", "SetGrad", "HostCall", "TensorRef", "External", "Recording",
            "StepRecorder", "compare", "user_line"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,13 +86,25 @@ class SetGrad:
     where: str
 
 
+@dataclass(frozen=True)
+class TensorRef:
+    """A host call's tensor argument made in the step: rebuilt from its slot at replay."""
+
+    slot: int
+    layout: Any
+    dtype: Any
+
+
 @dataclass(eq=False)
 class HostCall:
-    """``fn(*args)``: an optimizer's ``step``/``zero_grad``, a scheduler's ``step``."""
+    """``fn(*args)``: an optimizer's ``step``/``zero_grad``, a scheduler's ``step``, a
+    backward hook (the data-parallel reducer's); :class:`TensorRef` arguments are
+    rebuilt from their slots."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     where: str
+    refs: bool = False  # whether any argument is a TensorRef
 
 
 Node = Call | SetGrad | HostCall
@@ -225,14 +237,27 @@ class StepRecorder:
         if self._suspended:
             yield
             return
-        self.rec.nodes.append(HostCall(fn, args, user_line()))
+        kept: list[Any] = []
+        for a in args:
+            if isinstance(a, GlobalTensor) and not a._requires_grad:
+                # a value of the step (a gradient): rebuilt from its slot at replay; a
+                # leaf that requires grad (a parameter) is passed as itself
+                kept.append(TensorRef(self.rec.ref(a._local), a._layout, a._dtype))
+            else:
+                kept.append(a)
+        self.rec.nodes.append(HostCall(fn, tuple(kept), user_line(),
+                                       any(isinstance(a, TensorRef) for a in kept)))
         for t, a in mutated:
             self.rec.mutated[id(a)] = (t, a)
+        tr = self._trace
+        n0 = len(tr.records) if tr is not None else 0
         self._suspended += 1
         try:
             yield
         finally:
             self._suspended -= 1
+            if tr is not None:  # its collectives are replayed with it
+                self.rec.conversions.append((n0, len(tr.records)))
 
     # -- the whole step ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -255,10 +280,9 @@ class StepRecorder:
         for i, r in enumerate(t.records):
             if i not in inside:
                 raise GraphBreak(
-                    f"sm.graph: the step made a {r.op} outside a conversion the graph can "
-                    f"replay (a data-parallel bucket, clip_grad_norm_'s reduction, a ZeRO "
-                    f"gather or a direct sm.comm call): not capturable yet; run this step "
-                    f"eagerly (DataParallel: use the unbucketed path)")
+                    f"sm.graph: the step made a {r.op} outside a conversion or a host call "
+                    f"the graph can replay (clip_grad_norm_'s reduction, a ZeRO gather or "
+                    f"a direct sm.comm call): not capturable yet; run this step eagerly")
 
 
 def _reshaped(fn: Callable[[Any], Any], shape: tuple[int, ...]) -> Callable[[list[Any]], Any]:
@@ -267,7 +291,10 @@ def _reshaped(fn: Callable[[Any], Any], shape: tuple[int, ...]) -> Callable[[lis
 
 
 def _equal(x: Any, y: Any) -> bool:
-    """Whether two recorded arguments are the same value (arrays by content, NaN equal)."""
+    """Whether two recorded arguments are the same value (arrays by content, NaN equal;
+    global tensors: the same object)."""
+    if isinstance(x, GlobalTensor) or isinstance(y, GlobalTensor):
+        return x is y
     if _is_array(x) or _is_array(y):
         if not (_is_array(x) and _is_array(y)) or x.shape != y.shape or x.dtype != y.dtype:
             return False

@@ -218,20 +218,55 @@ def test_data_the_step_was_not_given_raises():
         step(x)
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("caps", [(25.0, 1.0), (0.0, 0.0)], ids=["ddp-defaults", "one-each"])
+def test_data_parallel_buckets_are_captured_bit_identical(caps):
+    """The reducer's hooks are replayed as host calls: its bucket writes and non-blocking
+    all-reduces, at the same points of backward."""
+    results, traces = [], []
+    for captured in (False, True):
+        lay, model, _ = make("dp", "adam")
+        dp = sm.nn.DataParallel(model, bucket_cap_mb=caps[0], first_bucket_mb=caps[1])
+        opt = sm.optim.Adam(model.parameters(), lr=0.01)
+
+        def step(x, y, opt=opt, dp=dp):
+            opt.zero_grad()
+            loss = sm.nn.cross_entropy(dp(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = sm.graph(step) if captured else step
+        pl = lay["placement"]
+        losses = []
+        for xb, yb in data(12):
+            x = sm.tensor(xb, placement=pl, sbp=(S(0),))
+            y = sm.tensor(yb, placement=pl, sbp=(S(0),))
+            with sm.trace() as tr:
+                losses.append(f(x, y).numpy())
+        traces.append([(r.op, r.nbytes, r.nonblocking) for r in tr.records])
+        results.append((np.array(losses), [p.numpy() for p in model.parameters()]))
+        dp.close()
+    (want, pw), (got, pg) = results
+    assert np.array_equal(got, want)
+    assert all(np.array_equal(a, b) for a, b in zip(pg, pw))
+    assert traces[1] == traces[0]
+    if size > 1:
+        assert any(nb for _, _, nb in traces[0])  # the buckets' all-reduces overlap
+
+
 @pytest.mark.mpi(min_size=2)
-def test_data_parallel_buckets_raise_not_capturable():
+def test_a_collective_outside_a_conversion_raises():
     lay, model, _ = make("dp", "sgd")
-    dp = sm.nn.DataParallel(model)
 
     @sm.graph
-    def step(x, y):
-        loss = sm.nn.cross_entropy(dp(x), y)
-        loss.backward()
-        return loss
+    def step(x):
+        buf = np.ones(3)
+        sm.comm.all_reduce(buf)
+        return model(x).sum()
 
-    with pytest.raises(GraphBreak, match="outside a conversion"):
-        step(*_inputs(lay))
-    dp.close()
+    with pytest.raises(GraphBreak, match="all_reduce outside a conversion"):
+        step(_inputs(lay)[0])
 
 
 @pytest.mark.mpi(min_size=1)

@@ -18,7 +18,7 @@ import train_gpt  # noqa: E402
 
 size = MPI.COMM_WORLD.Get_size()
 SMALL = ["--layers", "1", "--heads", "4", "--dim", "8", "--seq", "8", "--batch", "5",
-         "--clip", "0", "--buckets", "off", "--steps", "50", "--warmup", "3"]
+         "--clip", "0", "--steps", "50", "--warmup", "3"]
 
 
 def fitting_layouts() -> list[str]:
@@ -36,8 +36,10 @@ def step_of(trainer):
     return step
 
 
-def train(layout: str, captured: bool, steps: int = 50, dtype: str = "float64"):
-    args = train_gpt.parse(SMALL + ["--layout", layout, "--dtype", dtype])
+def train(layout: str, captured: bool, steps: int = 50, dtype: str = "float64",
+          buckets: str = "on"):
+    args = train_gpt.parse(SMALL + ["--layout", layout, "--dtype", dtype,
+                                    "--buckets", buckets])
     trainer = train_gpt.build(args, layout)
     data = train_gpt.load_corpus()
     step = step_of(trainer)
@@ -52,12 +54,16 @@ def train(layout: str, captured: bool, steps: int = 50, dtype: str = "float64"):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("layout", ["dp", "tp", "sp", "2d"])
+@pytest.mark.parametrize("layout", ["dp", "tp", "sp", "2d", "dp-unbucketed"])
 def test_captured_gpt_steps_are_bit_identical_to_eager(layout):
+    """dp and 2d with the example's gradient buckets (sm.nn.DataParallel), and dp
+    without (one all-reduce per parameter when backward reaches it)."""
+    layout, _, unbucketed = layout.partition("-")
     if layout not in fitting_layouts():
         pytest.skip(f"{layout} does not fit {size} ranks")
-    want, pw, _ = train(layout, False)
-    got, pg, step = train(layout, True)
+    buckets = "off" if unbucketed else "on"
+    want, pw, _ = train(layout, False, buckets=buckets)
+    got, pg, step = train(layout, True, buckets=buckets)
     assert np.array_equal(got, want), (got - want)
     for k in pw:
         assert np.array_equal(pg[k], pw[k]), k
@@ -77,7 +83,7 @@ def test_captured_gpt_float32_is_bit_identical():
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("layout", ["dp", "tp", "sp"])
 def test_a_replay_makes_exactly_the_eager_steps_collectives(layout):
-    args = train_gpt.parse(SMALL + ["--layout", layout])
+    args = train_gpt.parse(SMALL + ["--layout", layout])  # dp: with buckets
     data = train_gpt.load_corpus()
     counts = []
     for captured in (False, True):
@@ -89,7 +95,7 @@ def test_a_replay_makes_exactly_the_eager_steps_collectives(layout):
             ids, targets = train_gpt.batch_at(data, t, args.batch, args.seq, args.seed)
             with sm.trace() as tr:
                 step(ids, targets)
-        counts.append([(r.op, r.nbytes, r.group_ranks) for r in tr.records])
+        counts.append([(r.op, r.nbytes, r.group_ranks, r.nonblocking) for r in tr.records])
     assert counts[1] == counts[0]
     if size > 1:
         assert counts[0]  # the layouts communicate
