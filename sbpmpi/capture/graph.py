@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..comm.agreement import all_ok
 from ..grad_mode import is_grad_enabled
 from ..runtime import cost_table
 from ..runtime.consistency import check_collective, check_enabled, meta_text
@@ -245,7 +246,17 @@ class GraphFunction:
             spec = _output_spec(out, rec.rec)
             prev = self._pending.pop(key, None)
             if prev is not None:
-                compare(prev, rec.rec)
+                # the arrays compared are shards: every rank learns whether any found a
+                # difference, so all replay or all raise
+                mine: GraphBreak | None = None
+                try:
+                    compare(prev, rec.rec)
+                except GraphBreak as e:
+                    mine = e
+                if not all_ok(mine is None, label="sm.graph capture"):
+                    raise mine or GraphBreak(
+                        "sm.graph: another rank found that two calls of the step differ "
+                        "(see its error): it cannot be replayed")
         except GraphBreak as e:
             self._pending.pop(key, None)
             self.breaks.append(str(e))
