@@ -18,8 +18,9 @@ seconds, for these variants:
 * ``torch DDP``: ``DistributedDataParallel`` on gloo (CPU), when torch is importable;
 * ``tensor parallel`` (and ``2-D`` on a (n/2) x 2 mesh when n >= 4 is even), for the
   two-layer models;
-* with ``--graph``: ``DP graph`` and ``TP graph``, the ``DP plain`` and ``tensor
-  parallel`` steps captured as graphs (``sm.graph``: replayed without op dispatch).
+* with ``--graph``: ``DP graph``, ``DP buckets graph`` and ``TP graph``, the ``DP
+  plain``, ``DP buckets`` and ``tensor parallel`` steps captured as graphs
+  (``sm.graph``: replayed without op dispatch).
 
 The variants are interleaved (each repetition runs every variant once, after a common
 warm-up), so a slow stretch of a shared machine hits all of them alike; each variant's
@@ -158,7 +159,7 @@ def worker(argv: list[str]) -> None:
                     help="keep freed memory in the process (glibc mallopt), every variant")
     ap.add_argument("--graph", action="store_true",
                     help="also the sbpmpi steps captured as graphs (sm.graph): 'DP graph', "
-                         "'TP graph'")
+                         "'DP buckets graph', 'TP graph'")
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args(argv)
     if a.malloc_keep:
@@ -289,6 +290,7 @@ def worker(argv: list[str]) -> None:
             steps[lay] = sbpmpi_step(m, p0, x, y, lay)
         if a.graph:
             steps[GRAPH] = sbpmpi_step(m, p0, x, y, PLAIN, graph=True)
+            steps["DP buckets graph"] = sbpmpi_step(m, p0, x, y, BUCKETS, graph=True)
             if "tensor parallel" in layouts:
                 steps["TP graph"] = sbpmpi_step(m, p0, x, y, "tensor parallel", graph=True)
         t = torch_step(m, x, y)
