@@ -3,13 +3,13 @@
 - :mod:`.recorder`: one run of a step recorded through the doors of
   :mod:`sbpmpi.runtime.recording` (kernels, conversions, ``.grad``, host calls), two
   recordings compared, :class:`GraphBreak`.
-- :mod:`.graph`: the signature, the replay :class:`~.graph.Plan`, ``graph`` and
+- :mod:`.replay`: the signature, the replay :class:`~.replay.Plan`, ``graph`` and
   ``Graph``.
 """
 
 from __future__ import annotations
 
-from .graph import Graph, GraphExplanation, GraphFunction, graph
 from .recorder import GraphBreak
+from .replay import Graph, GraphExplanation, GraphFunction, graph
 
 __all__ = ["graph", "Graph", "GraphFunction", "GraphBreak", "GraphExplanation"]

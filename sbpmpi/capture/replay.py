@@ -291,7 +291,7 @@ def graph(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> A
 
     The first two calls of each signature (arguments' layouts, shapes and dtypes) run
     the step eagerly while recording it, and check that both did the same; later calls
-    replay it without op dispatch (see :mod:`sbpmpi.capture.graph`). Captured and eager
+    replay it without op dispatch (see :mod:`sbpmpi.capture.replay`). Captured and eager
     steps give bit-identical results. What cannot be captured (a host read of a value,
     data-dependent control flow, a collective outside a conversion) raises
     :class:`~sbpmpi.capture.GraphBreak` naming the op and the line, listed by
