@@ -315,6 +315,18 @@ class Trainer:
         self.scheduler.step()
         return float(loss.item())
 
+    def graph_step(self) -> Any:
+        """The step (without clipping: it reads the norm on the host) captured as a graph
+        (``sm.graph``): it returns the loss tensor, replayed without op dispatch."""
+        def step(ids: np.ndarray, targets: np.ndarray) -> sm.GlobalTensor:
+            self.optimizer.zero_grad()
+            loss = self.loss(ids, targets)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            return loss
+        return sm.graph(step)
+
 
 def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Trainer:
     """The model in ``layout``, its AdamW (no decay for biases and norms) and schedule;
@@ -394,6 +406,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample", type=int, default=60, help="characters to generate")
+    ap.add_argument("--graph", action="store_true",
+                    help="capture the step as a graph (sm.graph) and replay it; needs "
+                         "--clip 0 and --dropout 0")
     ap.add_argument("--check", action="store_true",
                     help="compare every loss with the NumPy reference (needs --dropout 0)")
     ap.add_argument("--compare-dp", action="store_true",
@@ -442,12 +457,17 @@ def train(args: argparse.Namespace, verbose: bool = False) -> Run:
               f"{args.dtype}, dropout {args.dropout}")
         for name, p in list(model.named_parameters())[:14]:
             print(f"  {name:24s} {str(p.shape):14s} sbp {tuple(str(s) for s in p.sbp)}")
+    if args.graph and (args.clip or args.dropout):
+        raise SystemExit("train_gpt: --graph needs --clip 0 (clipping reads the norm on the "
+                         "host) and --dropout 0 (masks from a Python counter)")
+    captured = trainer.graph_step() if args.graph else None
     worst, losses = 0.0, []
     for step in range(args.steps):
         ids, targets = batch_at(data, step, args.batch, args.seq, args.seed)
         masks = args.seed * 1_000_003 + step + 1  # the seed of this step's dropout masks
         sm.manual_seed(masks)
-        got = trainer.step(ids, targets)
+        got = trainer.step(ids, targets) if captured is None else float(
+            captured(ids, targets).item())
         wants = [ref.step(ids, targets)] if ref else []
         if other:
             sm.manual_seed(masks)  # the same masks as the layout under test

@@ -140,6 +140,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--data", default="auto", choices=["auto", "digits", "synthetic"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--graph", action="store_true",
+                    help="capture the step as a graph (sm.graph) and replay it")
     args = ap.parse_args()
     # a note when run without mpiexec; the 2-D mesh needs 4 ranks
     sm.launch.expect_world(4 if args.layout == "2d" else 2,
@@ -166,6 +168,14 @@ def main() -> None:
               f"{args.layout} on {pl.ranks.tolist()}, {args.optim}, {dtype}")
         for name, p in model.named_parameters():
             print(f"  {name:11s} {str(p.shape):9s} sbp {tuple(str(s) for s in p.sbp)}")
+    def train_step(x: sm.GlobalTensor, y: sm.GlobalTensor) -> sm.GlobalTensor:
+        opt.zero_grad()
+        loss = sm.nn.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = sm.graph(train_step) if args.graph else train_step
     worst = 0.0
     for epoch in range(args.epochs):
         losses = []
@@ -173,10 +183,7 @@ def main() -> None:
             xb, yb = x_all[train[idx]].astype(dtype), y_all[train[idx]]
             x = sm.tensor(xb, placement=pl, sbp=lay["x"])
             y = sm.tensor(yb, placement=pl, sbp=y_sbp)
-            opt.zero_grad()
-            loss = sm.nn.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+            loss = step(x, y)
             got, want = loss.item(), ref.step(xb, yb)
             worst = max(worst, abs(got - want) / abs(want))
             losses.append(got)

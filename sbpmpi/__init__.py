@@ -58,6 +58,8 @@ _LAZY: dict[str, str] = {
     **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
     "einsum": "sbpmpi.contraction",
+    "graph": "sbpmpi.capture",  # a training step captured and replayed
+    "GraphBreak": "sbpmpi.capture",
     "save": "sbpmpi.checkpoint",
     "load": "sbpmpi.checkpoint",
     "save_state": "sbpmpi.checkpoint",

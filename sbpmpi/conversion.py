@@ -39,6 +39,7 @@ from .runtime.consistency import (
     conversion_meta,
     step_check,
 )
+from .runtime.recording import RECORDERS
 from .tensor import GlobalTensor
 
 __all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination",
@@ -185,6 +186,8 @@ def gather_global(x: GlobalTensor, *, agreed: bool = False) -> np.ndarray:
     """The whole value of ``x`` as a new NumPy array on every world rank (collective).
 
     ``agreed``: as for :func:`box`."""
+    if RECORDERS:  # a step being captured as a graph (sm.graph) cannot read a value
+        RECORDERS[0].host_read(f"a read of the value of a tensor of shape {x.shape}")
     world = _world(get_world_size())
     y = box(x, world, (Broadcast(),), agreed=agreed)
     out = y.to_local()

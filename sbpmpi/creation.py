@@ -24,6 +24,7 @@ from .core.placement import Placement
 from .core.reduction import identity_value
 from .core.sbp import SBP, check_partials
 from .env import get_rank
+from .runtime.recording import RECORDERS
 from .tensor import GlobalTensor
 
 __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global"]
@@ -214,7 +215,11 @@ def tensor(data: Any, *, placement: Placement | None = None,
     layout = _layout(value.shape, placement, sbp)
     value = value.astype(dt, copy=False)  # once, so a bad cast fails on every rank
     # a copy: the shard must not alias the caller's array
-    return _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
+    out = _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
+    if RECORDERS:  # a step being captured as a graph (sm.graph): data may be its input
+        RECORDERS[0].created(("tensor", layout, dt), lambda d: tensor(
+            d, placement=placement, sbp=sbp, dtype=dtype)._local, data, out._local)
+    return out
 
 
 # -- local arrays -> global tensor ------------------------------------------------------------

@@ -38,6 +38,10 @@ def explain(op: Any, *args: Any, placement: Placement | None = None,
         path its call takes: local, gathered, tall, wide or refused, and why); for a
         conversion, the boxing plan of ``boxing.explain_conversion``.
     """
+    from .capture import Graph, GraphFunction
+
+    if isinstance(op, (GraphFunction, Graph)):  # a captured step: signatures and breaks
+        return op.explain()
     if isinstance(op, GlobalTensor):
         if args or kwargs:
             raise TypeError("explain(x, placement=..., sbp=...) takes no other arguments for a "

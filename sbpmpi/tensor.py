@@ -13,6 +13,7 @@ from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
 from .errors import CopyWriteError
+from .runtime import recording as _recording
 from .runtime.consistency import check_collective
 
 __all__ = ["GlobalTensor", "CopySource", "bind_layers_above", "bind_array_api"]
@@ -173,6 +174,8 @@ class GlobalTensor:
         """Store ``grad`` as ``.grad`` without the user-facing checks of the ``grad``
         setter: the engine and the data-parallel reducers have made it in the leaf's
         layout, or in the layout their stage keeps it in (ZeRO 1: unreduced)."""
+        if _recording.RECORDERS:  # a step being captured as a graph (sm.graph)
+            _recording.RECORDERS[0].set_grad(self, grad)
         self._grad = grad
 
     def _set_node(self, node: Any) -> None:

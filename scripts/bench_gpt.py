@@ -23,6 +23,9 @@ and ``torch.utils.checkpoint`` (``use_reentrant=False``) alike. For each sbpmpi 
 the run also reports the bytes handed to MPI in one step (``sm.trace``) and the bytes the
 tape holds at the end of forward (``sbpmpi.tape.held_bytes``): these hold on any device,
 where CPU half-width arithmetic may be slower than float32.
+
+``--graph`` adds, per layout, the same step captured as a graph (``sm.graph``,
+``Trainer.graph_step``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default="")
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--graph", action="store_true")
     own, rest = ap.parse_known_args(argv)
     args = train_gpt.parse(["--dtype", "float32", "--dropout", "0", *rest])
     data = train_gpt.load_corpus()
@@ -100,6 +104,10 @@ def worker(argv: list[str]) -> None:
         rows[f"wire bytes {name}"] = float(world.allreduce(t.nbytes(), op=MPI.MAX))
         rows[f"tape bytes {name}"] = float(world.allreduce(held_bytes(loss), op=MPI.MAX))
         loss.backward()  # the buckets' round ends (DataParallel)
+        if own.graph:  # the same step captured as a graph (sm.graph)
+            captured = train_gpt.build(args, layout).graph_step()
+            rows[f"sbpmpi graph {layout}" if size > 1 else "sbpmpi graph"] = tokens / \
+                median_step(functools.partial(captured, ids, targets), warmup=3)
     if own.torch:
         torch_setup(rank, size, world)
         kinds = ["plain"] if size == 1 else ["ddp", "tp", "sp"]
@@ -301,22 +309,22 @@ def driver(argv: list[str]) -> None:
     table = []
     for k in names:
         layout = k.split()[-1] if k.startswith("sbpmpi ") else ""
-        ref = torch_for.get(layout)
+        ref = "torch" if k in ("sbpmpi", "sbpmpi graph") else torch_for.get(layout)
         table.append(dict(name=k, tokens_per_s=med[k], runs=[r[k] for r in runs],
                           vs_one_process=med[k] / single,
                           vs_torch=(med[k] / med[ref]) if ref and ref in med else None))
     print(f"bench_gpt: {a.ranks} ranks, {' '.join(rest)}, one thread per rank; "
           f"medians of {a.runs} runs")
-    print(f"{'run':14s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
+    print(f"{'run':18s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
     for t in table:
         vs = "-" if t["vs_torch"] is None else f"{t['vs_torch']:.2f}"
-        print(f"{t['name']:14s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
-    print(f"{'run':14s} {'wire bytes/step':>16s} {'tape bytes':>12s}  (largest rank)")
+        print(f"{t['name']:18s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
+    print(f"{'run':18s} {'wire bytes/step':>16s} {'tape bytes':>12s}  (largest rank)")
     memory = {}
     for k in sizes:
         run = k[len("wire bytes "):]
         memory[run] = {"wire_bytes": med[k], "tape_bytes": med[f"tape bytes {run}"]}
-        print(f"{run:14s} {med[k]:16.0f} {med[f'tape bytes {run}']:12.0f}")
+        print(f"{run:18s} {med[k]:16.0f} {med[f'tape bytes {run}']:12.0f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"ranks": a.ranks, "size": rest, "runs": a.runs,
                                             "results": table, "memory": memory}, indent=1))

@@ -17,7 +17,10 @@ seconds, for these variants:
 * ``mpi4py by hand``: NumPy gradients, then one ``Allreduce`` per gradient (no overlap);
 * ``torch DDP``: ``DistributedDataParallel`` on gloo (CPU), when torch is importable;
 * ``tensor parallel`` (and ``2-D`` on a (n/2) x 2 mesh when n >= 4 is even), for the
-  two-layer models.
+  two-layer models;
+* with ``--graph``: ``DP graph``, ``DP buckets graph`` and ``TP graph``, the ``DP
+  plain``, ``DP buckets`` and ``tensor parallel`` steps captured as graphs
+  (``sm.graph``: replayed without op dispatch).
 
 The variants are interleaved (each repetition runs every variant once, after a common
 warm-up), so a slow stretch of a shared machine hits all of them alike; each variant's
@@ -61,6 +64,7 @@ import numpy as np  # noqa: E402
 
 N_CLASSES = 16
 PLAIN, BUCKETS, ONE, RAW, DDP = "DP plain", "DP buckets", "1-proc", "mpi4py by hand", "torch DDP"
+GRAPH = "DP graph"  # DP plain captured as a graph (--graph)
 
 
 class Model(NamedTuple):
@@ -153,6 +157,9 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     ap.add_argument("--malloc-keep", action="store_true",
                     help="keep freed memory in the process (glibc mallopt), every variant")
+    ap.add_argument("--graph", action="store_true",
+                    help="also the sbpmpi steps captured as graphs (sm.graph): 'DP graph', "
+                         "'DP buckets graph', 'TP graph'")
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args(argv)
     if a.malloc_keep:
@@ -163,7 +170,7 @@ def worker(argv: list[str]) -> None:
     keep: list[Any] = []  # the DataParallel wrappers (their buckets stay in use)
 
     def sbpmpi_step(m: Model, p0: list[np.ndarray], x: np.ndarray, y: np.ndarray,
-                    layout: str) -> Step:
+                    layout: str, graph: bool = False) -> Step:
         pl = sm.placement("cpu", np.arange(size).reshape(size // 2, 2).tolist()
                           if layout == "2-D" else list(range(size)))
         if layout in (PLAIN, BUCKETS):
@@ -187,17 +194,20 @@ def worker(argv: list[str]) -> None:
         yt = sm.tensor(y, placement=pl, sbp=tuple(s if s == S(0) else B for s in xs))
         n_layers = len(params) // 2
 
-        def step() -> None:
+        def body(xt: Any, yt: Any) -> Any:
             opt.zero_grad()
             h = xt
             for i in range(n_layers):
                 h = h @ params[2 * i] + params[2 * i + 1]
                 if i < n_layers - 1:
                     h = sm.relu(h)
-            sm.nn.cross_entropy(h, yt).backward()
+            loss = sm.nn.cross_entropy(h, yt)
+            loss.backward()
             opt.step()
+            return loss
 
-        return step
+        run = sm.graph(body) if graph else body  # captured: replayed without dispatch
+        return lambda: run(xt, yt)
 
     def local_rows(n: int) -> slice:
         return slice(rank * n // size, (rank + 1) * n // size)
@@ -278,6 +288,11 @@ def worker(argv: list[str]) -> None:
                 layouts.append("2-D")
         for lay in layouts:
             steps[lay] = sbpmpi_step(m, p0, x, y, lay)
+        if a.graph:
+            steps[GRAPH] = sbpmpi_step(m, p0, x, y, PLAIN, graph=True)
+            steps["DP buckets graph"] = sbpmpi_step(m, p0, x, y, BUCKETS, graph=True)
+            if "tensor parallel" in layouts:
+                steps["TP graph"] = sbpmpi_step(m, p0, x, y, "tensor parallel", graph=True)
         t = torch_step(m, x, y)
         if t is not None:
             steps[DDP] = t

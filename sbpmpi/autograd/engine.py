@@ -30,7 +30,7 @@ from ..ops import autocast
 from ..tape import Node, differentiable
 from ..tensor import GlobalTensor
 from .gradients import accumulate
-from .hooks import HOOKS, LeafCalls
+from .hooks import HOOKS, LeafCalls, run_hook
 from .rules import rule_for
 
 __all__ = ["backward", "accumulate"]
@@ -138,7 +138,7 @@ def _run(root: Node, g: GlobalTensor) -> None:
         if rule is None:  # e.g. the backward-only ops, called by hand with grad on
             raise RuntimeError(f"backward: op {node.name!r} has no backward rule")
         for poll in polls:
-            poll()
+            run_hook(poll)
         if ACTIVE:
             mark(f"backward {node.name}")
         if node.recompute is not None:  # sm.nn.checkpoint dropped its data: rerun the region

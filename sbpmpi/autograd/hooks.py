@@ -30,12 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime.recording import RECORDERS
 from ..tape import Node
 from ..tensor import GlobalTensor
 
 __all__ = ["HookHandle", "LeafHook", "EndHook", "PollHook", "register_leaf_hook",
            "register_backward_end_hook", "register_poll_hook", "leaf_hooks", "HookTable",
-           "LeafCalls", "HOOKS"]
+           "LeafCalls", "HOOKS", "run_hook"]
 
 #: ``hook(leaf, grad or None, last) -> took_over``
 LeafHook = Callable[[GlobalTensor, "GlobalTensor | None", bool], bool]
@@ -59,6 +60,16 @@ class HookHandle:
             self._remove = None
 
 
+def run_hook(hook: Callable[..., Any], *args: Any) -> Any:
+    """``hook(*args)``; while a step is captured as a graph (``sm.graph``) the call is
+    recorded and replayed as it is (the data-parallel reducer's writes into its buckets
+    and its non-blocking all-reduces with it)."""
+    if RECORDERS:
+        with RECORDERS[0].host_call(hook, args, ()):
+            return hook(*args)
+    return hook(*args)
+
+
 @dataclass(eq=False)
 class LeafCalls:
     """The calls one backward owes the hooks of one leaf: the hooks (as registered when
@@ -74,7 +85,7 @@ class LeafCalls:
         last = self.left == 0
         taken = False
         for hook in self.hooks:
-            taken = bool(hook(leaf, grad, last)) or taken
+            taken = bool(run_hook(hook, leaf, grad, last)) or taken
         return taken
 
 
@@ -160,7 +171,7 @@ class HookTable:
         error: BaseException | None = None
         for hook in tuple(self._end.values()):
             try:
-                hook(failed or error is not None)
+                run_hook(hook, failed or error is not None)
             except BaseException as e:  # every hook runs: none leaves a request behind
                 if error is None:
                     error = e

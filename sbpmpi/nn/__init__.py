@@ -39,7 +39,7 @@ from .recompute import checkpoint
 
 __all__ = ["Module", "ModuleList", "Sequential", "Linear", "Embedding", "LayerNorm", "Dropout",
            "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "embedding", "layer_norm",
-           "dropout", "clip_grad_norm_", "checkpoint", "MixedPrecision", "DataParallel", "no_sync", "shard"]
+           "dropout", "clip_grad_norm_", "checkpoint", "MixedPrecision", "DataParallel", "no_sync", "shard", "Graph"]
 
 #: Names that moved, kept for one release: ``sm.nn.<old>`` -> ``sm.<new>``.
 _MOVED = {"save_training_state": "checkpoint.save_training_state",
@@ -53,7 +53,7 @@ _PARALLEL = ("DataParallel", "no_sync", "shard")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PARALLEL))  # the lazy names too (autodoc, completion)
+    return sorted(set(globals()) | set(_PARALLEL) | {"Graph"})  # the lazy names too (autodoc, completion)
 
 
 def __getattr__(name: str) -> Any:
@@ -61,6 +61,11 @@ def __getattr__(name: str) -> Any:
         from .. import parallel
 
         value = globals()[name] = getattr(parallel, name)
+        return value
+    if name == "Graph":  # OneFlow's nn.Graph: a step captured and replayed (sm.graph)
+        from ..capture import Graph
+
+        value = globals()[name] = Graph
         return value
     if name in _MOVED:
         from .. import checkpoint

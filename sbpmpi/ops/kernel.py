@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.layout import Layout
 from ..env import get_rank
+from ..runtime.recording import RECORDERS
 from .precision import widened
 
 __all__ = ["Kernel", "local_result"]
@@ -23,6 +24,12 @@ __all__ = ["Kernel", "local_result"]
 #: An op's local computation, the one type of every kernel: ``kernel(xp, operands,
 #: out_local_shape) -> array-like``, tensor operands given as this rank's shards.
 Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
+
+
+def _arrays(args: Any) -> tuple[Any, ...]:
+    """The arrays among a kernel's arguments (a replay's operands, for the bounds check)."""
+    return tuple(a for a in args if hasattr(a, "__array_interface__")
+                 or hasattr(a, "__cuda_array_interface__"))
 
 
 def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
@@ -57,4 +64,9 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         raise RuntimeError(f"{name}: internal error: local result has shape "
                            f"{tuple(res.shape)}, layout {layout} expects {shape} on rank "
                            f"{get_rank()}")
+    if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
+        RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
+                            lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
+                                                   shards=_arrays(a), view=view),
+                            args, res)
     return res

@@ -25,6 +25,7 @@ from .. import backend
 from ..core.sbp import Partial, broadcast
 from ..creation import full, tensor
 from ..grad_mode import no_grad
+from ..runtime.recording import RECORDERS
 from ..tensor import GlobalTensor
 from . import lr_scheduler
 
@@ -148,12 +149,29 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
         (never in place: a gradient may be shared by several leaves)."""
+        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call
+            with RECORDERS[0].host_call(self.zero_grad, (set_to_none,), ()):
+                self._zero_grad(set_to_none)
+            return
+        self._zero_grad(set_to_none)
+
+    def _zero_grad(self, set_to_none: bool) -> None:
         for p in self.params:
             p._set_grad(None if set_to_none or p.grad is None else
                         full(p.shape, 0, placement=p.placement, sbp=p.sbp, dtype=p.dtype))
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local to each rank's shards)."""
+        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call,
+            # which updates the parameters and buffers in place
+            mutated = [(t, t._local) for i, p in enumerate(self.params)
+                       for t in (p, *self.state[i].values())]
+            with RECORDERS[0].host_call(self.step, (), mutated):
+                self._step()
+            return
+        self._step()
+
+    def _step(self) -> None:
         with no_grad():
             for i, p in enumerate(self.params):
                 g = p.grad

@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..runtime.recording import RECORDERS
+
 __all__ = ["LRScheduler", "LambdaLR", "LinearLR", "CosineAnnealingLR", "SequentialLR"]
 
 
@@ -75,6 +77,11 @@ class LRScheduler:
 
     def step(self) -> None:
         """Move to the next epoch and set each group's learning rate."""
+        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call
+            with RECORDERS[0].host_call(self.step, (), ()):
+                self.last_epoch += 1
+                self._set(self.lr_at(self.last_epoch))
+            return
         self.last_epoch += 1
         self._set(self.lr_at(self.last_epoch))
 

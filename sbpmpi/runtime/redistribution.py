@@ -36,6 +36,7 @@ from ..env import get_rank
 from . import cost_table
 from .consistency import agree_on_conversion
 from .execute import Program, compile_plan
+from .recording import RECORDERS
 
 __all__ = ["redistribute", "start_redistribute", "PendingConversion", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
            "conversion_cost", "check_dtype"]
@@ -92,6 +93,14 @@ def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any, *,
     Without it, checked mode makes one, and every rank of the world must call
     ``redistribute`` (members of neither placement too).
     """
+    if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
+        return RECORDERS[0].conversion(
+            (src, dst, np.dtype(dtype)), lambda a: _redistribute(a, src, dst, dtype, agreed),
+            lambda a: _redistribute(a, src, dst, dtype, True), local)
+    return _redistribute(local, src, dst, dtype, agreed)
+
+
+def _redistribute(local: Any, src: Layout, dst: Layout, dtype: Any, agreed: bool) -> Any:
     if not checks.checking():
         prog = program_for(src, dst, dtype)
         return local if prog is None else prog(local)

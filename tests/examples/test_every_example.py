@@ -48,7 +48,8 @@ COMPANIONS = {"gpt_reference.py", "gpt_pipeline.py"}  # imported by train_gpt.py
 # (layout, ranks): small sizes and few steps; the docs' command runs the full 50 steps
 GPT_RUNS = [("sp", 3, ["--check"]), ("2d", 2, ["--check"]),
             ("tp", 2, ["--dropout", "0.1", "--compare-dp"]),
-            ("pp", 2, ["--check", "--pp", "2", "--microbatches", "4", "--schedule", "1f1b"])]
+            ("pp", 2, ["--check", "--pp", "2", "--microbatches", "4", "--schedule", "1f1b"]),
+            ("dp", 2, ["--check", "--graph", "--clip", "0"])]  # captured (sm.graph), buckets
 GPT_SMALL = ["--layers", "2", "--heads", "4", "--dim", "16", "--seq", "8", "--batch", "4",
              "--steps", "4", "--sample", "8"]
 

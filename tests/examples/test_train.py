@@ -319,7 +319,8 @@ EXAMPLE = ROOT / "examples" / "train_mlp.py"
     (3, ["--layout", "tp", "--optim", "adam"]),
     (4, ["--layout", "2d"]),
     (2, ["--layout", "tp", "--dtype", "float32", "--data", "synthetic"]),
-], ids=["dp-n2", "tp-adam-n3", "2d-n4", "tp-f32-synthetic-n2"])
+    (2, ["--layout", "dp", "--optim", "adam", "--graph"]),
+], ids=["dp-n2", "tp-adam-n3", "2d-n4", "tp-f32-synthetic-n2", "dp-adam-graph-n2"])
 def test_train_mlp_matches_numpy(n, args):
     out = _run(n, EXAMPLE, "--epochs", "2", *args)
     assert "TRAIN_MLP OK" in out.splitlines(), out[-3000:]

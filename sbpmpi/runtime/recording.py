@@ -1,0 +1,49 @@
+"""The hook through which a step is recorded for :mod:`sbpmpi.capture` (``sm.graph``).
+
+While a capture runs, :data:`RECORDERS` holds its recorder (at most one); the doors where
+a step's work happens tell it what they did, each behind one truth test of this list:
+
+- ``ops.kernel.local_result``: an op's local kernel ran (:meth:`Recorder.kernel`);
+- ``runtime.redistribute``: a conversion ran (:meth:`Recorder.conversion`, which runs it);
+- ``GlobalTensor._set_grad``: a leaf's ``.grad`` was set (:meth:`Recorder.set_grad`);
+- ``sm.tensor``: a global tensor was made from a host array (:meth:`Recorder.created`);
+- ``conversion.gather_global``: a host read of a value (:meth:`Recorder.host_read`, which
+  raises: a graph cannot hold it);
+- the optimizers' ``step``/``zero_grad`` and the schedulers' ``step``
+  (:meth:`Recorder.host_call`: replayed as a call).
+
+Nothing here knows what a recorder does with it: :class:`Recorder` is the protocol,
+:mod:`sbpmpi.capture.recorder` the implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+__all__ = ["Recorder", "RECORDERS"]
+
+
+class Recorder(Protocol):
+    """What the doors tell a capture (see the module docstring)."""
+
+    def kernel(self, name: str, key: tuple[Any, ...], fn: Callable[[list[Any]], Any],
+               args: Sequence[Any], out: Any) -> None: ...
+
+    def conversion(self, key: tuple[Any, ...], run: Callable[[Any], Any],
+                   replay: Callable[[Any], Any], local: Any) -> Any: ...
+
+    def set_grad(self, leaf: Any, grad: Any) -> None: ...
+
+    def created(self, key: tuple[Any, ...], fn: Callable[[Any], Any], data: Any,
+                out: Any) -> None: ...
+
+    def host_read(self, what: str) -> None: ...
+
+    def host_call(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                  mutated: Sequence[tuple[Any, Any]]) -> AbstractContextManager[None]: ...
+
+
+#: The active recorder, if any (a list: the doors test it with one truth test).
+RECORDERS: list[Recorder] = []
