@@ -32,6 +32,7 @@ from ..runtime.consistency import StepCheck, check_enabled, debug_enabled, note_
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from .kernel import Kernel, local_result
+from .precision import needs_widening
 
 __all__ = ["Fast", "Source", "From", "key", "lookup", "remember", "clear", "entries", "SIZE"]
 
@@ -120,6 +121,7 @@ class Fast:
     shape: tuple[int, ...]
     step: StepCheck  # what consistency.note_step folds for this call (a function of the key)
     view: bool = False  # a view op (getitem): the result views operand 0 (nothing moved)
+    widened: bool = False  # half-width operands computed in float32 (ops.precision)
 
     def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.identity:
@@ -135,10 +137,11 @@ class Fast:
         if xp is None:
             out = GlobalTensor(np.empty(self.shape, dtype=self.dtype), self.output, self.dtype)
         else:
+            # nothing moved: the kernel's operands are the shards themselves
             local = [o._local if type(o) is GlobalTensor else o for o in ops]
-            shards = [o._local for o in ops if type(o) is GlobalTensor]
             out = GlobalTensor(local_result(self.name, self.kernel, xp, local, self.shape,
-                                            self.dtype, self.output, shards, self.view),
+                                            self.dtype, self.output, local, self.view,
+                                            self.widened),
                                self.output, self.dtype)
         if self.view:  # remembered calls moved nothing: a view op's result is a view
             out._mark_view(ops[0])
@@ -184,7 +187,7 @@ def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
     if len(_FAST) >= SIZE:
         _FAST.clear()
     _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),
-                    tuple(shape), step, view)
+                    tuple(shape), step, view, needs_widening(name, operands))
 
 
 def clear() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from ..core.layout import Layout
 from ..env import get_rank
 from ..runtime.recording import RECORDERS
-from .precision import widened
+from .precision import needs_widening, widen
 
 __all__ = ["Kernel", "local_result"]
 
@@ -34,12 +34,15 @@ def _arrays(args: Any) -> tuple[Any, ...]:
 
 def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
                  shape: tuple[int, ...], dtype: np.dtype, layout: Layout,
-                 shards: Sequence[Any] = (), view: bool = False) -> Any:
+                 shards: Sequence[Any] = (), view: bool = False,
+                 widened: bool | None = None) -> Any:
     """``kernel(xp, args, shape)`` as an ``xp`` array of ``dtype`` and ``shape``: a
     C-contiguous array in its own memory, or with ``view`` the kernel's view of an operand's
     shard as it is (basic indexing: its strides kept, so writes reach the operand).
 
-    ``shards``: the operands' own shards (before any conversion). A result that shares
+    ``widened``: whether half-width operands are computed in float32
+    (:func:`.precision.needs_widening`; None: decided here). ``shards``: the operands' own
+    shards (before any conversion; scalars among them are passed over). A result that shares
     memory with one of them is copied, unless it is the ``view``: a kernel that returns a
     view (``reshape``, a transpose that is contiguous on this rank only) would otherwise
     tie the result to its operand on some ranks and not on others, and a later write
@@ -51,14 +54,16 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         When the kernel's result has another shape than ``layout`` gives this rank (an
         internal error of op ``name``).
     """
-    res = xp.asarray(kernel(xp, widened(name, args), shape))
+    if widened is None:
+        widened = needs_widening(name, args)
+    res = xp.asarray(kernel(xp, widen(args) if widened else args, shape))
     if res.dtype != dtype:
         res = res.astype(dtype)
     if view:
         pass
     elif not res.flags.c_contiguous:
         res = res.copy()
-    elif res.base is not None and any(xp.may_share_memory(res, a) for a in shards):
+    elif res.base is not None and any(xp.may_share_memory(res, a) for a in _arrays(shards)):
         res = res.copy()  # a fresh array has no base: only views need the bounds check
     if res.shape != shape and tuple(res.shape) != shape:
         raise RuntimeError(f"{name}: internal error: local result has shape "
@@ -67,6 +72,6 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
     if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
         RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
                             lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
-                                                   shards=_arrays(a), view=view),
+                                                   shards=a, view=view),
                             args, res)
     return res

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.dtypes import HALF, float32
 
-__all__ = ["FLOAT32_KERNELS", "widened"]
+__all__ = ["FLOAT32_KERNELS", "needs_widening", "widen", "widened"]
 
 #: Ops whose kernels sum or chain many values (or evaluate a polynomial): run in float32
 #: on half-width operands.
@@ -31,10 +31,18 @@ FLOAT32_KERNELS: frozenset[str] = frozenset({
 })
 
 
+def needs_widening(name: str, args: Sequence[Any]) -> bool:
+    """Whether op ``name`` computes in float32 on these operands (arrays or tensors): it
+    accumulates and one of them is half-width. A function of the dtypes alone, so the
+    dispatch fast path decides it once per entry."""
+    return name in FLOAT32_KERNELS and any(getattr(a, "dtype", None) in HALF for a in args)
+
+
+def widen(args: Sequence[Any]) -> list[Any]:
+    """``args`` with their half-width arrays as float32."""
+    return [a.astype(float32) if getattr(a, "dtype", None) in HALF else a for a in args]
+
+
 def widened(name: str, args: Sequence[Any]) -> Sequence[Any]:
     """``args`` with their half-width arrays as float32 when op ``name`` accumulates."""
-    if name not in FLOAT32_KERNELS:
-        return args
-    if not any(getattr(a, "dtype", None) in HALF for a in args):
-        return args
-    return [a.astype(float32) if getattr(a, "dtype", None) in HALF else a for a in args]
+    return widen(args) if needs_widening(name, args) else args
