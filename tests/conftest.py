@@ -52,6 +52,20 @@ def world():
     return MPI.COMM_WORLD
 
 
+
+def op_placements(world_size: int | None = None) -> list:
+    """The placements the table-wide op tests try: the whole world, every rank but rank 0
+    (a placement that is not the world's), and at 4 ranks a 2x2 mesh."""
+    import sbpmpi as sm
+
+    size = sm.env.get_world_size() if world_size is None else world_size
+    out = [sm.placement("cpu", list(range(size)))]
+    if size > 1:
+        out.append(sm.placement("cpu", list(range(1, size))))
+    if size == 4:
+        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
+    return out
+
 def assert_same_on_all_ranks(value: object) -> None:
     """Fail unless every rank passes an equal ``value``."""
     from mpi4py import MPI

@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import agree, assert_same_on_all_ranks, errors_of
+from conftest import agree, assert_same_on_all_ranks, errors_of, op_placements
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -26,12 +26,7 @@ S, B, P = sm.sbp.split, sm.sbp.broadcast, sm.sbp.partial_sum
 
 
 def placements():
-    out = [sm.placement("cpu", list(range(size)))]
-    if size > 1:
-        out.append(sm.placement("cpu", list(range(1, size))))
-    if size == 4:
-        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
-    return out
+    return op_placements(size)
 
 
 def layouts(pl, ndim, partial=True):

@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import agree
+from conftest import agree, op_placements
 from mpi4py import MPI
 from op_examples import EXAMPLES
 
@@ -43,12 +43,7 @@ CASES = [(name, k) for name in NAMES for k in range(len(EXAMPLES.get(name, [None
 
 
 def meshes():
-    out = [sm.placement("cpu", list(range(size)))]
-    if size > 1:
-        out.append(sm.placement("cpu", list(range(1, size))))
-    if size == 4:
-        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
-    return out
+    return op_placements(size)
 
 
 def example(name, k):

@@ -10,7 +10,7 @@ import operator
 
 import numpy as np
 import pytest
-from conftest import assert_same_on_all_ranks, errors_of
+from conftest import assert_same_on_all_ranks, errors_of, op_placements
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -21,12 +21,7 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 
 def placements():
-    out = [sm.placement("cpu", list(range(size)))]
-    if size > 1:
-        out.append(sm.placement("cpu", list(range(1, size))))
-    if size == 4:
-        out.append(sm.placement("cpu", [[0, 1], [2, 3]]))
-    return out
+    return op_placements(size)
 
 
 def sbps(pl, ndim):
