@@ -18,7 +18,7 @@ import numpy as np
 from . import backend, comm
 from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
-from .core.dtypes import bfloat16, float32, is_floating, is_half
+from .core.dtypes import below_one, bfloat16, float32, is_floating, is_half
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
@@ -115,8 +115,15 @@ def _random_values(name: str, shape: Any, placement: Placement | None,
     seed, call = _random.next_stream()
     # half-width dtypes: float32's values, then rounded (the same draw at every width)
     drawn = float32 if is_half(dt) else dt
-    return _build(layout, dt, lambda xp, r: xp.asarray(draw(xp, shp, r, seed, call, drawn))
-                  .astype(drawn, copy=False))
+    if drawn is dt or name != "rand":
+        return _build(layout, dt, lambda xp, r: xp.asarray(draw(xp, shp, r, seed, call, drawn))
+                      .astype(drawn, copy=False))
+    top = below_one(dt)  # rounding a float32 just below 1 to half width may give 1
+
+    def values(xp: Any, r: Any) -> Any:
+        v = xp.asarray(draw(xp, shp, r, seed, call, drawn)).astype(drawn, copy=False)
+        return xp.minimum(v.astype(dt), top)
+    return _build(layout, dt, values)
 
 
 @_grad_option

@@ -54,6 +54,12 @@ def eps(dtype: Any) -> float:
     return float(np.finfo(dt).eps)
 
 
+def below_one(dtype: Any) -> Any:
+    """The largest value of floating ``dtype`` below 1 (``1 - epsneg``), as a scalar of it."""
+    dt = np.dtype(dtype)
+    return np.asarray(1.0 - float(ml_dtypes.finfo(dt).epsneg)).astype(dt)[()]
+
+
 def dtype_name(dtype: Any) -> str:
     """``"bfloat16"``, ``"float32"``, ...: the name messages use."""
     return np.dtype(dtype).name

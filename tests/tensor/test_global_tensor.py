@@ -238,9 +238,13 @@ def test_rand_is_below_one_for_every_float_dtype(dtype):
     assert v.dtype == np.dtype(dtype)
     assert v.min() >= 0 and v.max() < 1, (dtype, int((v >= 1).sum()))
     assert_same_on_all_ranks(v.tobytes())
-    # the same values whatever the layout, and as NumPy casts the float64 draw (but < 1)
+    # the same values whatever the layout, and as NumPy casts the float64 draw (but < 1);
+    # a half-width dtype rounds float32's values (the same draw at every width: issue 32)
     sm.manual_seed(0)
     u = sm.rand(100_000, placement=pl, sbp=sm.sbp.broadcast, dtype=np.float64).numpy()
+    if np.dtype(dtype).itemsize == 2:
+        below32 = np.nextafter(np.float32(1), np.float32(0))
+        u = np.minimum(u.astype(np.float32), below32)
     below = np.nextafter(np.ones((), dtype), np.zeros((), dtype))
     np.testing.assert_array_equal(v, np.minimum(u.astype(dtype), below))
     assert 0.49 < float(v.astype(np.float64).mean()) < 0.51
