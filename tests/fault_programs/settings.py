@@ -31,7 +31,20 @@ elif mode == "same":
 else:
     assert mode in ("bad_on_last", "check_differs"), mode
 
-import sbpmpi as sm  # noqa: E402
+try:
+    import sbpmpi as sm
+except Exception:
+    if os.environ.get("SBPMPI_ABORT_ON_ERROR") != "0":
+        raise
+    # Every rank raises (what the tests count): each prints its traceback, then the ranks
+    # meet before exiting, since mpiexec ends the job when the first rank exits with an
+    # error, possibly before another rank's traceback is written.
+    import traceback
+
+    traceback.print_exc()
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Barrier()
+    sys.exit(1)
 
 x = sm.tensor(np.arange(3.0 * size), placement=sm.placement("cpu", list(range(size))),
               sbp=sm.sbp.split(0))
