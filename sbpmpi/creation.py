@@ -18,7 +18,8 @@ import numpy as np
 from . import backend, comm
 from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
-from .core.dtypes import below_one, bfloat16, float32, is_floating, is_half
+from .core.dtypes import below_one as largest_below_one
+from .core.dtypes import bfloat16, float32, is_floating, is_half
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
@@ -104,9 +105,9 @@ def _build(layout: Layout, dtype: np.dtype,
 
 def _random_values(name: str, shape: Any, placement: Placement | None,
                    sbp: SBP | Sequence[SBP] | None, dtype: Any,
-                   draw: Callable[..., Any]) -> GlobalTensor:
+                   draw: Callable[..., Any], below_one: bool = False) -> GlobalTensor:
     """randn and rand: ``draw(xp, shape, ranges, seed, call, dtype)`` from the next random
-    stream, in a floating dtype."""
+    stream, in a floating dtype; ``below_one``: values in [0, 1) also after rounding."""
     shp = _shape_arg(shape)
     layout = _layout(shp, placement, sbp)
     dt = _dtype_arg(dtype, _DEFAULT_FLOAT)
@@ -115,10 +116,10 @@ def _random_values(name: str, shape: Any, placement: Placement | None,
     seed, call = _random.next_stream()
     # half-width dtypes: float32's values, then rounded (the same draw at every width)
     drawn = float32 if is_half(dt) else dt
-    if drawn is dt or name != "rand":
+    if drawn is dt or not below_one:
         return _build(layout, dt, lambda xp, r: xp.asarray(draw(xp, shp, r, seed, call, drawn))
                       .astype(drawn, copy=False))
-    top = below_one(dt)  # rounding a float32 just below 1 to half width may give 1
+    top = largest_below_one(dt)  # rounding a float32 just below 1 to half width may give 1
 
     def values(xp: Any, r: Any) -> Any:
         v = xp.asarray(draw(xp, shp, r, seed, call, drawn)).astype(drawn, copy=False)
@@ -139,7 +140,8 @@ def randn(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[S
 def rand(*shape: Any, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None,
          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:
     """Uniform values in [0, 1); depend only on the seed and the global index."""
-    return _random_values("rand", shape, placement, sbp, dtype, _random.uniform)
+    return _random_values("rand", shape, placement, sbp, dtype, _random.uniform,
+                          below_one=True)
 
 
 @_grad_option

@@ -122,6 +122,20 @@ def test_the_rerun_uses_the_forwards_autocast_state():
     np.testing.assert_array_equal(out[0], out[1])
 
 
+def _three_steps(model, opt) -> list[float]:
+    """Three SGD/Adam steps on seeded inputs; the losses."""
+    losses = []
+    for s in range(3):
+        opt.zero_grad()
+        sm.manual_seed(s)
+        x = sm.tensor(X + s, placement=world(), sbp=S(0))
+        loss = (model(x) ** 2).sum()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.numpy()))
+    return losses
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("policy", ["full", "selective"])
 def test_with_data_parallel_buckets(policy):
@@ -130,15 +144,7 @@ def test_with_data_parallel_buckets(policy):
         model = sm.nn.DataParallel(Net(recompute=rc), bucket_cap_mb=0.0001,
                                    first_bucket_mb=0.0001)
         opt = sm.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for s in range(3):
-            opt.zero_grad()
-            sm.manual_seed(s)
-            x = sm.tensor(X + s, placement=world(), sbp=S(0))
-            loss = (model(x) ** 2).sum()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.numpy()))
+        losses = _three_steps(model, opt)
         res.append((losses, [p.numpy() for p in model.parameters()]))
     assert res[0][0] == res[1][0]
     for p, q in zip(res[0][1], res[1][1]):
@@ -152,15 +158,7 @@ def test_under_zero_stage_3():
         net = Net(recompute=rc)
         opt = sm.optim.Adam(net.parameters(), lr=0.01)
         model, opt = sm.nn.shard(net, opt, stage=3)
-        losses = []
-        for s in range(3):
-            opt.zero_grad()
-            sm.manual_seed(s)
-            x = sm.tensor(X + s, placement=world(), sbp=S(0))
-            loss = (model(x) ** 2).sum()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.numpy()))
+        losses = _three_steps(model, opt)
         res.append(losses)
     assert res[0] == res[1]
 
