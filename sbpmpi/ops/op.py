@@ -33,6 +33,7 @@ from ..tensor import GlobalTensor
 from . import autocast, dispatch
 from .call import OpCall
 from .exactness import partners_finite, risky_partners
+from . import inference
 from .inference import clear_if_table_changed, infer
 from .kernel import local_result
 
@@ -140,7 +141,8 @@ class GlobalOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
-        k = dispatch.key(self, args, kwargs) if self.fast else None
+        k = dispatch.key(self, args, kwargs) if self.fast and not inference.LAZY_PARTIAL \
+            else None
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)

@@ -85,7 +85,13 @@ def test_policy_arguments():
     assert mp.output_dtype is None
     with pytest.raises(ValueError, match="param_dtype must be one of"):
         sm.nn.MixedPrecision(param_dtype=np.int32)
-    with pytest.raises(ValueError, match="reduce_dtype bfloat16 is not supported"):
-        sm.nn.MixedPrecision(reduce_dtype=sm.bfloat16)
+    for rd in (sm.bfloat16, sm.float16):  # DataParallel reduces in half width
+        assert sm.nn.MixedPrecision(reduce_dtype=rd).reduce_dtype == rd
+    with pytest.raises(ValueError, match="reduce_dtype must be one of"):
+        sm.nn.MixedPrecision(reduce_dtype=np.float64)
+    net = MLP()
+    with pytest.raises(ValueError, match="reduce_dtype must be sm.float32 .*got bfloat16"):
+        sm.nn.shard(net, sm.optim.Adam(net.parameters()), stage=2,
+                    mixed_precision=sm.nn.MixedPrecision(reduce_dtype=sm.bfloat16))
     with pytest.raises(TypeError, match="mixed_precision must be"):
         sm.nn.DataParallel(MLP(), mixed_precision="bf16")
