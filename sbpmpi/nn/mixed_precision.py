@@ -17,8 +17,10 @@ the float32 masters are reduced as they arrive, in float32. bfloat16 or float16,
 of the half-width pieces (:class:`sbpmpi.runtime.half_width.HalfWidthReduction`: half
 the bytes of float32) and cast back into the masters' ``.grad``
 (:mod:`sbpmpi.parallel.reducer`). ZeRO (``sm.nn.shard``) takes float32 only: its
-reduce-scatters run in the gradients' dtype; a half ``reduce_dtype`` there is refused
-with a ValueError naming it.
+reduce-scatters run in the float32 masters' dtype; a half ``reduce_dtype`` there is
+refused with a ValueError naming it. Under ZeRO stage 3 a half ``param_dtype`` also sets
+the dtype the layers gather their parameters in (every parameter, as FSDP2: half the
+bytes of float32's all-gathers).
 """
 
 from __future__ import annotations

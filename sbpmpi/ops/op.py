@@ -30,10 +30,9 @@ from ..runtime.consistency import (
 )
 from ..tape import record_op
 from ..tensor import GlobalTensor
-from . import autocast, dispatch
+from . import autocast, dispatch, inference
 from .call import OpCall
 from .exactness import partners_finite, risky_partners
-from . import inference
 from .inference import clear_if_table_changed, infer
 from .kernel import local_result
 

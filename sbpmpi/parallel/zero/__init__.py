@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from ...autograd.rules import register_rules
+from ...core.dtypes import HALF
 from ...nn.mixed_precision import MixedPrecision
 from .backward_rules import ZERO_BACKWARD_RULES
 from .optimizer import GatherAfterStep, ShardedOptimizer, repoint
@@ -126,7 +127,9 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
         repoint(optimizer, two)
         out = two, GatherAfterStep(optimizer, two)
     else:
-        three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch))
+        low = None if mixed_precision is None or mixed_precision.param_dtype not in HALF \
+            else mixed_precision.param_dtype  # gathered in half width
+        three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch), low)
         repoint(optimizer, three)
         out = three, optimizer
     if mixed_precision is not None:  # float32 masters (sharded), half-width compute copies
