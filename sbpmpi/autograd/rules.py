@@ -16,6 +16,7 @@ The engine runs rules under ``no_grad`` and casts each gradient to its input's d
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -271,6 +272,14 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
 }
 
 
+def _is_weight(x: GlobalTensor) -> bool:
+    """Whether ``x`` is a leaf (a parameter) or autocast's cast of one."""
+    if x.is_leaf:
+        return True
+    n = x._node
+    return n is not None and n.name == "astype" and bool(n.inputs) and n.inputs[0].is_leaf
+
+
 def _matmul(node: Node, g: GlobalTensor) -> Grads:
     """As 2-D matmul, a 1-D operand taken as a row (left) or a column (right): the
     vector, and the gradient of the result, are reshaped to the matrices NumPy treats
@@ -280,10 +289,11 @@ def _matmul(node: Node, g: GlobalTensor) -> Grads:
     b2 = ops.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
     if a.ndim == 1 or b.ndim == 1:
         g = ops.reshape(g, g.shape[:max(a.ndim, b.ndim) - 2] + (a2.shape[-2], b2.shape[-1]))
-    # a product whose contraction runs over a split dim (a weight's gradient over the
-    # batch) stays a local partial_sum, as in unbroadcast
-    with lazy_partial_outputs():
+    # a weight's gradient, contracted over the split batch, stays a local partial_sum (as
+    # in unbroadcast): reduced once where it meets the weight's layout (a bucket, say)
+    with lazy_partial_outputs() if _is_weight(a) else contextlib.nullcontext():
         ga = unbroadcast(matmul_nt(g, b2), a2.shape) if node.needs[0] else None
+    with lazy_partial_outputs() if _is_weight(b) else contextlib.nullcontext():
         gb = unbroadcast(matmul_tn(a2, g), b2.shape) if node.needs[1] else None
     return [ga if ga is None or a.ndim > 1 else ops.reshape(ga, a.shape),
             gb if gb is None or b.ndim > 1 else ops.reshape(gb, b.shape)]

@@ -100,7 +100,7 @@ LAZY_PARTIAL = False
 @contextmanager
 def lazy_partial_outputs() -> Iterator[None]:
     """Inside, inference charges nothing for a partial output's later reduction (the
-    calls skip the dispatch fast path, whose entries were chosen with the charge)."""
+    calls' fast-path keys say so: their entries apart from those chosen with it)."""
     global LAZY_PARTIAL
     old, LAZY_PARTIAL = LAZY_PARTIAL, True
     try:

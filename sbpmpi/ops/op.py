@@ -140,8 +140,9 @@ class GlobalOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
-        k = dispatch.key(self, args, kwargs) if self.fast and not inference.LAZY_PARTIAL \
-            else None
+        k = dispatch.key(self, args, kwargs) if self.fast else None
+        if k is not None and inference.LAZY_PARTIAL:  # chosen without the partial charge
+            k = (*k, "lazy partial outputs")
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)
