@@ -24,10 +24,12 @@ significant), wildcard rows by increasing dim. All of this is a pure function of
 metadata, so every rank makes the same choice.
 
 Inside :func:`lazy_partial_outputs` a partial output is not charged at all: the backward
-rules sum a gradient over the dims broadcasting added (:func:`sbpmpi.autograd.rules.
-unbroadcast`) there, so a gradient whose batch dim is split stays a local ``partial_sum``
-and is reduced once where it meets its operand's layout (a data-parallel bucket, or the
-engine's conversion), never moved before the sum to avoid a reduction it needs anyway.
+rules sum a gradient over the dims broadcasting added there (``unbroadcast``), and make a
+weight's gradient from its matmul, so a gradient whose batch dim is split stays a local
+``partial_sum`` and is reduced once where it meets its operand's layout (a data-parallel
+bucket, or the engine's conversion), not moved before the sum to avoid a reduction it
+needs anyway (the charge of a half-width reduction, two collectives, made small
+half-width operands move).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def _reduced(out: Layout) -> Layout:
 _COSTS: dict[tuple[Layout, Layout, int], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
+_table: list[Any] = [None]  # the cost-table version the caches were filled under
 #: True inside :func:`lazy_partial_outputs` (a module attribute: the op call reads it).
 LAZY_PARTIAL = False
 
@@ -107,7 +110,6 @@ def lazy_partial_outputs() -> Iterator[None]:
         yield
     finally:
         LAZY_PARTIAL = old
-_table: list[Any] = [None]  # the cost-table version the caches were filled under
 
 
 def clear_cache() -> None:
