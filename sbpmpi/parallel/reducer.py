@@ -149,7 +149,7 @@ class Reducer:
         The data-parallel mesh axis (the one the batch is split along).
     bucket_cap_bytes, first_bucket_bytes : int
         Bucket sizes in bytes (PyTorch DDP's 25 MiB and 1 MiB by default).
-    reduce_dtype : dtype or None
+    reduce_dtype : numpy dtype or None
         bfloat16 or float16: float32 (and float64) buckets are reduced in that half width
         (see the module docstring); None or another dtype: in their own dtype.
     """
