@@ -345,13 +345,28 @@ def build(args: argparse.Namespace, layout: str, vocab: int = len(VOCAB)) -> Tra
     opt = sm.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
     sched = sm.optim.lr_scheduler.LambdaLR(opt, lr_factor(args.steps, args.warmup))
     data_parallel = layout in ("dp", "2d") and args.buckets == "on"
-    net = sm.nn.DataParallel(model, axis=0) if data_parallel else model
+    rd = grad_reduce_dtype(args)  # float32 masters' buckets reduced in half width
+    mp = None if rd is None else sm.nn.MixedPrecision(
+        param_dtype=low if low is not None else sm.float32, reduce_dtype=rd)
+    net = sm.nn.DataParallel(model, axis=0, mixed_precision=mp) if data_parallel else model
     scaler = sm.amp.GradScaler(init_scale=2.0**10) if args.dtype == "float16" else None
     return Trainer(model, opt, sched, args.clip, net, low, scaler)
 
 
 #: --dtype values that train in half width (with float32 master weights).
 HALF_DTYPES = {"bfloat16": sm.bfloat16, "float16": sm.float16}
+
+
+def grad_reduce_dtype(args: argparse.Namespace) -> Any:
+    """The half width the data-parallel buckets reduce in (``--reduce-dtype``), or None
+    for the gradients' own dtype. ``auto``: bfloat16 under ``--dtype bfloat16`` (half the
+    bytes of float32, float32 sums inside); float16 keeps float32 (its loss-scaled
+    gradients would overflow float16's range more often: torch's ``fp16_compress_hook``
+    is opt-in too)."""
+    r = getattr(args, "reduce_dtype", "auto")
+    if r == "auto":
+        r = "bfloat16" if args.dtype == "bfloat16" else "float32"
+    return HALF_DTYPES.get(r)
 
 
 def generate(model: GPT, prompt: np.ndarray, length: int, seed: int) -> str:
@@ -401,6 +416,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     choices=["float64", "float32", "bfloat16", "float16"],
                     help="bfloat16/float16: float32 weights, the forward under sm.autocast "
                          "(float16 with sm.amp.GradScaler)")
+    ap.add_argument("--reduce-dtype", default="auto",
+                    choices=["auto", "float32", "bfloat16", "float16"],
+                    help="dp and 2d (buckets on): the dtype the gradient buckets are "
+                         "reduced in (sm.nn.MixedPrecision's reduce_dtype); auto: bfloat16 "
+                         "under --dtype bfloat16, else the gradients' own dtype")
     ap.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
                     help="recompute each block's activations in backward (sm.nn.checkpoint)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

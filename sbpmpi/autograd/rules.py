@@ -16,6 +16,7 @@ The engine runs rules under ``no_grad`` and casts each gradient to its input's d
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from ..creation import zeros
 from ..ops import elementwise as ew
 from ..ops.call import norm_dim, norm_dims, shape_of
 from ..ops.embedding import embedding_backward
+from ..ops.inference import lazy_partial_outputs
 from ..ops.linalg import matmul_nt, matmul_tn
 from ..ops.losses import cross_entropy_grad, vocab_cross_entropy_grad
 from ..ops.op import GlobalOp
@@ -47,14 +49,19 @@ Rule = Callable[[Node, GlobalTensor], Grads]
 
 
 def unbroadcast(g: GlobalTensor, shape: tuple[int, ...]) -> GlobalTensor:
-    """Sum ``g`` over the dims NumPy broadcasting added or stretched to reach ``shape``."""
+    """Sum ``g`` over the dims NumPy broadcasting added or stretched to reach ``shape``.
+
+    The sum stays local where ``g`` is split on a summed dim (a ``partial_sum``, reduced
+    once where the gradient meets its operand's layout: a data-parallel bucket, say),
+    whatever the reduction's cost in ``g``'s dtype (a half-width one is dearer)."""
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
                                       if n == 1 and g.shape[lead + i] != 1)
     if dims:
-        g = ops.sum(g, dims)
+        with lazy_partial_outputs():
+            g = ops.sum(g, dims)
     return g if g.shape == shape else ops.reshape(g, shape)
 
 
@@ -265,6 +272,14 @@ UNARY: dict[str, Callable[[Node, GlobalTensor, Any], GlobalTensor]] = {
 }
 
 
+def _is_weight(x: GlobalTensor) -> bool:
+    """Whether ``x`` is a leaf (a parameter) or autocast's cast of one."""
+    if x.is_leaf:
+        return True
+    n = x._node
+    return n is not None and n.name == "astype" and bool(n.inputs) and n.inputs[0].is_leaf
+
+
 def _matmul(node: Node, g: GlobalTensor) -> Grads:
     """As 2-D matmul, a 1-D operand taken as a row (left) or a column (right): the
     vector, and the gradient of the result, are reshaped to the matrices NumPy treats
@@ -274,8 +289,12 @@ def _matmul(node: Node, g: GlobalTensor) -> Grads:
     b2 = ops.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
     if a.ndim == 1 or b.ndim == 1:
         g = ops.reshape(g, g.shape[:max(a.ndim, b.ndim) - 2] + (a2.shape[-2], b2.shape[-1]))
-    ga = unbroadcast(matmul_nt(g, b2), a2.shape) if node.needs[0] else None
-    gb = unbroadcast(matmul_tn(a2, g), b2.shape) if node.needs[1] else None
+    # a weight's gradient, contracted over the split batch, stays a local partial_sum (as
+    # in unbroadcast): reduced once where it meets the weight's layout (a bucket, say)
+    with lazy_partial_outputs() if _is_weight(a) else contextlib.nullcontext():
+        ga = unbroadcast(matmul_nt(g, b2), a2.shape) if node.needs[0] else None
+    with lazy_partial_outputs() if _is_weight(b) else contextlib.nullcontext():
+        gb = unbroadcast(matmul_tn(a2, g), b2.shape) if node.needs[1] else None
     return [ga if ga is None or a.ndim > 1 else ops.reshape(ga, a.shape),
             gb if gb is None or b.ndim > 1 else ops.reshape(gb, b.shape)]
 

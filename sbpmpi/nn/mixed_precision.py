@@ -10,11 +10,17 @@ weights, made per call and recorded on the tape, whose gradients the engine cast
 to float32), and its floating outputs are cast to ``output_dtype`` when given.
 Checkpoints save the float32 masters (the module's parameters are never replaced).
 
-``reduce_dtype``: the dtype gradients are reduced in. The gradients of float32 masters
-arrive in float32, and the buckets and ZeRO's reduce-scatters reduce them as they are,
-so float32 (the default) is the one value taken today; a half-width reduction of
-gradients is refused with a ValueError naming it (half-width ``partial_sum`` tensors do
-reduce in half width with float32 sums, through any conversion).
+``reduce_dtype``: the dtype gradients are reduced in (as FSDP2's, and DDP's
+``bf16_compress_hook``/``fp16_compress_hook``). float32 (the default): the gradients of
+the float32 masters are reduced as they arrive, in float32. bfloat16 or float16, under
+``DataParallel``: each float32 gradient bucket is cast to it, reduced with float32 sums
+of the half-width pieces (:class:`sbpmpi.runtime.half_width.HalfWidthReduction`: half
+the bytes of float32) and cast back into the masters' ``.grad``
+(:mod:`sbpmpi.parallel.reducer`). ZeRO (``sm.nn.shard``) takes float32 only: its
+reduce-scatters run in the float32 masters' dtype; a half ``reduce_dtype`` there is
+refused with a ValueError naming it. Under ZeRO stage 3 a half ``param_dtype`` also sets
+the dtype the layers gather their parameters in (every parameter, as FSDP2: half the
+bytes of float32's all-gathers).
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ class MixedPrecision:
     """``MixedPrecision(param_dtype=sm.bfloat16, reduce_dtype=sm.float32, output_dtype=None)``.
 
     ``param_dtype``: the compute dtype of the forward (bfloat16, float16, or float32 for
-    none); ``reduce_dtype``: the gradients' reduction dtype (float32); ``output_dtype``:
+    none); ``reduce_dtype``: the gradients' reduction dtype (float32, or bfloat16 or
+    float16 under ``DataParallel``); ``output_dtype``:
     the dtype the wrapper's floating outputs are cast to (None: as computed).
     """
 
@@ -59,13 +66,8 @@ class MixedPrecision:
     def __post_init__(self) -> None:
         object.__setattr__(self, "param_dtype", _dtype(
             "param_dtype", self.param_dtype, (bfloat16, np.dtype(np.float16), float32)))
-        rd = _dtype("reduce_dtype", self.reduce_dtype,
-                    (float32, bfloat16, np.dtype(np.float16)))
-        if rd != float32:
-            raise ValueError(f"MixedPrecision: reduce_dtype {rd.name} is not supported: the "
-                             f"gradients of the float32 master weights are reduced in "
-                             f"float32 (reduce_dtype=sm.float32)")
-        object.__setattr__(self, "reduce_dtype", rd)
+        object.__setattr__(self, "reduce_dtype", _dtype(
+            "reduce_dtype", self.reduce_dtype, (float32, bfloat16, np.dtype(np.float16))))
         if self.output_dtype is not None:
             od = np.dtype(self.output_dtype)
             if not is_floating(od):

@@ -22,13 +22,22 @@ boxes the fewest operands, then to the first in enumeration order: placements in
 argument order, then table rows lexicographically over the mesh axes (axis 0 most
 significant), wildcard rows by increasing dim. All of this is a pure function of
 metadata, so every rank makes the same choice.
+
+Inside :func:`lazy_partial_outputs` a partial output is not charged at all: the backward
+rules sum a gradient over the dims broadcasting added there (``unbroadcast``), and make a
+weight's gradient from its matmul, so a gradient whose batch dim is split stays a local
+``partial_sum`` and is reduced once where it meets its operand's layout (a data-parallel
+bucket, or the engine's conversion), not moved before the sum to avoid a reduction it
+needs anyway (the charge of a half-width reduction, two collectives, made small
+half-width operands move).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -47,7 +56,8 @@ from .signature import Resolved, admissible, format_table, resolve
 __all__ = ["Candidate", "Inference", "infer", "TIE_RTOL", "PRUNE_ABOVE", "PRUNE_KEEP",
            "AxisEstimate", "ComboRank", "axis_change_cost", "axis_reduce_cost",
            "axis_estimates", "needed_layouts", "may_be_refused", "combo_rank", "choose",
-           "clear_cache", "clear_if_table_changed", "refusal"]
+           "clear_cache", "clear_if_table_changed", "refusal", "lazy_partial_outputs",
+           "LAZY_PARTIAL"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
@@ -86,6 +96,20 @@ _COSTS: dict[tuple[Layout, Layout, int], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
 _table: list[Any] = [None]  # the cost-table version the caches were filled under
+#: True inside :func:`lazy_partial_outputs` (a module attribute: the op call reads it).
+LAZY_PARTIAL = False
+
+
+@contextmanager
+def lazy_partial_outputs() -> Iterator[None]:
+    """Inside, inference charges nothing for a partial output's later reduction (the
+    calls' fast-path keys say so: their entries apart from those chosen with it)."""
+    global LAZY_PARTIAL
+    old, LAZY_PARTIAL = LAZY_PARTIAL, True
+    try:
+        yield
+    finally:
+        LAZY_PARTIAL = old
 
 
 def clear_cache() -> None:
@@ -262,7 +286,7 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
     """
     pls = _placements(call)
     clear_if_table_changed()
-    key = (*_key(call), exact_only)
+    key = (*_key(call), exact_only, LAZY_PARTIAL)
     hit = _CACHE.get(key)
     if hit is not None:
         return Inference(call, *hit)
@@ -296,7 +320,7 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
             costs = tuple(_cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
                           else 0.0 for o, lay, m in zip(ops, need, moved))
             out = Layout(call.out_shape, pl, tuple(r.output for r in combo))
-            charge = _partial_cost(out, out_item)
+            charge = 0.0 if LAZY_PARTIAL else _partial_cost(out, out_item)
             if charge:
                 owed = sum(_partial_cost(o.layout, o.dtype.itemsize)
                            for o, t, m in zip(ops, is_t, moved) if t and not m)
@@ -374,7 +398,7 @@ def axis_estimates(call: OpCall, pl: Placement, rows: Sequence[Resolved], table:
             box = tuple(axis_change_cost(o.layout, a, r.inputs[i], o.dtype.itemsize, table)
                         if isinstance(o, GlobalTensor) else 0.0 for i, o in enumerate(ops))
             charge = 0.0
-            if isinstance(r.output, Partial):
+            if isinstance(r.output, Partial) and not LAZY_PARTIAL:
                 out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
                                                          for b in range(pl.ndim)))
                 charge = axis_reduce_cost(out_a, a, call.out_dtype.itemsize, table)

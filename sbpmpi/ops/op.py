@@ -30,7 +30,7 @@ from ..runtime.consistency import (
 )
 from ..tape import record_op
 from ..tensor import GlobalTensor
-from . import autocast, dispatch
+from . import autocast, dispatch, inference
 from .call import OpCall
 from .exactness import partners_finite, risky_partners
 from .inference import clear_if_table_changed, infer
@@ -141,6 +141,8 @@ class GlobalOp:
         if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
+        if k is not None and inference.LAZY_PARTIAL:  # chosen without the partial charge
+            k = (*k, "lazy partial outputs")
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)

@@ -8,6 +8,10 @@ of a feed-forward model, as PyTorch DDP does): the first bucket holds about
 parameter that reaches its size, and its size is counted from global shapes, so every
 rank builds the same buckets. Only parameters broadcast on the data-parallel axis get a
 slot (a split one keeps the unbucketed path); one bucket holds one placement and dtype.
+
+A bucket's ``reduce_dtype`` (``sm.nn.MixedPrecision``'s, as FSDP2's
+``MixedPrecisionPolicy(reduce_dtype=)``) is the dtype its span travels in: its own dtype,
+or, for a float32 (or float64) bucket, bfloat16 or float16 (:func:`reduce_dtype_of`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 
 from .. import backend, comm
 from ..comm.collective_work import CollectiveWork
+from ..core.dtypes import HALF
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, partial_sum
@@ -28,7 +33,8 @@ from ..runtime.consistency import StepCheck, step_check
 from ..tensor import GlobalTensor
 
 __all__ = ["BucketSlot", "GradientBucket", "SlotSpan", "BucketPlan", "BUCKET_STEP",
-           "build_buckets", "local_span", "plan_for"]
+           "build_buckets", "local_span", "plan_for", "reduce_dtype_of",
+           "span_part"]
 
 #: The consistency check's name for a bucket's reduction.
 BUCKET_STEP = "gradient bucket"
@@ -82,12 +88,24 @@ class GradientBucket:
     work: CollectiveWork | None = None
     plans: dict[SlotSpan, BucketPlan] = field(default_factory=dict)
     agreed: SlotSpan | None = None  # the span the ranks last agreed on
+    reduce_dtype: np.dtype | None = None  # the half width it is reduced in (None: dtype)
+
+
+def reduce_dtype_of(dtype: np.dtype, reduce_dtype: np.dtype | None) -> np.dtype | None:
+    """The half width a bucket of ``dtype`` is reduced in for the policy's
+    ``reduce_dtype`` (None: its own dtype). Only a wider floating bucket narrows: a
+    float32 ``reduce_dtype`` leaves a float64 bucket float64, as before the policy."""
+    if reduce_dtype is None or np.dtype(reduce_dtype) not in HALF \
+            or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    return np.dtype(reduce_dtype)
 
 
 def build_buckets(params: Sequence[GlobalTensor], axis: int, cap: int,
-                  first: int) -> list[GradientBucket]:
+                  first: int, reduce_dtype: np.dtype | None = None) -> list[GradientBucket]:
     """The buckets of ``params`` (in the order the model uses them) on mesh axis ``axis``,
-    in start order, each with its slots and this rank's zeroed buffer."""
+    in start order, each with its slots and this rank's zeroed buffer (reduced in
+    ``reduce_dtype`` where :func:`reduce_dtype_of` says so)."""
     buckets: list[GradientBucket] = []
     open_: dict[tuple[Placement, np.dtype], GradientBucket] = {}
     members: list[tuple[GlobalTensor, GradientBucket]] = []
@@ -97,7 +115,8 @@ def build_buckets(params: Sequence[GlobalTensor], axis: int, cap: int,
         key = (p.placement, p.dtype)
         b = open_.get(key)
         if b is None:
-            b = open_[key] = GradientBucket(len(buckets), p.placement, p.dtype, 0)
+            b = open_[key] = GradientBucket(len(buckets), p.placement, p.dtype, 0,
+                                            reduce_dtype=reduce_dtype_of(p.dtype, reduce_dtype))
             buckets.append(b)
         members.append((p, b))
         b.nbytes += p.size * p.dtype.itemsize
@@ -135,10 +154,16 @@ def local_span(b: GradientBucket) -> SlotSpan | None:
     return None if first < 0 else SlotSpan(first, last + 1)
 
 
+def span_part(b: GradientBucket, span: SlotSpan) -> Any:
+    """The part of ``b``'s buffer that the slots of ``span`` hold (a view)."""
+    first, last = b.slots[span.first], b.slots[span.stop - 1]
+    return b.flat[first.offset:last.offset + last.view.size]
+
+
 def plan_for(b: GradientBucket, span: SlotSpan, axis: int) -> BucketPlan:
     """The reduction of ``b`` when ``span`` holds its local gradients."""
-    first, last = b.slots[span.first], b.slots[span.stop - 1]
     meta = (b.placement, b.dtype, {"bucket": b.index, "axis": axis,
-                                   "params": (span.first, span.stop), "bytes": b.nbytes})
-    return BucketPlan(step_check(BUCKET_STEP, meta),
-                      b.flat[first.offset:last.offset + last.view.size])
+                                   "params": (span.first, span.stop), "bytes": b.nbytes,
+                                   "reduce_dtype": str(b.dtype if b.reduce_dtype is None
+                                                       else b.reduce_dtype)})
+    return BucketPlan(step_check(BUCKET_STEP, meta), span_part(b, span))

@@ -44,6 +44,10 @@ class DataParallel(Module):
     bucket_cap_mb, first_bucket_mb : float
         Bucket sizes in MiB, counted over whole gradients in reverse parameter order:
         PyTorch DDP's 25 and 1 by default (the first bucket small, to start early).
+    mixed_precision : MixedPrecision or None
+        Its ``param_dtype`` runs the forward under ``sm.autocast``; its ``reduce_dtype``
+        bfloat16 or float16 reduces the float32 buckets in that half width (float32
+        sums inside, see :mod:`sbpmpi.parallel.reducer`: half the bytes).
     """
 
     def __init__(self, module: Module, *, axis: int = 0, bucket_cap_mb: float = 25.0,
@@ -63,7 +67,8 @@ class DataParallel(Module):
                                  f"got {v!r}")
             caps.append(int(v * MIB))
         self.module = module
-        self.reducer = Reducer(module.parameters(), axis, caps[0], caps[1])
+        self.reducer = Reducer(module.parameters(), axis, caps[0], caps[1],
+                               None if mixed_precision is None else mixed_precision.reduce_dtype)
         # the engine's hook table holds the reducer, not the wrapper: dropping the
         # wrapper removes the hooks
         weakref.finalize(self, self.reducer.close)

@@ -58,6 +58,24 @@ starts.
 Reducing a bucket sums each element exactly as reducing each gradient separately would
 (MPI reductions are elementwise), so the gradients are bit-identical to all-reducing every
 gradient on its own.
+
+**Half-width reduction** (``reduce_dtype`` bfloat16 or float16, from
+``sm.nn.MixedPrecision``, as FSDP2's ``MixedPrecisionPolicy(reduce_dtype=)`` and DDP's
+``bf16_compress_hook``): the span of a float32 bucket is cast to the half dtype, reduced
+by :class:`sbpmpi.runtime.half_width.HalfWidthReduction` (one all-to-all of the
+half-width pieces, a float32 sum of the pieces a rank owns rounded once, one half-width
+all-gather: half the bytes of the float32 all-reduce, on the wire and as ``sm.trace``
+counts them) and cast back into the bucket, so the float32 masters' ``.grad`` hold
+``half(sum_float32(half(g_r)))``. MPI cannot add half-width values; an emulated MPI
+operation would add in half width at every step of its tree, in Python. The partial
+gradients are already parts of the global loss's gradient (the loss's mean is over the
+global batch), so nothing is divided before the cast: a float16 value overflows only
+where the sum itself, or one rank's part, is beyond float16's range, and then the inf
+reaches every rank (the all-gather hands every rank the same rounded sums), where
+``sm.amp.GradScaler`` sees it and every rank skips the step. A world of one on the axis
+still rounds (the same values at every size). This reduction blocks at the bucket's
+start (the comm layer has no non-blocking all-to-all): the overlap with backward is the
+float32 path's only.
 """
 
 from __future__ import annotations
@@ -65,10 +83,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
+from typing import Any
 
 import numpy as np
 
-from .. import comm, ops
+from .. import backend, comm, ops
 from ..autograd.gradients import accumulate
 from ..autograd.hooks import (
     HookHandle,
@@ -80,8 +99,17 @@ from ..autograd.hooks import (
 from ..comm.collective_work import CollectiveWork, all_done
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step
+from ..runtime.half_width import HalfWidthReduction
 from ..tensor import GlobalTensor
-from .buckets import BUCKET_STEP, BucketSlot, GradientBucket, build_buckets, local_span, plan_for
+from .buckets import (
+    BUCKET_STEP,
+    BucketSlot,
+    GradientBucket,
+    build_buckets,
+    local_span,
+    plan_for,
+    span_part,
+)
 
 __all__ = ["Reducer", "no_sync", "MIB", "DEFAULT_BUCKET_CAP_BYTES",
            "DEFAULT_FIRST_BUCKET_BYTES"]
@@ -121,17 +149,22 @@ class Reducer:
         The data-parallel mesh axis (the one the batch is split along).
     bucket_cap_bytes, first_bucket_bytes : int
         Bucket sizes in bytes (PyTorch DDP's 25 MiB and 1 MiB by default).
+    reduce_dtype : numpy dtype or None
+        bfloat16 or float16: float32 (and float64) buckets are reduced in that half width
+        (see the module docstring); None or another dtype: in their own dtype.
     """
 
     def __init__(self, params: Iterable[GlobalTensor], axis: int = 0,
                  bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> None:
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 reduce_dtype: np.dtype | None = None) -> None:
         params = list(params)
         _check(params, axis, bucket_cap_bytes, first_bucket_bytes)
         self.axis = int(axis)
         self.require_sync = True  # False inside self.no_sync()
         self.buckets: list[GradientBucket] = build_buckets(
-            params, self.axis, int(bucket_cap_bytes), int(first_bucket_bytes))
+            params, self.axis, int(bucket_cap_bytes), int(first_bucket_bytes),
+            None if reduce_dtype is None else np.dtype(reduce_dtype))
         self._slots: dict[int, BucketSlot] = {
             id(s.param): s for b in self.buckets for s in b.slots}
         self._syncing = True  # this backward reduces (read from the modes at its start)
@@ -292,7 +325,11 @@ class Reducer:
         """Start the reduction of ``b`` (none when no slot holds local gradients: every
         rank decides alike, from layouts)."""
         span = local_span(b)
-        if span is None or b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
+        if span is None:
+            return
+        if b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
+            if b.reduce_dtype is not None and b.group is not None:
+                _round_to(b.reduce_dtype, span_part(b, span))  # as if reduced in half width
             return
         plan = b.plans.get(span)
         if plan is None:
@@ -306,6 +343,9 @@ class Reducer:
             # check on the world compares, no exchange of its own
             note_known_step(plan.step)
         if b.group is not None and plan.part.size:
+            if b.reduce_dtype is not None:  # blocking: see the module docstring
+                _half_width_all_reduce(b, plan.part)
+                return
             b.work = comm.all_reduce(plan.part, comm.ReduceOp.SUM, b.group, async_op=True)
             self._in_flight.append(b.work)
 
@@ -384,6 +424,21 @@ class Reducer:
                         s.param._set_grad(s.prev)
                     s.prev = s.extra = None
                 self._reset(b)
+
+
+def _round_to(dtype: np.dtype, part: Any) -> None:
+    """Round ``part`` to ``dtype`` in place (its dtype is wider)."""
+    part[...] = part.astype(dtype)
+
+
+def _half_width_all_reduce(b: GradientBucket, part: Any) -> None:
+    """``part`` (float32) summed over ``b``'s group in ``b.reduce_dtype``, in place: the
+    half-width pieces travel, each is summed in float32 and rounded once, and the rounded
+    sums come back into ``part`` (an exact widening)."""
+    assert b.group is not None and b.reduce_dtype is not None
+    xp = backend.get_xp(b.placement.type)
+    low = part.astype(b.reduce_dtype)
+    part[...] = HalfWidthReduction(xp, b.group, b.group.size, b.group.rank, "sum").all_reduce(low)
 
 
 def _check(params: list[GlobalTensor], axis: int, cap: int, first: int) -> None:

@@ -288,3 +288,41 @@ def test_half_width_training_and_recomputation(layout):
     for dtype, rc in runs:
         if rc != "none":
             assert runs[dtype, rc] == runs[dtype, "none"], (dtype, rc)
+
+
+def traced_whole_step(layout: str, dtype: str, *extra: str) -> Trace:
+    """The trace of one training step (after a first one: caches warm, buckets agreed);
+    12 sequences: an even batch split at 1..4 ranks."""
+    args = train_gpt.parse(["--layout", layout, "--clip", "0", "--dtype", dtype, "--dropout",
+                            "0", *SMALL, "--batch", "12", *extra])
+    trainer = train_gpt.build(args, layout)
+    ids, targets = train_gpt.batch_at(train_gpt.load_corpus(), 0, args.batch, args.seq, 0)
+    trainer.step(ids, targets)
+    with sm.trace() as t:
+        trainer.step(ids, targets)
+    return t
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bfloat16_dp_step_reduces_the_gradients_in_half_the_bytes_of_float32():
+    """dp: a bfloat16 step (its default --reduce-dtype bfloat16) hands MPI at most half the
+    bytes of a float32 step plus the float32 step's bytes outside the gradient buckets
+    (the loss's one 4-byte all-reduce): the buckets' half-width all-to-all and all-gather
+    move exactly half the bytes of float32's all-reduces, and no gradient is reduced
+    outside them. --reduce-dtype float32 keeps float32's gradient reductions."""
+    f32 = traced_whole_step("dp", "float32")
+    bf16 = traced_whole_step("dp", "bfloat16")
+    kept = traced_whole_step("dp", "bfloat16", "--reduce-dtype", "float32")
+    buckets = [r for r in f32 if r.op == "all_reduce" and r.nonblocking]
+    rest = [(r.op, r.nbytes, r.dtype) for r in f32 if r not in buckets]
+    if size == 1:
+        assert f32.nbytes() == bf16.nbytes() == kept.nbytes() == 0
+        return
+    assert rest == [("all_reduce", 4, "float32")]  # the loss
+    fixed = sum(n for _, n, _ in rest)
+    half = [r for r in bf16 if r.dtype == "bfloat16"]
+    assert {r.op for r in half} == {"all_to_all_v", "all_gather_v"}
+    assert 2 * sum(r.nbytes for r in half) == sum(r.nbytes for r in buckets)
+    assert [(r.op, r.nbytes, r.dtype) for r in bf16 if r.dtype != "bfloat16"] == rest
+    assert bf16.nbytes() <= 0.5 * f32.nbytes() + fixed
+    assert [(r.op, r.nbytes, r.dtype) for r in kept] == [(r.op, r.nbytes, r.dtype) for r in f32]

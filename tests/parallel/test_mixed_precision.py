@@ -34,7 +34,20 @@ class MLP(sm.nn.Module):
         return self.l2(sm.nn.relu(self.ln(h)))
 
 
-def _steps(model, opt, n=3, by_hand=None):
+def _cast_params(model, dt):
+    """FSDP's ``param_dtype`` by hand: every parameter of ``model`` replaced, for one
+    forward, by its cast to ``dt`` (a tape op: the float32 masters get the gradients);
+    returns the undo."""
+    owners = dict(model.named_modules())
+    saved = []
+    for name, p in list(model.named_parameters()):
+        path, _, attr = name.rpartition(".")
+        saved.append((owners[path], attr, p))
+        setattr(owners[path], attr, p.astype(dt))
+    return lambda: [setattr(m, a, p) for m, a, p in saved]
+
+
+def _steps(model, opt, n=3, by_hand=None, cast_params=False):
     losses = []
     for s in range(n):
         rng = np.random.default_rng(s)
@@ -43,8 +56,10 @@ def _steps(model, opt, n=3, by_hand=None):
         y = rng.integers(0, 3, 11)
         opt.zero_grad()
         if by_hand is not None:
+            undo = _cast_params(model, by_hand) if cast_params else lambda: None
             with sm.autocast(dtype=by_hand):
                 out = model(x)
+            undo()
         else:
             out = model(x)
         loss = sm.nn.cross_entropy(out.astype(np.float32), y)
@@ -60,7 +75,8 @@ def _steps(model, opt, n=3, by_hand=None):
 def test_masters_stay_float32_and_the_forward_runs_low(dt, wrap, shared_dir):
     ref = MLP()
     ref_opt = sm.optim.Adam(ref.parameters(), lr=0.01)
-    want = _steps(ref, ref_opt, by_hand=dt)
+    # ZeRO 3 gathers every parameter in the low dtype (layer norms' too), as FSDP2
+    want = _steps(ref, ref_opt, by_hand=dt, cast_params=wrap == "zero3")
     net = MLP()
     opt = sm.optim.Adam(net.parameters(), lr=0.01)
     mp = sm.nn.MixedPrecision(param_dtype=dt, output_dtype=np.float32)
@@ -85,7 +101,36 @@ def test_policy_arguments():
     assert mp.output_dtype is None
     with pytest.raises(ValueError, match="param_dtype must be one of"):
         sm.nn.MixedPrecision(param_dtype=np.int32)
-    with pytest.raises(ValueError, match="reduce_dtype bfloat16 is not supported"):
-        sm.nn.MixedPrecision(reduce_dtype=sm.bfloat16)
+    for rd in (sm.bfloat16, sm.float16):  # DataParallel reduces in half width
+        assert sm.nn.MixedPrecision(reduce_dtype=rd).reduce_dtype == rd
+    with pytest.raises(ValueError, match="reduce_dtype must be one of"):
+        sm.nn.MixedPrecision(reduce_dtype=np.float64)
+    net = MLP()
+    with pytest.raises(ValueError, match="reduce_dtype must be sm.float32 .*got bfloat16"):
+        sm.nn.shard(net, sm.optim.Adam(net.parameters()), stage=2,
+                    mixed_precision=sm.nn.MixedPrecision(reduce_dtype=sm.bfloat16))
     with pytest.raises(TypeError, match="mixed_precision must be"):
         sm.nn.DataParallel(MLP(), mixed_precision="bf16")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("bucketed", [True, False], ids=["flat", "per-parameter"])
+def test_zero3_gathers_the_parameters_in_param_dtype(bucketed):
+    """Under ZeRO 3 a half param_dtype gathers half-width parameters: the same gathers
+    as float32's, in the half dtype, half the bytes; the masters stay float32 shards."""
+    gathers = {}
+    for dt in (sm.float32, sm.bfloat16):
+        net = MLP()
+        model, opt = sm.nn.shard(net, sm.optim.Adam(net.parameters(), lr=0.01), stage=3,
+                                 bucketed=bucketed,
+                                 mixed_precision=sm.nn.MixedPrecision(param_dtype=dt))
+        _steps(model, opt, n=1)
+        x = sm.tensor(np.ones((11, 7), np.float32), placement=world(), sbp=S(0))
+        with sm.trace() as t:
+            model(x)
+        gathers[dt] = [(r.op, r.nbytes, r.dtype) for r in t if r.op.startswith("all_gather")]
+        assert all(p.dtype == np.float32 and p.sbp == (S(0),) for p in model.parameters())
+    full, half = gathers[sm.float32], gathers[sm.bfloat16]
+    assert len(full) == len(half) == (0 if size == 1 else 3 if bucketed else 6)
+    assert all(d == "float32" for _, _, d in full) and all(d == "bfloat16" for _, _, d in half)
+    assert [(op, n // 2) for op, n, _ in full] == [(op, n) for op, n, _ in half]

@@ -74,7 +74,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ...autograd.rules import register_rules
+from ...core.dtypes import HALF
 from ...nn.mixed_precision import MixedPrecision
 from .backward_rules import ZERO_BACKWARD_RULES
 from .optimizer import GatherAfterStep, ShardedOptimizer, repoint
@@ -110,6 +113,10 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
     if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
         raise TypeError(f"shard: mixed_precision must be an sm.nn.MixedPrecision or None, "
                         f"got {type(mixed_precision).__name__}")
+    if mixed_precision is not None and mixed_precision.reduce_dtype != np.float32:
+        raise ValueError(f"shard: mixed_precision.reduce_dtype must be sm.float32 (ZeRO "
+                         f"reduce-scatters the gradients in their dtype), got "
+                         f"{mixed_precision.reduce_dtype.name}")
     check_shard(module, optimizer, stage, axis, bucketed, prefetch)
     axis = int(axis)
     out: tuple[ZeroModule, Any]
@@ -120,7 +127,9 @@ def shard(module: Any, optimizer: Any, *, stage: int, axis: int = 0,
         repoint(optimizer, two)
         out = two, GatherAfterStep(optimizer, two)
     else:
-        three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch))
+        low = None if mixed_precision is None or mixed_precision.param_dtype not in HALF \
+            else mixed_precision.param_dtype  # gathered in half width
+        three = ZeroStage3(module, axis, bool(bucketed), bool(prefetch), low)
         repoint(optimizer, three)
         out = three, optimizer
     if mixed_precision is not None:  # float32 masters (sharded), half-width compute copies

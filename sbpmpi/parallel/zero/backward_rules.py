@@ -22,6 +22,8 @@ def gather_rule(node: Node, g: GlobalTensor) -> list[GlobalTensor]:
     (backward has used it: this rule runs after every rule of its consumers)."""
     leaf = node.inputs[0]
     (gathered,) = node.args
+    if g.dtype != leaf.dtype:  # gathered in half width: reduce in the leaf's float32
+        g = g.astype(leaf.dtype)  # an exact widening keeps the pending sum
     gx = g.to_global(placement=leaf.placement, sbp=leaf.sbp)
     gathered.free(only=gathered.operand_of(leaf))
     return [gx]

@@ -62,6 +62,7 @@ class PendingGather:
 
     flat: FlatGather | None
     leaves: list[GlobalTensor]
+    dtype: np.dtype  # the gathered dtype
     pending: PendingConversion | None = None
     ready: list[Any] | None = None
 
@@ -72,7 +73,8 @@ class PendingGather:
             f, n = self.flat, len(self.leaves)
             if f.row < 0:
                 xp = backend.get_xp(f.src.placement.type)
-                self.ready = [xp.empty(empty_shape(x.ndim), dtype=x.dtype) for x in self.leaves]
+                self.ready = [xp.empty(empty_shape(x.ndim), dtype=self.dtype)
+                              for x in self.leaves]
             else:
                 self.ready = [backend.get_xp(f.src.placement.type).concatenate(
                     [rows[c, offs[i]:offs[i] + int(np.prod(sh[i]))].reshape(sh[i])
@@ -82,10 +84,12 @@ class PendingGather:
         return self.ready
 
 
-def start_flat(flat: FlatGather, leaves: list[GlobalTensor]) -> PendingGather:
-    """Start the one all-gather of ``leaves`` (collective; non-blocking)."""
+def start_flat(flat: FlatGather, leaves: list[GlobalTensor],
+               dtype: np.dtype | None = None) -> PendingGather:
+    """Start the one all-gather of ``leaves`` (collective; non-blocking), in ``dtype``
+    (the leaves' when None; a narrower one rounds each value once, as a cast)."""
     xp = backend.get_xp(flat.src.placement.type)
-    dtype = leaves[0].dtype
+    dtype = leaves[0].dtype if dtype is None else np.dtype(dtype)
     if flat.row < 0:
         row = xp.empty(empty_shape(2), dtype=dtype)
     else:
@@ -93,4 +97,5 @@ def start_flat(flat: FlatGather, leaves: list[GlobalTensor]) -> PendingGather:
         for x, off in zip(leaves, flat.offsets[flat.row]):
             local = x.to_local()
             row[0, off:off + local.size] = local.reshape(-1)
-    return PendingGather(flat, leaves, start_redistribute(row, flat.src, flat.dst, dtype))
+    return PendingGather(flat, leaves, dtype,
+                         start_redistribute(row, flat.src, flat.dst, dtype))

@@ -60,21 +60,30 @@ def shardable_params(module: Module, axis: int) -> list[ShardedParam]:
 @dataclass(eq=False)
 class ParamGroup:
     """The sharded parameters one module owns: all-gathered together (one call when
-    ``flat``) and recorded on the tape together."""
+    ``flat``) and recorded on the tape together; gathered in ``dtype`` when given
+    (stage 3 under ``sm.nn.MixedPrecision``: the half-width ``param_dtype``, half the
+    bytes), else in the leaves' dtype."""
 
     module: Module
     params: list[ShardedParam]
     flat: FlatGather | None  # None: one all-gather per parameter
     wholes: tuple[Layout, ...]  # the whole parameters' layouts
-    nbytes: int  # this rank's bytes of the whole parameters
+    nbytes: int  # this rank's bytes of the whole parameters (as gathered)
+    dtype: np.dtype | None = None  # the dtype gathered in (None: the leaves')
+
+    @property
+    def gathered_dtype(self) -> np.dtype:
+        return self.params[0].leaf.dtype if self.dtype is None else self.dtype
 
     def start(self) -> PendingGather:
         """Start gathering the whole parameters (collective; non-blocking when flat)."""
         leaves = [sp.leaf.detach() for sp in self.params]
+        dt = self.gathered_dtype
         if self.flat is not None:
-            return start_flat(self.flat, leaves)
-        return PendingGather(None, leaves, ready=[
-            redistribute(x.to_local(), x.layout, w, x.dtype) for x, w in zip(leaves, self.wholes)])
+            return start_flat(self.flat, leaves, dt)
+        return PendingGather(None, leaves, dt, ready=[
+            redistribute(x.to_local().astype(dt, copy=False), x.layout, w, dt)
+            for x, w in zip(leaves, self.wholes)])
 
     def gather(self) -> list[Any]:
         """The local shards of the whole parameters (collective)."""
@@ -87,7 +96,8 @@ class ParamGroup:
         around the flat buffer's conversion). ``gathered``: stage 3's copies of this
         forward call, which the backward rules free once their gradients have left."""
         dtype = self.params[0].leaf.dtype
-        made = [GlobalTensor(local, layout, dtype) for local, layout in zip(wholes, self.wholes)]
+        made = [GlobalTensor(local, layout, self.gathered_dtype)
+                for local, layout in zip(wholes, self.wholes)]
         if self.flat is None:
             if gathered is None:
                 return [record_conversion(sp.leaf, w) for sp, w in zip(self.params, made)]
@@ -97,7 +107,9 @@ class ParamGroup:
         f = self.flat
         me = get_rank()
         xp = backend.get_xp(f.src.placement.type)
-        # the flat buffers' values are never read by backward: zero-stride placeholders
+        # the flat buffers' values are never read by backward: zero-stride placeholders,
+        # in the leaves' dtype (the gradients are reduce-scattered in it, float32 under
+        # MixedPrecision, whatever width the parameters were gathered in)
         row = GlobalTensor(xp.broadcast_to(xp.zeros((), dtype), f.src.local_shape(me)),
                            f.src, dtype)
         row = record_op("zero_pack", leaves, (f,), {}, row)
@@ -110,8 +122,10 @@ class ParamGroup:
                 for i, w in enumerate(made)]
 
 
-def param_groups(params: list[ShardedParam], axis: int, bucketed: bool) -> list[ParamGroup]:
-    """``params`` grouped by the module that holds them, in first-use order."""
+def param_groups(params: list[ShardedParam], axis: int, bucketed: bool,
+                 dtype: np.dtype | None = None) -> list[ParamGroup]:
+    """``params`` grouped by the module that holds them, in first-use order (gathered in
+    ``dtype`` when given)."""
     groups = []
     me = get_rank()
     for owner in dict.fromkeys(sp.owner for sp in params):
@@ -120,6 +134,6 @@ def param_groups(params: list[ShardedParam], axis: int, bucketed: bool) -> list[
         wholes = tuple(Layout(x.shape, x.placement, whole_sbp(x, axis)) for x in leaves)
         groups.append(ParamGroup(
             owner, mine, flat_gather(leaves, axis) if bucketed else None, wholes,
-            sum(int(np.prod(w.local_shape(me))) * x.dtype.itemsize
-                for w, x in zip(wholes, leaves))))
+            sum(int(np.prod(w.local_shape(me))) * (x.dtype if dtype is None else dtype).itemsize
+                for w, x in zip(wholes, leaves)), dtype))
     return groups

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ...autograd.hooks import HookHandle
 from ...grad_mode import no_grad
 from ...nn.module import Module
@@ -78,20 +80,23 @@ class ZeroStage3(ZeroModule):
     ``prefetch`` (bucketed only): the next layer's all-gather starts before the current
     layer computes, in forward and in backward.
 
-    ``gathered_bytes`` counts the gathered parameter bytes held now,
+    ``gather_dtype`` (``sm.nn.MixedPrecision``'s half-width ``param_dtype``): the layers
+    gather their parameters in it (half the bytes; the float32 leaves stay the masters,
+    their gradients reduce-scattered in float32). ``gathered_bytes`` counts the gathered
+    parameter bytes held now,
     ``peak_gathered_bytes`` the most since ``reset_peak()``.
     """
 
     stage = 3
 
     def __init__(self, module: Module, axis: int, bucketed: bool = True,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, gather_dtype: np.dtype | None = None) -> None:
         super().__init__(module, axis)
         for sp in self.sharded:
             with no_grad():
                 sp.leaf = owned(sp.param.detach().to_global(sbp=sp.split)).requires_grad_()
             sp.hold(sp.leaf)
-        self.groups: list[ParamGroup] = param_groups(self.sharded, axis, bucketed)
+        self.groups: list[ParamGroup] = param_groups(self.sharded, axis, bucketed, gather_dtype)
         self.prefetch = prefetch and bucketed
         self._order: list[ParamGroup] = []  # the layers in the order forward calls them
         self._prefetched: Prefetch | None = None
