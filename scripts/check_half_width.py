@@ -45,7 +45,7 @@ def layouts(size: int) -> list[str]:
     return ["dp", "tp", "sp"] + (["2d"] if size % 2 == 0 else [])
 
 
-def worker(steps: int) -> None:
+def worker(steps: int, only: list[str]) -> None:
     """One world size: every layout, dtype and recompute policy (prints one JSON line)."""
     sys.path.insert(0, str(ROOT / "examples"))
     import train_gpt  # noqa: PLC0415 - the example, loaded by path
@@ -53,7 +53,7 @@ def worker(steps: int) -> None:
 
     comm = MPI.COMM_WORLD
     rows = []
-    for layout in layouts(comm.Get_size()):
+    for layout in [lay for lay in layouts(comm.Get_size()) if lay in only]:
         losses: dict[tuple[str, str], list[float]] = {}
         t0 = time.perf_counter()
         for dtype in ("float32", "bfloat16", "float16"):
@@ -78,9 +78,10 @@ def worker(steps: int) -> None:
         print("RESULT " + json.dumps(rows), flush=True)
 
 
-def run_size(n: int, steps: int) -> list[dict[str, Any]]:
+def run_size(n: int, steps: int, only: str) -> list[dict[str, Any]]:
     exe = shutil.which("mpiexec") or "mpiexec"
-    cmd = [exe, "-n", str(n), sys.executable, __file__, "--worker", "--steps", str(steps)]
+    cmd = [exe, "-n", str(n), sys.executable, __file__, "--worker", "--steps", str(steps),
+           "--layouts", only]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, check=False)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -107,12 +108,17 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help="one world size (under mpiexec)")
     ap.add_argument("--sizes", default="1,2,3,4", help="world sizes, comma-separated")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--layouts", default="dp,tp,sp,2d",
+                    help="layouts, comma-separated (2d only at even sizes)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     if a.steps < 1:
         ap.error(f"--steps must be >= 1, got {a.steps}")
+    unknown = set(a.layouts.split(",")) - {"dp", "tp", "sp", "2d"}
+    if unknown:
+        ap.error(f"--layouts takes dp, tp, sp, 2d; got {sorted(unknown)}")
     if a.worker:
-        worker(a.steps)
+        worker(a.steps, a.layouts.split(","))
         return
     try:
         sizes = [int(s) for s in a.sizes.split(",")]
@@ -122,7 +128,7 @@ def main() -> None:
         ap.error(f"--sizes must be >= 1, got {a.sizes!r}")
     rows: list[dict[str, Any]] = []
     for n in sizes:
-        rows += run_size(n, a.steps)
+        rows += run_size(n, a.steps, a.layouts)
         print(f"n={n} done", file=sys.stderr, flush=True)
     print(table(rows))
     bad = [r for r in rows if r["worst_rel"] > RTOL or not r["recompute_identical"]
