@@ -7,6 +7,7 @@ message travels on the group's communicator.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from mpi4py import MPI
@@ -52,12 +53,16 @@ class Work:
     """A pending isend/irecv: ``wait()`` blocks until it is done, ``test()`` polls.
 
     A received GPU array that was staged through host memory is filled at completion.
+    An irecv from any rank is matched when it is tested or waited (see :func:`_probe`);
+    the irecvs from any rank of one communicator and tag take the messages in the order
+    they were posted, as MPI's would.
     """
 
-    __slots__ = ("_req", "_stager", "_keep", "_recv", "_done", "_source", "_g")
+    __slots__ = ("_req", "_stager", "_keep", "_recv", "_done", "_source", "_g", "_any")
 
-    def __init__(self, req: MPI.Request, stager: HostStager, keep: Any,
-                 recv: tuple[ArrayMeta, MPI.Datatype] | None, g: Group) -> None:
+    def __init__(self, req: MPI.Request | None, stager: HostStager, keep: Any,
+                 recv: tuple[ArrayMeta, MPI.Datatype] | None, g: Group,
+                 any_source: _AnySource | None = None) -> None:
         self._req = req
         self._stager = stager
         self._keep = keep
@@ -65,6 +70,26 @@ class Work:
         self._done = False
         self._source: int | None = None
         self._g = g
+        self._any = any_source
+
+    def _post_matched(self, block: bool) -> bool:
+        """Match the irecvs from any rank posted up to this one (all, when ``block``);
+        False when a message for this one has not arrived (``block`` False)."""
+        a = self._any
+        assert a is not None
+        while self._req is None:
+            msg = _probe(a.comm, a.tag, block)
+            if msg is None:
+                return False
+            first = a.queue.popleft()  # the oldest posted takes the message
+            first._req = msg.Irecv(first._keep_spec())
+            first._any = None
+        return True
+
+    def _keep_spec(self) -> list[Any]:
+        assert self._recv is not None
+        meta, datatype = self._recv
+        return [self._keep, meta.size, datatype]
 
     def _complete(self, status: MPI.Status) -> None:
         self._done = True
@@ -83,6 +108,9 @@ class Work:
         if not self._done:
             status = MPI.Status()
             with watch("wait", self._g.ranks):
+                if self._req is None:
+                    self._post_matched(block=True)
+                assert self._req is not None
                 self._req.Wait(status)
             self._complete(status)
         return True
@@ -90,6 +118,9 @@ class Work:
     def test(self) -> bool:
         """True when the message is done (then the receive buffer holds the data)."""
         if not self._done:
+            if self._req is None and not self._post_matched(block=False):
+                return False
+            assert self._req is not None
             status = MPI.Status()
             if self._req.Test(status):
                 self._complete(status)
@@ -140,7 +171,13 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
         status = MPI.Status()
         with c.mpi_call(0, m.dtype, src, m.on_gpu, st.staged):
             if peer == MPI.ANY_SOURCE:
-                _matched(c.comm, tag).Recv([buf, m.size, t], status=status)
+                # the irecvs from any rank posted before take their messages first
+                earlier = _ANY.get((c.comm.py2f(), tag))
+                if earlier is not None and earlier.queue:
+                    earlier.queue[-1]._post_matched(block=True)
+                msg = _probe(c.comm, tag, block=True)
+                assert msg is not None
+                msg.Recv([buf, m.size, t], status=status)
             else:
                 c.comm.Recv([buf, m.size, t], source=peer, tag=tag, status=status)
         sender = c.g.ranks[status.Get_source()]
@@ -148,23 +185,47 @@ def recv(arr: Any, src: int | None = None, tag: int = 0, group: Group | None = N
     return sender
 
 
-def _matched(comm: MPI.Intracomm, tag: int) -> MPI.Message:
-    """The next message of ``tag`` from any rank, found by a polled matched probe.
+def _probe(comm: MPI.Intracomm, tag: int, block: bool) -> MPI.Message | None:
+    """The next message of ``tag`` from any rank, found by a matched probe (polled until
+    one arrives when ``block``; None at once when none has arrived and not ``block``).
 
     A receive from ``MPI_ANY_SOURCE`` posted after its message has arrived never completes
     under MPICH's UCX network layer (the mpich wheel's default between hosts; seen with
     MPICH 5.0.2 and UCX 1.20), while a probe finds the message and a receive of the probed
-    message completes. The probe is polled, yielding the core after the first thousand
-    tries, so the watchdog of the call still sees a stuck receive.
+    message completes. So ``recv`` and ``irecv`` from any rank never post such a receive:
+    they receive the probed message. The probe is polled, yielding the core after the
+    first thousand tries, so the watchdog of the call still sees a stuck receive.
     """
     tries = 0
     while True:
         msg = comm.Improbe(source=MPI.ANY_SOURCE, tag=tag)
-        if msg is not None:
+        if msg is not None or not block:
             return msg
         tries += 1
         if tries > 1000:
             time.sleep(50e-6)
+
+
+class _AnySource:
+    """The irecvs from any rank of one communicator and tag not yet matched, oldest first."""
+
+    __slots__ = ("comm", "tag", "queue")
+
+    def __init__(self, comm: MPI.Intracomm, tag: int) -> None:
+        self.comm, self.tag = comm, tag
+        self.queue: deque[Work] = deque()
+
+
+# keyed by the communicator's handle (mpi4py's communicators are not hashable) and the tag
+_ANY: dict[tuple[int, int], _AnySource] = {}
+
+
+def _any_source(comm: MPI.Intracomm, tag: int) -> _AnySource:
+    key = (comm.py2f(), tag)
+    a = _ANY.get(key)
+    if a is None or not a.queue:
+        a = _ANY[key] = _AnySource(comm, tag)
+    return a
 
 
 # isend/irecv are not watched (posting returns at once); Work.wait is. The Work holds the
@@ -190,6 +251,11 @@ def _post(name: str, arr: Any, rank: int | None, tag: int, group: Group | None,
         buf = st.out(arr, m) if receive else st.inp(arr, m)
         if ACTIVE:
             c.note(0 if receive else m.nbytes, m.dtype, rank, m.on_gpu, st.staged)
+        if receive and peer == MPI.ANY_SOURCE:  # matched later: see _probe
+            a = _any_source(c.comm, tag)
+            w = Work(None, st, buf, (m, t), c.g, a)
+            a.queue.append(w)
+            return w
         if receive:
             return Work(c.comm.Irecv([buf, m.size, t], source=peer, tag=tag), st, buf, (m, t),
                         c.g)

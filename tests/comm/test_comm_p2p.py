@@ -70,6 +70,56 @@ def test_point_to_point_ring_every_dtype(chk):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_irecvs_from_any_rank_after_their_messages_arrived(chk):
+    """Under MPICH's UCX layer a receive from any rank posted after its message arrived
+    never completed (between hosts: run_tests.py --hosts 2); the messages are received in
+    the order the receives were posted, from each sender in the order it sent them."""
+    senders = list(range(1, size)) or [0]  # at n = 1, rank 0 sends to itself
+    per = 2
+    sent = []
+    if rank in senders:
+        sent = [C.isend(np.array([rank * 10.0 + k]), dst=0, tag=11) for k in range(per)]
+        if rank != 0:
+            for w in sent:
+                w.wait()
+    C.barrier()  # the messages have been handed over before rank 0 posts its receives
+    if rank == 0:
+        got = [np.empty(1) for _ in range(per * len(senders))]
+        works = [C.irecv(g, tag=11) for g in got]
+        while not works[0].test():  # polled, then the rest waited newest first
+            pass
+        for w in reversed(works):
+            w.wait()
+        values = [float(g[0]) for g in got]
+        sources = [w.source for w in works]
+        chk.true(sorted(values) == sorted(s * 10.0 + k for s in senders for k in range(per)),
+                 f"values {values}")
+        chk.true(all(v // 10 == s for v, s in zip(values, sources)), f"{values} {sources}")
+        for s in senders:  # one sender's messages in the order it sent them
+            mine = [v for v in values if v // 10 == s]
+            chk.true(mine == sorted(mine), f"from {s}: {mine}")
+    for w in sent:
+        w.wait()
+    # a blocking receive from any rank after an irecv from any rank: the irecv, posted
+    # first, takes the first message of the one sender, the receive the second
+    last = size - 1
+    sent = []
+    if rank == last:
+        sent = [C.isend(np.array([last * 10.0 + k]), dst=0, tag=12) for k in range(2)]
+    if rank == 0:
+        first, second = np.empty(1), np.empty(1)
+        w = C.irecv(first, tag=12)
+        src = C.recv(second, tag=12)
+        w.wait()
+        chk.true((float(first[0]), float(second[0])) == (last * 10.0, last * 10.0 + 1),
+                 f"irecv got {first}, recv got {second}")
+        chk.true(w.source == src == last, f"sources {w.source}, {src}")
+    for w in sent:
+        w.wait()
+    C.barrier()
+
+
+@pytest.mark.mpi(min_size=1)
 def test_isend_irecv_to_self(chk):
     x = np.zeros(4)
     r = C.irecv(x, src=rank, tag=5)
