@@ -62,7 +62,8 @@ class Call:
     ``(pos, slot)`` of ``refs`` and the constant ``consts[pos]`` elsewhere.
 
     ``kind``: "kernel", "conversion" or "tensor"; ``key``: what must be equal in two
-    recordings (op, kernel, layouts, dtype); ``where``: the step's line."""
+    recordings (op, kernel, layouts, dtype); ``where``: the step's line; ``into``: the
+    call's form that writes into a given array (``into(args, out)``), if it has one."""
 
     kind: str
     name: str
@@ -73,6 +74,11 @@ class Call:
     out: int
     where: str
     free: tuple[int, ...] = ()  # slots dead after this call (set by the plan)
+    # ``into(args, out)``: the call writing its result into ``out`` (None: it has no such
+    # form); the plan gives such a call a buffer, and ``iconsts`` its scalar arguments as
+    # 0-d arrays (a Python scalar would be made into a new array by every call)
+    into: Callable[[list[Any], Any], None] | None = None
+    iconsts: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -162,7 +168,8 @@ class StepRecorder:
 
     # -- the doors ----------------------------------------------------------------------------
     def _call(self, kind: str, name: str, key: tuple[Any, ...],
-              fn: Callable[[list[Any]], Any], args: Sequence[Any], out: Any) -> None:
+              fn: Callable[[list[Any]], Any], args: Sequence[Any], out: Any,
+              into: Callable[[list[Any], Any], None] | None = None) -> None:
         consts: list[Any] = []
         refs: list[tuple[int, int]] = []
         for i, a in enumerate(args):
@@ -172,12 +179,14 @@ class StepRecorder:
             else:
                 consts.append(a)
         s = self.rec.new_slot(out)
-        self.rec.nodes.append(Call(kind, name, key, fn, consts, tuple(refs), s, user_line()))
+        self.rec.nodes.append(Call(kind, name, key, fn, consts, tuple(refs), s, user_line(),
+                                   into=into))
 
     def kernel(self, name: str, key: tuple[Any, ...], fn: Callable[[list[Any]], Any],
-               args: Sequence[Any], out: Any) -> None:
+               args: Sequence[Any], out: Any,
+               into: Callable[[list[Any], Any], None] | None = None) -> None:
         if not self._suspended:
-            self._call("kernel", name, key, fn, args, out)
+            self._call("kernel", name, key, fn, args, out, into)
 
     def conversion(self, key: tuple[Any, ...], run: Callable[[Any], Any],
                    replay: Callable[[Any], Any], local: Any) -> Any:

@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..comm.agreement import all_ok
 from ..grad_mode import is_grad_enabled
+from ..ops.kernel import zero_d
 from ..runtime import cost_table
 from ..runtime.consistency import check_collective, check_enabled, meta_text
 from ..tensor import GlobalTensor
@@ -44,6 +46,7 @@ from .recorder import (
     SetGrad,
     StepRecorder,
     TensorRef,
+    _is_array,
     compare,
 )
 
@@ -119,6 +122,7 @@ class Plan:
         for i, n in enumerate(self.nodes):
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
+        self.buffers = plan_buffers(rec, keep)
         # what every rank must agree on: the graph and the global signature (the nodes
         # may differ between ranks: a rank whose shard a conversion leaves as it is
         # records no call there)
@@ -142,12 +146,21 @@ class Plan:
         vals = self.template.copy()
         for s, a in zip(self.inputs, inputs):
             vals[s] = a
+        bufs = self.buffers
         for n in self.nodes:
             if type(n) is Call:
-                args = n.consts.copy()
-                for pos, s in n.refs:
-                    args[pos] = vals[s]
-                vals[n.out] = n.fn(args)
+                buf = bufs[n.out]
+                if buf is None:
+                    args = n.consts.copy()
+                    for pos, s in n.refs:
+                        args[pos] = vals[s]
+                    vals[n.out] = n.fn(args)
+                else:  # written into its planned buffer
+                    args = n.iconsts.copy()
+                    for pos, s in n.refs:
+                        args[pos] = vals[s]
+                    n.into(args, buf)  # type: ignore[misc]
+                    vals[n.out] = buf
                 for s in n.free:
                     vals[s] = None
             elif type(n) is SetGrad:
@@ -162,6 +175,43 @@ class Plan:
                     n.fn(*n.args)
         self.replays += 1
         return _build_output(self.output, vals)
+
+
+def plan_buffers(rec: Recording, keep: set[int]) -> list[Any]:
+    """Slot -> the buffer a replay writes that slot's value into (None: the call makes a
+    new array each replay), one per slot.
+
+    A slot gets a buffer when its call has a form that writes into a given array
+    (:attr:`Call.into`) and the slot is not the step's input, an external array or a
+    returned tensor (a returned loss the caller keeps must not change at the next call);
+    the buffer has the shape and dtype of the value recorded there. Such a call's scalar
+    arguments are made 0-d arrays here (:attr:`Call.iconsts`), of the dtype NumPy's
+    promotion gives the scalar with the call's array operands, so that the replay makes
+    no array for them.
+    """
+    bufs: list[Any] = [None] * len(rec.values)
+    for n in rec.nodes:
+        if not isinstance(n, Call) or n.into is None or n.out in keep:
+            continue
+        v = rec.values[n.out]
+        if not _is_array(v) or not v.flags.c_contiguous:
+            continue
+        xp = backend.get_xp(backend.device_type_of(v))
+        dtypes = [rec.values[s].dtype for _, s in n.refs]
+        n.iconsts = [_scalar_array(xp, c, dtypes) for c in n.consts]
+        bufs[n.out] = xp.empty(v.shape, dtype=v.dtype)
+    return bufs
+
+
+def _scalar_array(xp: Any, c: Any, dtypes: list[np.dtype]) -> Any:
+    """A scalar argument ``c`` as the 0-d array NumPy's promotion makes of it with arrays
+    of ``dtypes`` (NEP 50: a Python int, float or complex takes the arrays' kind's dtype);
+    anything else (None, a bool, a tuple) as it is."""
+    if isinstance(c, np.generic):
+        return zero_d(xp, c, c.dtype)
+    if isinstance(c, (int, float, complex)) and not isinstance(c, bool):
+        return zero_d(xp, c, np.result_type(*dtypes, c))
+    return c
 
 
 def _arg_key(i: Any, a: Any) -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, norm_dim, tensor_arg
+from .kernel import with_into
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
@@ -234,6 +235,11 @@ def _astype(x: Any, dtype: Any) -> OpCall:
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return local[0].astype(dt)
+
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        xp.copyto(out, local[0], casting="unsafe")  # astype's cast
+
+    with_into(kernel, into)
 
     dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
     return OpCall("astype", (x,), ASTYPE, dims, x.shape, dt, kernel, params=f"dtype={dt}",
