@@ -27,7 +27,7 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -122,7 +122,12 @@ class Plan:
         for i, n in enumerate(self.nodes):
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
-        self.buffers = plan_buffers(rec, keep)
+        self.buffers = plan_buffers(rec, keep, _output_slots(output))
+        # a conversion's program gets the arrays of its first replay again (backend.Reuse)
+        self.reuse: list[backend.Reuse | None] = [None] * len(rec.values)
+        for n in self.nodes:
+            if isinstance(n, Call) and n.kind == "conversion" and n.out not in keep:
+                self.reuse[n.out] = backend.Reuse()
         # what every rank must agree on: the graph and the global signature (the nodes
         # may differ between ranks: a rank whose shard a conversion leaves as it is
         # records no call there)
@@ -146,7 +151,7 @@ class Plan:
         vals = self.template.copy()
         for s, a in zip(self.inputs, inputs):
             vals[s] = a
-        bufs = self.buffers
+        bufs, reuse = self.buffers, self.reuse
         for n in self.nodes:
             if type(n) is Call:
                 buf = bufs[n.out]
@@ -154,8 +159,15 @@ class Plan:
                     args = n.consts.copy()
                     for pos, s in n.refs:
                         args[pos] = vals[s]
-                    vals[n.out] = n.fn(args)
+                    r = reuse[n.out]
+                    if r is None:
+                        vals[n.out] = n.fn(args)
+                    else:
+                        with r:
+                            vals[n.out] = n.fn(args)
                 else:  # written into its planned buffer
+                    if type(buf) is Fresh:
+                        buf = buf.xp.empty(buf.shape, dtype=buf.dtype)
                     args = n.iconsts.copy()
                     for pos, s in n.refs:
                         args[pos] = vals[s]
@@ -177,21 +189,22 @@ class Plan:
         return _build_output(self.output, vals)
 
 
-def plan_buffers(rec: Recording, keep: set[int]) -> list[Any]:
+def plan_buffers(rec: Recording, keep: set[int], outputs: set[int]) -> list[Any]:
     """Slot -> the buffer a replay writes that slot's value into (None: the call makes a
     new array each replay), one per slot.
 
     A slot gets a buffer when its call has a form that writes into a given array
     (:attr:`Call.into`) and the slot is not the step's input, an external array or a
-    returned tensor (a returned loss the caller keeps must not change at the next call);
-    the buffer has the shape and dtype of the value recorded there. Such a call's scalar
+    returned tensor; the buffer has the shape and dtype of the value recorded there. A
+    returned tensor (a loss the caller keeps must not change at the next call) gets a
+    :class:`Fresh` array each replay instead (``outputs``: their slots). Such a call's scalar
     arguments are made 0-d arrays here (:attr:`Call.iconsts`), of the dtype NumPy's
     promotion gives the scalar with the call's array operands, so that the replay makes
     no array for them.
     """
     bufs: list[Any] = [None] * len(rec.values)
     for n in rec.nodes:
-        if not isinstance(n, Call) or n.into is None or n.out in keep:
+        if not isinstance(n, Call) or n.into is None or n.out in keep - outputs:
             continue
         v = rec.values[n.out]
         if not _is_array(v) or not v.flags.c_contiguous:
@@ -199,8 +212,18 @@ def plan_buffers(rec: Recording, keep: set[int]) -> list[Any]:
         xp = backend.get_xp(backend.device_type_of(v))
         dtypes = [rec.values[s].dtype for _, s in n.refs]
         n.iconsts = [_scalar_array(xp, c, dtypes) for c in n.consts]
-        bufs[n.out] = xp.empty(v.shape, dtype=v.dtype)
+        bufs[n.out] = (Fresh(xp, v.shape, v.dtype) if n.out in outputs
+                       else xp.empty(v.shape, dtype=v.dtype))
     return bufs
+
+
+class Fresh(NamedTuple):
+    """The buffer of a returned tensor: a new array each replay (the caller may keep the
+    last one), written by the call's ``into`` form all the same."""
+
+    xp: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
 def _scalar_array(xp: Any, c: Any, dtypes: list[np.dtype]) -> Any:
