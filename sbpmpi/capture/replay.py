@@ -123,6 +123,11 @@ class Plan:
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
         self.buffers = plan_buffers(rec, keep, _output_slots(output))
+        planned = [b for b in self.buffers if b is not None and type(b) is not Fresh]
+        arrays = {id(b): b for b in planned}
+        # what explain shows: values written into buffers, and the buffers they share
+        self.buffer_use = (len(planned), len(arrays),
+                           sum(int(b.nbytes) for b in arrays.values()))
         # a conversion's program gets the arrays of its first replay again (backend.Reuse)
         self.reuse: list[backend.Reuse | None] = [None] * len(rec.values)
         for n in self.nodes:
@@ -194,14 +199,16 @@ def plan_buffers(rec: Recording, keep: set[int], outputs: set[int]) -> list[Any]
     new array each replay), one per slot.
 
     A slot gets a buffer when its call has a form that writes into a given array
-    (:attr:`Call.into`) and the slot is not the step's input, an external array or a
-    returned tensor; the buffer has the shape and dtype of the value recorded there. A
-    returned tensor (a loss the caller keeps must not change at the next call) gets a
-    :class:`Fresh` array each replay instead (``outputs``: their slots). Such a call's scalar
-    arguments are made 0-d arrays here (:attr:`Call.iconsts`), of the dtype NumPy's
-    promotion gives the scalar with the call's array operands, so that the replay makes
-    no array for them.
+    (:attr:`Call.into`) and the slot is not the step's input or an external array; the
+    buffer has the shape and dtype of the value recorded there. A returned tensor (a loss
+    the caller keeps must not change at the next call; ``outputs``: their slots) gets a
+    :class:`Fresh` array each replay instead. Such a call's scalar arguments are made 0-d
+    arrays here (:attr:`Call.iconsts`), of the dtype NumPy's promotion gives the scalar
+    with the call's array operands, so that the replay makes no array for them.
+
+    Slots whose values live in turn share one buffer (:func:`_share`).
     """
+    planned: dict[int, tuple[Any, tuple[int, ...], np.dtype]] = {}
     bufs: list[Any] = [None] * len(rec.values)
     for n in rec.nodes:
         if not isinstance(n, Call) or n.into is None or n.out in keep - outputs:
@@ -212,9 +219,58 @@ def plan_buffers(rec: Recording, keep: set[int], outputs: set[int]) -> list[Any]
         xp = backend.get_xp(backend.device_type_of(v))
         dtypes = [rec.values[s].dtype for _, s in n.refs]
         n.iconsts = [_scalar_array(xp, c, dtypes) for c in n.consts]
-        bufs[n.out] = (Fresh(xp, v.shape, v.dtype) if n.out in outputs
-                       else xp.empty(v.shape, dtype=v.dtype))
+        if n.out in outputs:
+            bufs[n.out] = Fresh(xp, tuple(v.shape), v.dtype)
+        else:
+            planned[n.out] = (xp, tuple(v.shape), v.dtype)
+    _share(rec, keep, planned, bufs)
     return bufs
+
+
+def _share(rec: Recording, keep: set[int],
+           planned: dict[int, tuple[Any, tuple[int, ...], np.dtype]], bufs: list[Any]) -> None:
+    """Give each planned slot its array in ``bufs``, one array for slots of one shape and
+    dtype whose values live in turn (liveness over the recorded nodes, greedy).
+
+    A slot's value lives from its call to its last reader. A slot read by a ``.grad``
+    assignment, a host call or returned (or aliased by a value that is: the result of a
+    call without a planned buffer, a conversion or a view kernel, may be a view of its
+    operands, so its lifetime and escape pass to them) outlives the replay: it keeps an
+    array of its own (overwritten by the next replay, as ``.grad`` is).
+    """
+    last: dict[int, int] = {}
+    escapes: set[int] = set(keep)
+    for i, n in enumerate(rec.nodes):
+        if isinstance(n, Call):
+            last.setdefault(n.out, i)
+            for _, s in n.refs:
+                last[s] = i
+        elif isinstance(n, SetGrad):
+            escapes.add(n.slot)
+        else:
+            escapes.update(a.slot for a in n.args if isinstance(a, TensorRef))
+    for i in range(len(rec.nodes) - 1, -1, -1):  # readers come after: final when reached
+        n = rec.nodes[i]
+        if isinstance(n, Call) and n.out not in planned:  # may alias its operands
+            for _, s in n.refs:
+                last[s] = max(last.get(s, i), last.get(n.out, i))
+                if n.out in escapes:
+                    escapes.add(s)
+    idle: dict[tuple[str, tuple[int, ...], np.dtype], list[Any]] = {}
+    ends: dict[int, list[int]] = {}
+    for i, n in enumerate(rec.nodes):
+        if isinstance(n, Call) and n.out in planned:
+            xp, shape, dtype = planned[n.out]
+            if n.out in escapes:
+                bufs[n.out] = xp.empty(shape, dtype=dtype)
+            else:
+                key = (xp.__name__, shape, dtype)
+                free = idle.get(key)
+                bufs[n.out] = free.pop() if free else xp.empty(shape, dtype=dtype)
+                ends.setdefault(last.get(n.out, i), []).append(n.out)
+        for s in ends.pop(i, ()):  # dead after this node: its array serves a later slot
+            xp, shape, dtype = planned[s]
+            idle.setdefault((xp.__name__, shape, dtype), []).append(bufs[s])
 
 
 class Fresh(NamedTuple):
@@ -354,8 +410,10 @@ class GraphFunction:
                                   "this signature records again and compares"))
         for key, plan in self._plans.items():
             counts = ", ".join(f"{v} {k}" for k, v in sorted(plan.counts.items()))
+            values, arrays, nbytes = plan.buffer_use
             ex.signatures.append((meta_text(key[0]), f"replayed {plan.replays} time(s): "
-                                  f"{counts}; digest {plan.digest}"))
+                                  f"{counts}; {values} values written into {arrays} "
+                                  f"buffers of {nbytes} bytes; digest {plan.digest}"))
         return ex
 
 
