@@ -35,7 +35,7 @@ from ..comm.trace import Trace, trace
 from ..tensor import GlobalTensor
 
 __all__ = ["GraphBreak", "Call", "SetGrad", "HostCall", "TensorRef", "External", "Recording",
-           "StepRecorder", "compare", "user_line"]
+           "StepRecorder", "compare", "user_line", "is_array"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +52,8 @@ def user_line() -> str:
     return "<unknown line>"
 
 
-def _is_array(a: Any) -> bool:
+def is_array(a: Any) -> bool:
+    """Whether ``a`` is an array (NumPy or CuPy; not a NumPy scalar): a slot of a recording."""
     return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.generic)
 
 
@@ -173,7 +174,7 @@ class StepRecorder:
         consts: list[Any] = []
         refs: list[tuple[int, int]] = []
         for i, a in enumerate(args):
-            if _is_array(a):
+            if is_array(a):
                 refs.append((i, self.rec.ref(a)))
                 consts.append(None)
             else:
@@ -304,8 +305,8 @@ def _equal(x: Any, y: Any) -> bool:
     global tensors: the same object)."""
     if isinstance(x, GlobalTensor) or isinstance(y, GlobalTensor):
         return x is y
-    if _is_array(x) or _is_array(y):
-        if not (_is_array(x) and _is_array(y)) or x.shape != y.shape or x.dtype != y.dtype:
+    if is_array(x) or is_array(y):
+        if not (is_array(x) and is_array(y)) or x.shape != y.shape or x.dtype != y.dtype:
             return False
         try:
             return bool(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True))

@@ -11,9 +11,14 @@ signatures inference chose, the compiled conversion programs (their collectives)
 ``.grad`` assignments and the optimizers' and schedulers' calls, in the recorded order,
 over a list of value slots; no op call is built, inferred, boxed or checked, and the
 consistency check (``SBPMPI_CHECK``) makes one agreement per replay, on the graph's
-digest. A slot is dropped after its last use, so a replay holds what the eager step
-holds. Parameters and optimizer buffers are the model's own arrays, updated in place;
-the returned tensors are new each call (detached: the step's backward is in the graph).
+digest. Buffers are planned once (:func:`plan_buffers`): a kernel with a form that
+writes into a given array (``ops.kernel.with_into``) writes its value into its buffer,
+shared with values whose lifetimes do not overlap, and a conversion's program gets the
+arrays of its first replay again (``backend.Reuse``), so the steady state allocates only
+in the kernels without that form. Parameters and optimizer buffers are the model's own
+arrays, updated in place; a ``.grad`` is its gradient's buffer, overwritten in place by
+the next replay; the returned tensors are new each call (detached: the step's backward
+is in the graph), so a loss kept from one call stays as it was.
 Replacing a parameter's array (``_set_data``: a ZeRO stage, a checkpoint loaded into a
 new array) makes the next call capture again.
 
@@ -46,8 +51,8 @@ from .recorder import (
     SetGrad,
     StepRecorder,
     TensorRef,
-    _is_array,
     compare,
+    is_array,
 )
 
 __all__ = ["graph", "Graph", "GraphFunction", "Plan", "GraphExplanation"]
@@ -214,7 +219,7 @@ def plan_buffers(rec: Recording, keep: set[int], outputs: set[int]) -> list[Any]
         if not isinstance(n, Call) or n.into is None or n.out in keep - outputs:
             continue
         v = rec.values[n.out]
-        if not _is_array(v) or not v.flags.c_contiguous:
+        if not is_array(v) or not v.flags.c_contiguous:
             continue
         xp = backend.get_xp(backend.device_type_of(v))
         dtypes = [rec.values[s].dtype for _, s in n.refs]
