@@ -230,8 +230,8 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
     (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
-    if REUSING:  # a captured graph's conversion: the arrays of its first replay again
-        return REUSING[-1].empty(xp, shape, dtype)
+    if REUSING and REUSING[-1].thread == threading.get_ident():
+        return REUSING[-1].empty(xp, shape, dtype)  # a captured graph's conversion
     return _empty(xp, shape, dtype)
 
 
@@ -246,12 +246,13 @@ class Reuse:
     A request of another shape or dtype than recorded gets a new array.
     """
 
-    __slots__ = ("arrays", "recorded", "pos")
+    __slots__ = ("arrays", "recorded", "pos", "thread")
 
     def __init__(self) -> None:
         self.arrays: list[Any] = []
         self.recorded = False
         self.pos = 0
+        self.thread = 0  # the thread running the call (another thread's arrays are its own)
 
     def empty(self, xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         if not self.recorded:
@@ -268,6 +269,7 @@ class Reuse:
         return _empty(xp, shape, dtype)
 
     def __enter__(self) -> Reuse:
+        self.thread = threading.get_ident()
         REUSING.append(self)
         self.pos = 0
         return self

@@ -265,11 +265,10 @@ class _Scratch:
     0-d array of the shard's dtype gives the same value, as NEP 50 casts the scalar to
     the array's dtype)."""
 
-    __slots__ = ("param", "arrays", "zero_d")
+    __slots__ = ("arrays", "zero_d")
 
     def __init__(self, xp: Any, p: Any) -> None:
-        self.param = p
-        self.arrays = (xp.empty_like(p), xp.empty_like(p))
+        self.arrays = (xp.empty(p.shape, dtype=p.dtype), xp.empty(p.shape, dtype=p.dtype))
         self.zero_d = xp.zeros((), dtype=p.dtype) if xp is np else None
 
     def scalar(self, value: float) -> Any:
@@ -283,17 +282,20 @@ class _Scratch:
 
 def _scratch(opt: Optimizer, xp: Any, p: Any, g: Any, state: dict[str, Any]
              ) -> _Scratch | None:
-    """The scratch of parameter shard ``p`` (made on its first update and kept by the
-    optimizer); None when the gradient or a state buffer has another dtype than ``p``
-    (the update then runs with NumPy's promotion as written)."""
+    """The scratch for parameter shard ``p``: one per shape and dtype, kept by the
+    optimizer and shared by the parameters of that shape (one update at a time uses it);
+    None when the gradient or a state buffer has another dtype than ``p`` (the update
+    then runs with NumPy's promotion as written)."""
     if g.dtype != p.dtype or any(b.dtype != p.dtype for b in state.values()):
         return None
-    work: dict[int, _Scratch] = opt.__dict__.setdefault("_scratch", {})
-    w = work.get(id(p))
-    if w is None or w.param is not p:
-        if len(work) > 2 * len(opt.params):  # parameters' arrays were replaced
+    work: dict[tuple[str, tuple[int, ...], np.dtype], _Scratch] = \
+        opt.__dict__.setdefault("_scratch", {})
+    key = (xp.__name__, p.shape, p.dtype)
+    w = work.get(key)
+    if w is None:
+        if len(work) >= 64:  # parameters of many shapes came and went
             work.clear()
-        w = work[id(p)] = _Scratch(xp, p)
+        w = work[key] = _Scratch(xp, p)
     return w
 
 
