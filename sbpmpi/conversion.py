@@ -175,7 +175,8 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
         if xp.may_share_memory(local, x._local):
             kept, local = local, local.copy()
             if RECORDERS:  # a step being captured as a graph: the copy is replayed too
-                RECORDERS[0].kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local)
+                RECORDERS[0].kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
+                                    lambda a, out: xp.copyto(out, a[0]))
     return GlobalTensor(local, dst, x._dtype)
 
 

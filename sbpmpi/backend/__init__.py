@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .host_pool import empty
+from .host_pool import Reuse, empty
 from .node import local_ranks
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "is_host_backed",
     "current_device",
     "empty",
+    "Reuse",
 ]
 
 

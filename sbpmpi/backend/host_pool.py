@@ -16,6 +16,8 @@ from .node import local_ranks
 
 __all__ = [
     "empty",
+    "Reuse",
+    "REUSING",
     "host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
@@ -228,6 +230,60 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
     (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
+    if REUSING and REUSING[-1].thread == threading.get_ident():
+        return REUSING[-1].empty(xp, shape, dtype)  # a captured graph's conversion
+    return _empty(xp, shape, dtype)
+
+
+class Reuse:
+    """The arrays :func:`empty` made during one run of a recorded call, handed out again
+    in the same order by its later runs (a captured graph's conversions, see
+    :mod:`sbpmpi.capture.replay`): a run of the same program on arrays of the same
+    shapes asks for the same arrays in the same order, so its steady state makes none.
+
+    The arrays are kept by this object (never returned to the pool), so a later run
+    overwrites what the earlier one left in them: its user must not need them then.
+    A request of another shape or dtype than recorded gets a new array.
+    """
+
+    __slots__ = ("arrays", "recorded", "pos", "thread")
+
+    def __init__(self) -> None:
+        self.arrays: list[Any] = []
+        self.recorded = False
+        self.pos = 0
+        self.thread = 0  # the thread running the call (another thread's arrays are its own)
+
+    def empty(self, xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        if not self.recorded:
+            a = _empty(xp, shape, dtype)
+            self.arrays.append(a)
+            return a
+        i = self.pos
+        self.pos = i + 1
+        if i < len(self.arrays):
+            a = self.arrays[i]
+            shp = (shape,) if isinstance(shape, int) else tuple(shape)
+            if a.shape == shp and a.dtype == dtype and isinstance(a, np.ndarray) == (xp is np):
+                return a
+        return _empty(xp, shape, dtype)
+
+    def __enter__(self) -> Reuse:
+        self.thread = threading.get_ident()
+        REUSING.append(self)
+        self.pos = 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        REUSING.pop()
+        self.recorded = True
+
+
+#: The active :class:`Reuse` (the innermost last); empty outside a graph's replay.
+REUSING: list[Reuse] = []
+
+
+def _empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     if xp is not np:
         return xp.empty(shape, dtype=dtype)
     try:

@@ -35,7 +35,7 @@ from ..comm.trace import Trace, trace
 from ..tensor import GlobalTensor
 
 __all__ = ["GraphBreak", "Call", "SetGrad", "HostCall", "TensorRef", "External", "Recording",
-           "StepRecorder", "compare", "user_line"]
+           "StepRecorder", "compare", "user_line", "is_array"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +52,8 @@ def user_line() -> str:
     return "<unknown line>"
 
 
-def _is_array(a: Any) -> bool:
+def is_array(a: Any) -> bool:
+    """Whether ``a`` is an array (NumPy or CuPy; not a NumPy scalar): a slot of a recording."""
     return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.generic)
 
 
@@ -62,7 +63,8 @@ class Call:
     ``(pos, slot)`` of ``refs`` and the constant ``consts[pos]`` elsewhere.
 
     ``kind``: "kernel", "conversion" or "tensor"; ``key``: what must be equal in two
-    recordings (op, kernel, layouts, dtype); ``where``: the step's line."""
+    recordings (op, kernel, layouts, dtype); ``where``: the step's line; ``into``: the
+    call's form that writes into a given array (``into(args, out)``), if it has one."""
 
     kind: str
     name: str
@@ -73,6 +75,11 @@ class Call:
     out: int
     where: str
     free: tuple[int, ...] = ()  # slots dead after this call (set by the plan)
+    # ``into(args, out)``: the call writing its result into ``out`` (None: it has no such
+    # form); the plan gives such a call a buffer, and ``iconsts`` its scalar arguments as
+    # 0-d arrays (a Python scalar would be made into a new array by every call)
+    into: Callable[[list[Any], Any], None] | None = None
+    iconsts: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -162,22 +169,25 @@ class StepRecorder:
 
     # -- the doors ----------------------------------------------------------------------------
     def _call(self, kind: str, name: str, key: tuple[Any, ...],
-              fn: Callable[[list[Any]], Any], args: Sequence[Any], out: Any) -> None:
+              fn: Callable[[list[Any]], Any], args: Sequence[Any], out: Any,
+              into: Callable[[list[Any], Any], None] | None = None) -> None:
         consts: list[Any] = []
         refs: list[tuple[int, int]] = []
         for i, a in enumerate(args):
-            if _is_array(a):
+            if is_array(a):
                 refs.append((i, self.rec.ref(a)))
                 consts.append(None)
             else:
                 consts.append(a)
         s = self.rec.new_slot(out)
-        self.rec.nodes.append(Call(kind, name, key, fn, consts, tuple(refs), s, user_line()))
+        self.rec.nodes.append(Call(kind, name, key, fn, consts, tuple(refs), s, user_line(),
+                                   into=into))
 
     def kernel(self, name: str, key: tuple[Any, ...], fn: Callable[[list[Any]], Any],
-               args: Sequence[Any], out: Any) -> None:
+               args: Sequence[Any], out: Any,
+               into: Callable[[list[Any], Any], None] | None = None) -> None:
         if not self._suspended:
-            self._call("kernel", name, key, fn, args, out)
+            self._call("kernel", name, key, fn, args, out, into)
 
     def conversion(self, key: tuple[Any, ...], run: Callable[[Any], Any],
                    replay: Callable[[Any], Any], local: Any) -> Any:
@@ -295,8 +305,8 @@ def _equal(x: Any, y: Any) -> bool:
     global tensors: the same object)."""
     if isinstance(x, GlobalTensor) or isinstance(y, GlobalTensor):
         return x is y
-    if _is_array(x) or _is_array(y):
-        if not (_is_array(x) and _is_array(y)) or x.shape != y.shape or x.dtype != y.dtype:
+    if is_array(x) or is_array(y):
+        if not (is_array(x) and is_array(y)) or x.shape != y.shape or x.dtype != y.dtype:
             return False
         try:
             return bool(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True))

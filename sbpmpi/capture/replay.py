@@ -11,9 +11,14 @@ signatures inference chose, the compiled conversion programs (their collectives)
 ``.grad`` assignments and the optimizers' and schedulers' calls, in the recorded order,
 over a list of value slots; no op call is built, inferred, boxed or checked, and the
 consistency check (``SBPMPI_CHECK``) makes one agreement per replay, on the graph's
-digest. A slot is dropped after its last use, so a replay holds what the eager step
-holds. Parameters and optimizer buffers are the model's own arrays, updated in place;
-the returned tensors are new each call (detached: the step's backward is in the graph).
+digest. Buffers are planned once (:func:`plan_buffers`): a kernel with a form that
+writes into a given array (``ops.kernel.with_into``) writes its value into its buffer,
+shared with values whose lifetimes do not overlap, and a conversion's program gets the
+arrays of its first replay again (``backend.Reuse``), so the steady state allocates only
+in the kernels without that form. Parameters and optimizer buffers are the model's own
+arrays, updated in place; a ``.grad`` is its gradient's buffer, overwritten in place by
+the next replay; the returned tensors are new each call (detached: the step's backward
+is in the graph), so a loss kept from one call stays as it was.
 Replacing a parameter's array (``_set_data``: a ZeRO stage, a checkpoint loaded into a
 new array) makes the next call capture again.
 
@@ -27,12 +32,14 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import backend
 from ..comm.agreement import all_ok
 from ..grad_mode import is_grad_enabled
+from ..ops.kernel import zero_d
 from ..runtime import cost_table
 from ..runtime.consistency import check_collective, check_enabled, meta_text
 from ..tensor import GlobalTensor
@@ -45,6 +52,7 @@ from .recorder import (
     StepRecorder,
     TensorRef,
     compare,
+    is_array,
 )
 
 __all__ = ["graph", "Graph", "GraphFunction", "Plan", "GraphExplanation"]
@@ -119,6 +127,17 @@ class Plan:
         for i, n in enumerate(self.nodes):
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
+        self.buffers = plan_buffers(rec, keep, _output_slots(output))
+        planned = [b for b in self.buffers if b is not None and type(b) is not Fresh]
+        arrays = {id(b): b for b in planned}
+        # what explain shows: values written into buffers, and the buffers they share
+        self.buffer_use = (len(planned), len(arrays),
+                           sum(int(b.nbytes) for b in arrays.values()))
+        # a conversion's program gets the arrays of its first replay again (backend.Reuse)
+        self.reuse: list[backend.Reuse | None] = [None] * len(rec.values)
+        for n in self.nodes:
+            if isinstance(n, Call) and n.kind == "conversion" and n.out not in keep:
+                self.reuse[n.out] = backend.Reuse()
         # what every rank must agree on: the graph and the global signature (the nodes
         # may differ between ranks: a rank whose shard a conversion leaves as it is
         # records no call there)
@@ -142,12 +161,28 @@ class Plan:
         vals = self.template.copy()
         for s, a in zip(self.inputs, inputs):
             vals[s] = a
+        bufs, reuse = self.buffers, self.reuse
         for n in self.nodes:
             if type(n) is Call:
-                args = n.consts.copy()
-                for pos, s in n.refs:
-                    args[pos] = vals[s]
-                vals[n.out] = n.fn(args)
+                buf = bufs[n.out]
+                if buf is None:
+                    args = n.consts.copy()
+                    for pos, s in n.refs:
+                        args[pos] = vals[s]
+                    r = reuse[n.out]
+                    if r is None:
+                        vals[n.out] = n.fn(args)
+                    else:
+                        with r:
+                            vals[n.out] = n.fn(args)
+                else:  # written into its planned buffer
+                    if type(buf) is Fresh:
+                        buf = buf.xp.empty(buf.shape, dtype=buf.dtype)
+                    args = n.iconsts.copy()
+                    for pos, s in n.refs:
+                        args[pos] = vals[s]
+                    n.into(args, buf)  # type: ignore[misc]
+                    vals[n.out] = buf
                 for s in n.free:
                     vals[s] = None
             elif type(n) is SetGrad:
@@ -162,6 +197,105 @@ class Plan:
                     n.fn(*n.args)
         self.replays += 1
         return _build_output(self.output, vals)
+
+
+def plan_buffers(rec: Recording, keep: set[int], outputs: set[int]) -> list[Any]:
+    """Slot -> the buffer a replay writes that slot's value into (None: the call makes a
+    new array each replay), one per slot.
+
+    A slot gets a buffer when its call has a form that writes into a given array
+    (:attr:`Call.into`) and the slot is not the step's input or an external array; the
+    buffer has the shape and dtype of the value recorded there. A returned tensor (a loss
+    the caller keeps must not change at the next call; ``outputs``: their slots) gets a
+    :class:`Fresh` array each replay instead. Such a call's scalar arguments are made 0-d
+    arrays here (:attr:`Call.iconsts`), of the dtype NumPy's promotion gives the scalar
+    with the call's array operands, so that the replay makes no array for them.
+
+    Slots whose values live in turn share one buffer (:func:`_share`).
+    """
+    planned: dict[int, tuple[Any, tuple[int, ...], np.dtype]] = {}
+    bufs: list[Any] = [None] * len(rec.values)
+    for n in rec.nodes:
+        if not isinstance(n, Call) or n.into is None or n.out in keep - outputs:
+            continue
+        v = rec.values[n.out]
+        if not is_array(v) or not v.flags.c_contiguous:
+            continue
+        xp = backend.get_xp(backend.device_type_of(v))
+        dtypes = [rec.values[s].dtype for _, s in n.refs]
+        n.iconsts = [_scalar_array(xp, c, dtypes) for c in n.consts]
+        if n.out in outputs:
+            bufs[n.out] = Fresh(xp, tuple(v.shape), v.dtype)
+        else:
+            planned[n.out] = (xp, tuple(v.shape), v.dtype)
+    _share(rec, keep, planned, bufs)
+    return bufs
+
+
+def _share(rec: Recording, keep: set[int],
+           planned: dict[int, tuple[Any, tuple[int, ...], np.dtype]], bufs: list[Any]) -> None:
+    """Give each planned slot its array in ``bufs``, one array for slots of one shape and
+    dtype whose values live in turn (liveness over the recorded nodes, greedy).
+
+    A slot's value lives from its call to its last reader. A slot read by a ``.grad``
+    assignment, a host call or returned (or aliased by a value that is: the result of a
+    call without a planned buffer, a conversion or a view kernel, may be a view of its
+    operands, so its lifetime and escape pass to them) outlives the replay: it keeps an
+    array of its own (overwritten by the next replay, as ``.grad`` is).
+    """
+    last: dict[int, int] = {}
+    escapes: set[int] = set(keep)
+    for i, n in enumerate(rec.nodes):
+        if isinstance(n, Call):
+            last.setdefault(n.out, i)
+            for _, s in n.refs:
+                last[s] = i
+        elif isinstance(n, SetGrad):
+            escapes.add(n.slot)
+        else:
+            escapes.update(a.slot for a in n.args if isinstance(a, TensorRef))
+    for i in range(len(rec.nodes) - 1, -1, -1):  # readers come after: final when reached
+        n = rec.nodes[i]
+        if isinstance(n, Call) and n.out not in planned:  # may alias its operands
+            for _, s in n.refs:
+                last[s] = max(last.get(s, i), last.get(n.out, i))
+                if n.out in escapes:
+                    escapes.add(s)
+    idle: dict[tuple[str, tuple[int, ...], np.dtype], list[Any]] = {}
+    ends: dict[int, list[int]] = {}
+    for i, n in enumerate(rec.nodes):
+        if isinstance(n, Call) and n.out in planned:
+            xp, shape, dtype = planned[n.out]
+            if n.out in escapes:
+                bufs[n.out] = xp.empty(shape, dtype=dtype)
+            else:
+                key = (xp.__name__, shape, dtype)
+                free = idle.get(key)
+                bufs[n.out] = free.pop() if free else xp.empty(shape, dtype=dtype)
+                ends.setdefault(last.get(n.out, i), []).append(n.out)
+        for s in ends.pop(i, ()):  # dead after this node: its array serves a later slot
+            xp, shape, dtype = planned[s]
+            idle.setdefault((xp.__name__, shape, dtype), []).append(bufs[s])
+
+
+class Fresh(NamedTuple):
+    """The buffer of a returned tensor: a new array each replay (the caller may keep the
+    last one), written by the call's ``into`` form all the same."""
+
+    xp: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _scalar_array(xp: Any, c: Any, dtypes: list[np.dtype]) -> Any:
+    """A scalar argument ``c`` as the 0-d array NumPy's promotion makes of it with arrays
+    of ``dtypes`` (NEP 50: a Python int, float or complex takes the arrays' kind's dtype);
+    anything else (None, a bool, a tuple) as it is."""
+    if isinstance(c, np.generic):
+        return zero_d(xp, c, c.dtype)
+    if isinstance(c, (int, float, complex)) and not isinstance(c, bool):
+        return zero_d(xp, c, np.result_type(*dtypes, c))
+    return c
 
 
 def _arg_key(i: Any, a: Any) -> Any:
@@ -281,8 +415,10 @@ class GraphFunction:
                                   "this signature records again and compares"))
         for key, plan in self._plans.items():
             counts = ", ".join(f"{v} {k}" for k, v in sorted(plan.counts.items()))
+            values, arrays, nbytes = plan.buffer_use
             ex.signatures.append((meta_text(key[0]), f"replayed {plan.replays} time(s): "
-                                  f"{counts}; digest {plan.digest}"))
+                                  f"{counts}; {values} values written into {arrays} "
+                                  f"buffers of {nbytes} bytes; digest {plan.digest}"))
         return ex
 
 

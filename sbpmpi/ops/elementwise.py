@@ -31,6 +31,7 @@ from ..backend.special import erf as _erf_of
 from ..core.sbp import PARTIALS
 from ..tensor import GlobalTensor
 from .call import OpCall, operand, probe_dtype, shape_of, tensor_arg
+from .kernel import with_into, zero_d
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
 
@@ -142,7 +143,11 @@ def _broadcast_shape(name: str, labels: Sequence[str],
 
 
 def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
-          labels: tuple[str, ...], doc: str) -> GlobalOp:
+          labels: tuple[str, ...], doc: str, into: Callable[..., None] | None = None
+          ) -> GlobalOp:
+    """``into(xp, *operands, out)``: ``f`` written into ``out`` (None: ``f`` has no such
+    form)."""
+
     def build(*args: Any) -> OpCall:
         if len(args) != len(labels):
             raise TypeError(f"{name}() takes {len(labels)} operands ({', '.join(labels)}), "
@@ -157,6 +162,12 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
             return f(xp, *local)
 
+        if into is not None:
+            def kernel_into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...],
+                            out: Any) -> None:
+                into(xp, *local, out=out)
+
+            with_into(kernel, kernel_into)
         return OpCall(name, ops, table, {"d": broadcast_matches(shapes, out_shape)},
                       out_shape, dtype, kernel, labels=labels)
 
@@ -166,8 +177,10 @@ def _nary(name: str, table: tuple[Signature, ...], f: Callable[..., Any],
 
 
 def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any], Any],
-           doc: str, cast: bool = False) -> GlobalOp:
-    """``cast``: integer/bool inputs are cast to the result dtype before ``f``."""
+           doc: str, cast: bool = False, into: Callable[..., None] | None = None
+           ) -> GlobalOp:
+    """``cast``: integer/bool inputs are cast to the result dtype before ``f``; ``into``:
+    ``into(xp, x, out)`` writes ``f`` into ``out`` (None: ``f`` has no such form)."""
 
     def build(x: Any) -> OpCall:
         x = tensor_arg(name, x)
@@ -179,6 +192,15 @@ def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any
                 a = a.astype(dtype)
             return f(xp, a)
 
+        if into is not None:
+            def kernel_into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...],
+                            out: Any) -> None:
+                a = local[0]
+                if cast and a.dtype != dtype:
+                    a = a.astype(dtype)
+                into(xp, a, out=out)
+
+            with_into(kernel, kernel_into)
         n = x.ndim
         return OpCall(name, (x,), table, {"d": tuple(DimMatch((d,), d) for d in range(n))},
                       x.shape, dtype, kernel, labels=("x",))
@@ -198,6 +220,19 @@ def _sigmoid(xp: ModuleType, x: Any) -> Any:
 
 def _relu(xp: ModuleType, x: Any) -> Any:
     return xp.maximum(x, 0)
+
+
+def _relu_into(xp: ModuleType, x: Any, out: Any) -> None:
+    xp.maximum(x, zero_d(xp, 0, x.dtype), out=out)
+
+
+def _where_into(xp: ModuleType, cond: Any, x: Any, y: Any, out: Any) -> None:
+    """``where(cond, x, y)`` written into ``out`` (``xp.where`` takes no ``out``): the
+    same selection, each value cast to ``out``'s dtype as ``where`` casts it."""
+    xp.copyto(out, y, casting="unsafe")
+    xp.copyto(out, x, casting="unsafe", where=cond)
+
+
 
 
 def _erf(xp: ModuleType, x: Any) -> Any:
@@ -380,23 +415,32 @@ POINTWISE: dict[str, Elementwise] = {
 }
 del E
 _LABELS = {2: ("a", "b"), 3: ("cond", "x", "y")}
+#: The forms writing into a given array of the kernels that are not one ufunc.
+_INTO: dict[Callable[..., Any], Callable[..., None]] = {_relu: _relu_into}
 
 
 def _pointwise(name: str) -> GlobalOp:
     row = POINTWISE[name]
     fn = row.kernel
+    into: Callable[..., None] | None = _INTO.get(fn) if callable(fn) else None
     if isinstance(fn, str):
         fname = fn
 
         def f(xp: ModuleType, *args: Any) -> Any:
             return getattr(xp, fname)(*args)
+
+        if isinstance(getattr(np, fname, None), np.ufunc):
+            def into(xp: ModuleType, *args: Any, out: Any) -> None:
+                getattr(xp, fname)(*args, out=out)
+        elif fname == "where":
+            into = _where_into
     else:
         f = fn
     doc = f"Elementwise ``{name}``"
     arity = LINEARITY[row.family].arity
     if arity == 1:
-        return _unary(name, TABLES[row.family], f, doc, cast=row.cast)
-    return _nary(name, TABLES[row.family], f, _LABELS[arity], doc)
+        return _unary(name, TABLES[row.family], f, doc, cast=row.cast, into=into)
+    return _nary(name, TABLES[row.family], f, _LABELS[arity], doc, into=into)
 
 
 #: Every pointwise op by name (the GlobalOps of :data:`POINTWISE`).

@@ -19,11 +19,41 @@ from ..env import get_rank
 from ..runtime.recording import RECORDERS
 from .precision import needs_widening, widen
 
-__all__ = ["Kernel", "local_result"]
+__all__ = ["Kernel", "Into", "with_into", "zero_d", "local_result"]
 
 #: An op's local computation, the one type of every kernel: ``kernel(xp, operands,
 #: out_local_shape) -> array-like``, tensor operands given as this rank's shards.
 Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
+
+#: A kernel's form that writes its result into a given array: ``into(xp, operands,
+#: out_local_shape, out) -> None`` (bit-identical to the kernel's result). A kernel that
+#: has one carries it as its ``into`` attribute (:func:`with_into`); a captured graph
+#: replays it into a buffer planned once (:mod:`sbpmpi.capture.replay`).
+Into = Callable[[ModuleType, Sequence[Any], tuple[int, ...], Any], None]
+
+
+def with_into(kernel: Kernel, into: Into) -> Kernel:
+    """``kernel`` carrying ``into``, its form that writes into a given array."""
+    kernel.into = into  # type: ignore[attr-defined]
+    return kernel
+
+
+def zero_d(xp: ModuleType, value: Any, dtype: Any) -> Any:
+    """``value`` as a 0-d array of ``dtype``, made once per (value, dtype, module): an
+    operand that makes no array per call (a Python scalar is made into a new 0-d array by
+    every ufunc call). Equal to the scalar NumPy's promotion makes of it when ``dtype``
+    is what the scalar promotes to with the other operand (NEP 50: a Python scalar takes
+    the array's dtype)."""
+    key = (value, np.dtype(dtype), xp.__name__)
+    z = _ZERO_D.get(key)
+    if z is None:
+        if len(_ZERO_D) > 256:
+            _ZERO_D.clear()
+        z = _ZERO_D[key] = xp.asarray(value, dtype=dtype)
+    return z
+
+
+_ZERO_D: dict[tuple[Any, np.dtype, str], Any] = {}
 
 
 def _arrays(args: Any) -> tuple[Any, ...]:
@@ -57,7 +87,9 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
     if widened is None:
         widened = needs_widening(name, args)
     res = xp.asarray(kernel(xp, widen(args) if widened else args, shape))
+    into: Into | None = getattr(kernel, "into", None)
     if res.dtype != dtype:
+        into = None  # its own dtype cast to the op's: replayed as it ran
         res = res.astype(dtype)
     if view:
         pass
@@ -73,5 +105,6 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
                             lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
                                                    shards=a, view=view),
-                            args, res)
+                            args, res, None if into is None or view or widened else
+                            lambda a, out: into(xp, a, shape, out))
     return res

@@ -12,6 +12,7 @@ import numpy as np
 from ..core.sbp import Split
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, probe_dtype
+from .kernel import with_into
 from .op import GlobalOp
 from .signature import AnySplit, B, DimMatch, P, S, Signature
 
@@ -85,22 +86,30 @@ def _build(a: Any, b: Any) -> OpCall:
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return local_matmul(xp, local[0], local[1])
 
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        local_matmul(xp, local[0], local[1], out)
+
+    with_into(kernel, into)
+
     table = MATMUL_TABLES[a.ndim == 1, b.ndim == 1]
     return OpCall("matmul", (a, b), table, {"batch": batch_matches(a, b, batch)}, out_shape,
                   dtype, kernel, labels=("a", "b"))
 
 
-def local_matmul(xp: ModuleType, a: Any, b: Any) -> Any:
+def local_matmul(xp: ModuleType, a: Any, b: Any, out: Any = None) -> Any:
     """``xp.matmul(a, b)`` of two shards; a stack of rows times one matrix (a linear
     layer's ``(batch, seq, in) @ (in, out)``) as one ``(batch * seq, in)`` product.
 
     NumPy runs a stack as one BLAS call per matrix; one tall call is faster and gives the
-    same values up to float rounding. ``b`` may be a transposed view.
+    same values up to float rounding. ``b`` may be a transposed view. ``out``: a
+    C-contiguous array of the result's shape and dtype to write into (returned).
     """
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         rows = math.prod(a.shape[:-1])
-        return xp.matmul(a.reshape(rows, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[-1:])
-    return xp.matmul(a, b)
+        flat = None if out is None else out.reshape(rows, b.shape[-1])
+        res = xp.matmul(a.reshape(rows, a.shape[-1]), b, out=flat)
+        return res.reshape(a.shape[:-1] + b.shape[-1:]) if out is None else out
+    return xp.matmul(a, b, out=out)
 
 
 def batch_matches(a: GlobalTensor, b: GlobalTensor, batch: tuple[int, ...]
@@ -155,13 +164,16 @@ def _transposed_matmul(name: str, which: int) -> GlobalOp:
         batch = tuple(int(n) for n in np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
         dtype = np.result_type(a.dtype, b.dtype)
 
-        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...],
+                   out: Any = None) -> Any:
             x, y = local
             if which == 0:
                 x = xp.swapaxes(x, -1, -2)
             else:
                 y = xp.swapaxes(y, -1, -2)
-            return local_matmul(xp, x, y)
+            return local_matmul(xp, x, y, out)
+
+        with_into(kernel, kernel)
 
         return OpCall(name, (a, b), table, {"batch": batch_matches(a, b, batch)},
                       batch + (sa[-2], sb[-1]), np.dtype(dtype), kernel, labels=("a", "b"))

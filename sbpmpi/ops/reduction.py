@@ -23,6 +23,7 @@ from ..tape import record_op
 from ..tensor import GlobalTensor
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
 from .elementwise import broadcast_matches, mul, sub
+from .kernel import with_into
 from .op import GlobalOp
 from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
@@ -116,6 +117,16 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
                 return xp.full(shape, identity_value(kind, dtype), dtype=dtype)
             return REDUCTIONS[kind].reduce_of(xp)(a, axis=axes, keepdims=keepdim)
 
+        def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...],
+                 out: Any) -> None:
+            a = local[0]
+            if kind in _NO_IDENTITY and any(a.shape[d] == 0 for d in axes):
+                out.fill(identity_value(kind, dtype))
+            else:
+                REDUCTIONS[kind].reduce_of(xp)(a, axis=axes, keepdims=keepdim, out=out)
+
+        if kind != "mean":  # mean divides and casts: replayed as it runs
+            with_into(kernel, into)
         params = f"dim={dim!r}" + (", keepdim=True" if keepdim else "")
         return OpCall(name, (x,), table, dims, out_shape, dtype, kernel, params=params,
                       labels=("x",))

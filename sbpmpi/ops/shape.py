@@ -16,6 +16,7 @@ import numpy as np
 
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, norm_dim, tensor_arg
+from .kernel import with_into
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, Signature
 
@@ -63,6 +64,11 @@ def _transpose(x: Any, *axes: Any) -> OpCall:
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return xp.transpose(local[0], perm)
+
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        xp.copyto(out, xp.transpose(local[0], perm))
+
+    with_into(kernel, into)
 
     dims = {"d": tuple(DimMatch((perm[j],), j) for j in range(n))}
     return OpCall("transpose", (x,), MOVE, dims, out_shape, x.dtype, kernel,
@@ -136,6 +142,12 @@ def _reshape(x: Any, *shape: Any) -> OpCall:
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return xp.reshape(local[0], shape)
+
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        a = local[0]
+        xp.copyto(out.reshape(a.shape), a)  # C order both ways: reshape's values
+
+    with_into(kernel, into)
 
     parts = math.prod(x.placement.hierarchy)
     return OpCall("reshape", (x,), MOVE, {"d": reshape_matches(x.shape, want, parts)}, want,
@@ -235,6 +247,11 @@ def _astype(x: Any, dtype: Any) -> OpCall:
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return local[0].astype(dt)
 
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        xp.copyto(out, local[0], casting="unsafe")  # astype's cast
+
+    with_into(kernel, into)
+
     dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
     return OpCall("astype", (x,), ASTYPE, dims, x.shape, dt, kernel, params=f"dtype={dt}",
                   labels=("x",))
@@ -274,6 +291,11 @@ def _cat(tensors: Any, dim: Any = 0) -> OpCall:
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         return xp.concatenate([a.astype(dtype, copy=False) for a in local], axis=d)
 
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any) -> None:
+        xp.concatenate([a.astype(dtype, copy=False) for a in local], axis=d, out=out)
+
+    with_into(kernel, into)
+
     return OpCall("cat", ts, table, dims, out_shape, np.dtype(dtype), kernel,
                   params=f"dim={d}", labels=tuple(f"t{i}" for i in range(len(ts))))
 
@@ -301,6 +323,13 @@ def _scatter_build(g: GlobalTensor, shape: tuple[int, ...], key: Any) -> OpCall:
         z = xp.zeros(out_shape, dtype=dtype)
         z[k] = local[0]
         return z
+
+    def into(xp: ModuleType, local: Sequence[Any], out_shape: tuple[int, ...],
+             out: Any) -> None:
+        out.fill(0)
+        out[k] = local[0]
+
+    with_into(kernel, into)
 
     dims = {"d": tuple(DimMatch((m.output,), m.inputs[0]) for m in matches)}
     return OpCall("scatter", (g,), SCATTER, dims, tuple(shape), dtype, kernel,

@@ -258,6 +258,60 @@ def _into(v: GlobalTensor, like: GlobalTensor) -> GlobalTensor:
     return GlobalTensor(local.copy(), v.layout, v.dtype)
 
 
+class _Scratch:
+    """Where an update writes its temporaries (no array made per step): two arrays of a
+    parameter shard's shape and dtype, and one 0-d array of that dtype for the scalar of
+    the next ufunc call (a Python scalar is made into a new 0-d array by every call; the
+    0-d array of the shard's dtype gives the same value, as NEP 50 casts the scalar to
+    the array's dtype)."""
+
+    __slots__ = ("arrays", "zero_d")
+
+    def __init__(self, xp: Any, p: Any) -> None:
+        self.arrays = (xp.empty(p.shape, dtype=p.dtype), xp.empty(p.shape, dtype=p.dtype))
+        self.zero_d = xp.zeros((), dtype=p.dtype) if xp is np else None
+
+    def scalar(self, value: float) -> Any:
+        """``value`` for the next ufunc call (used by it before the next ``scalar``)."""
+        z = self.zero_d
+        if z is None:  # CuPy passes a Python scalar to its kernel as it is
+            return value
+        z[()] = value
+        return z
+
+
+def _scratch(opt: Optimizer, xp: Any, p: Any, g: Any, state: dict[str, Any]
+             ) -> _Scratch | None:
+    """The scratch for parameter shard ``p``: one per shape and dtype, kept by the
+    optimizer and shared by the parameters of that shape (one update at a time uses it);
+    None when the gradient or a state buffer has another dtype than ``p`` (the update
+    then runs with NumPy's promotion as written)."""
+    if g.dtype != p.dtype or any(b.dtype != p.dtype for b in state.values()):
+        return None
+    work: dict[tuple[str, tuple[int, ...], np.dtype], _Scratch] = \
+        opt.__dict__.setdefault("_scratch", {})
+    key = (xp.__name__, p.shape, p.dtype)
+    w = work.get(key)
+    if w is None:
+        if len(work) >= 64:  # parameters of many shapes came and went
+            work.clear()
+        w = work[key] = _Scratch(xp, p)
+    return w
+
+
+def _moments(xp: Any, w: _Scratch, m: Any, v: Any, g: Any, b1: float, b2: float,
+             t: Any) -> None:
+    """Adam's ``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2`` in place, with the
+    scratch array ``t`` for the temporaries."""
+    xp.multiply(m, w.scalar(b1), out=m)
+    xp.multiply(g, w.scalar(1 - b1), out=t)
+    xp.add(m, t, out=m)
+    xp.multiply(v, w.scalar(b2), out=v)
+    xp.multiply(g, g, out=t)
+    xp.multiply(t, w.scalar(1 - b2), out=t)
+    xp.add(v, t, out=v)
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum and weight decay (as torch.optim.SGD).
 
@@ -278,14 +332,29 @@ class SGD(Optimizer):
 
     def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
                 group: Mapping[str, Any]) -> None:
+        w = _scratch(self, xp, p, g, state)
+        if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
+            if group["weight_decay"]:
+                g = g + group["weight_decay"] * p
+            if group["momentum"]:
+                buf = state["momentum_buffer"]
+                buf *= group["momentum"]
+                buf += g
+                g = buf
+            p -= group["lr"] * g
+            return
+        # the same arithmetic in the same order, into the scratch arrays
+        t1, t2 = w.arrays
         if group["weight_decay"]:
-            g = g + group["weight_decay"] * p
+            xp.multiply(p, w.scalar(group["weight_decay"]), out=t1)
+            g = xp.add(g, t1, out=t1)
         if group["momentum"]:
             buf = state["momentum_buffer"]
-            buf *= group["momentum"]
-            buf += g
+            xp.multiply(buf, w.scalar(group["momentum"]), out=buf)
+            xp.add(buf, g, out=buf)
             g = buf
-        p -= group["lr"] * g
+        xp.multiply(g, w.scalar(group["lr"]), out=t2)
+        xp.subtract(p, t2, out=p)
 
 
 class Adam(Optimizer):
@@ -317,15 +386,31 @@ class Adam(Optimizer):
     def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
                 group: Mapping[str, Any]) -> None:
         b1, b2 = group["betas"]
+        w = _scratch(self, xp, p, g, state)
+        if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
+            if group["weight_decay"]:
+                g = g + group["weight_decay"] * p
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * (g * g)
+            denom = xp.sqrt(v / (1 - b2 ** step)) + group["eps"]
+            p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
+            return
+        # the same arithmetic in the same order, into the scratch arrays
+        t1, t2 = w.arrays
         if group["weight_decay"]:
-            g = g + group["weight_decay"] * p
+            xp.multiply(p, w.scalar(group["weight_decay"]), out=t1)
+            g = xp.add(g, t1, out=t1)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        v += (1 - b2) * (g * g)
-        denom = xp.sqrt(v / (1 - b2 ** step)) + group["eps"]
-        p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
+        _moments(xp, w, m, v, g, b1, b2, t2)
+        xp.divide(v, w.scalar(1 - b2 ** step), out=t2)
+        xp.sqrt(t2, out=t2)
+        xp.add(t2, w.scalar(group["eps"]), out=t2)  # denom
+        xp.divide(m, t2, out=t2)
+        xp.multiply(t2, w.scalar(group["lr"] / (1 - b1 ** step)), out=t2)
+        xp.subtract(p, t2, out=p)
 
 
 class AdamW(Adam):
@@ -346,12 +431,27 @@ class AdamW(Adam):
                 group: Mapping[str, Any]) -> None:
         b1, b2 = group["betas"]
         lr = group["lr"]
+        w = _scratch(self, xp, p, g, state)
+        if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
+            if group["weight_decay"]:
+                p *= 1 - lr * group["weight_decay"]
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * (g * g)
+            denom = xp.sqrt(v) / math.sqrt(1 - b2 ** step) + group["eps"]
+            p -= (lr / (1 - b1 ** step)) * (m / denom)
+            return
+        # the same arithmetic in the same order, into the scratch array
+        t2 = w.arrays[1]
         if group["weight_decay"]:
-            p *= 1 - lr * group["weight_decay"]
+            xp.multiply(p, w.scalar(1 - lr * group["weight_decay"]), out=p)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        v += (1 - b2) * (g * g)
-        denom = xp.sqrt(v) / math.sqrt(1 - b2 ** step) + group["eps"]
-        p -= (lr / (1 - b1 ** step)) * (m / denom)
+        _moments(xp, w, m, v, g, b1, b2, t2)
+        xp.sqrt(v, out=t2)
+        xp.divide(t2, w.scalar(math.sqrt(1 - b2 ** step)), out=t2)
+        xp.add(t2, w.scalar(group["eps"]), out=t2)  # denom
+        xp.divide(m, t2, out=t2)
+        xp.multiply(t2, w.scalar(lr / (1 - b1 ** step)), out=t2)
+        xp.subtract(p, t2, out=p)

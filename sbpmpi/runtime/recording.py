@@ -3,7 +3,8 @@
 While a capture runs, :data:`RECORDERS` holds its recorder (at most one); the doors where
 a step's work happens tell it what they did, each behind one truth test of this list:
 
-- ``ops.kernel.local_result``: an op's local kernel ran (:meth:`Recorder.kernel`);
+- ``ops.kernel.local_result``: an op's local kernel ran (:meth:`Recorder.kernel`, with
+  the kernel's form that writes into a given array where it has one);
 - ``runtime.redistribute``: a conversion ran (:meth:`Recorder.conversion`, which runs it);
 - ``GlobalTensor._set_grad``: a leaf's ``.grad`` was set (:meth:`Recorder.set_grad`);
 - ``sm.tensor``: a global tensor was made from a host array (:meth:`Recorder.created`);
@@ -29,7 +30,8 @@ class Recorder(Protocol):
     """What the doors tell a capture (see the module docstring)."""
 
     def kernel(self, name: str, key: tuple[Any, ...], fn: Callable[[list[Any]], Any],
-               args: Sequence[Any], out: Any) -> None: ...
+               args: Sequence[Any], out: Any,
+               into: Callable[[list[Any], Any], None] | None = None) -> None: ...
 
     def conversion(self, key: tuple[Any, ...], run: Callable[[Any], Any],
                    replay: Callable[[Any], Any], local: Any) -> Any: ...

@@ -424,3 +424,29 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
         if not np.array_equal(y.to_local(), expected_local(y, want)):
             errors.append(f"rank {rank}: {ctx} is wrong")
     all_ok(errors)
+
+
+def test_reuse_hands_out_the_first_runs_arrays_again_in_order():
+    """backend.Reuse (a captured graph's conversions): the arrays made by empty() in the
+    first run come back in the same order; another shape or dtype, or another thread,
+    gets a new array; outside the block, empty() makes new arrays as usual."""
+    big = host_pool.MIN_POOLED_BYTES // 8 + 1  # one pooled array, the others small
+    r = backend.Reuse()
+    with r:
+        first = [backend.empty(np, (3, 4), np.float64), backend.empty(np, big, np.float64),
+                 backend.empty(np, 5, np.int32)]
+    with r:
+        again = [backend.empty(np, (3, 4), np.float64), backend.empty(np, big, np.float64),
+                 backend.empty(np, 5, np.int32)]
+    assert all(a is b for a, b in zip(first, again))
+    with r:
+        other = backend.empty(np, (4, 3), np.float64)  # not what was recorded first
+        same = backend.empty(np, big, np.float64)  # the order goes on
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(backend.empty(np, 5, np.int32)))
+        t.start()
+        t.join()
+    assert other is not first[0] and other.shape == (4, 3)
+    assert same is first[1]
+    assert seen[0] is not first[2]
+    assert backend.empty(np, (3, 4), np.float64) is not first[0]
