@@ -5,6 +5,7 @@ those of the unwrapped model run under sm.autocast by hand; checkpoints hold flo
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -87,7 +88,13 @@ def test_masters_stay_float32_and_the_forward_runs_low(dt, wrap, shared_dir):
     got = _steps(model, opt)
     assert net.seen and all(d == dt for d in net.seen)  # compute in the low dtype
     assert all(p.dtype == np.float32 for p in model.parameters())  # masters
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # ZeRO reduce-scatters the float32 gradients where the reference all-reduces them: sums
+    # in another order, a last-bit difference in a master. Under ZeRO 3 every parameter is
+    # rounded to the half width at the next gather (layer norms' too), where such a
+    # difference may flip one rounding: a relative change of at most half the dtype's
+    # epsilon in that parameter (seen: 1.5e-5 in float16's third loss at n = 4)
+    rtol = float(ml_dtypes.finfo(dt).eps) / 2 if wrap == "zero3" else 1e-6
+    np.testing.assert_allclose(got, want, rtol=rtol)
     if wrap == "zero3":
         assert all(p.sbp == (S(0),) for p in model.parameters())  # sharded masters
     sm.save_state(dict(model.named_parameters()), f"{shared_dir}/mp")
