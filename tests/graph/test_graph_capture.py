@@ -296,15 +296,17 @@ def test_a_replaced_parameter_array_captures_again():
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", ["dp", "tp"])
 def test_a_replay_makes_the_eager_collectives(kind):
+    """The steady state's (the fifth call: two captures, then replays with their buffers
+    planned) collectives, bytes, groups and blocking form equal the eager step's."""
     counts = []
     for captured in (False, True):
         lay, model, step = make(kind, "adam")
         f = sm.graph(step) if captured else step
-        x, y = _inputs(lay)
-        for _ in range(3):
+        x, y = _inputs(lay, 64)
+        for _ in range(5):
             with sm.trace() as t:
                 f(x, y)
-        counts.append([(r.op, r.nbytes, r.group_ranks) for r in t.records])
+        counts.append([(r.op, r.nbytes, r.group_ranks, r.nonblocking) for r in t.records])
     assert counts[0] == counts[1]
     assert (len(counts[0]) > 0) == (size > 1)
 
