@@ -312,6 +312,15 @@ def _moments(xp: Any, w: _Scratch, m: Any, v: Any, g: Any, b1: float, b2: float,
     xp.add(v, t, out=v)
 
 
+def _moments_promoted(m: Any, v: Any, g: Any, b1: float, b2: float) -> None:
+    """:func:`_moments` with NumPy's promotion and its temporaries (a gradient or state
+    of another dtype than its parameter)."""
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * (g * g)
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum and weight decay (as torch.optim.SGD).
 
@@ -391,10 +400,7 @@ class Adam(Optimizer):
             if group["weight_decay"]:
                 g = g + group["weight_decay"] * p
             m, v = state["exp_avg"], state["exp_avg_sq"]
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * (g * g)
+            _moments_promoted(m, v, g, b1, b2)
             denom = xp.sqrt(v / (1 - b2 ** step)) + group["eps"]
             p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
             return
@@ -436,10 +442,7 @@ class AdamW(Adam):
             if group["weight_decay"]:
                 p *= 1 - lr * group["weight_decay"]
             m, v = state["exp_avg"], state["exp_avg_sq"]
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * (g * g)
+            _moments_promoted(m, v, g, b1, b2)
             denom = xp.sqrt(v) / math.sqrt(1 - b2 ** step) + group["eps"]
             p -= (lr / (1 - b1 ** step)) * (m / denom)
             return
