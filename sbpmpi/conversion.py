@@ -176,7 +176,7 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
             kept, local = local, local.copy()
             if RECORDERS:  # a step being captured as a graph: the copy is replayed too
                 RECORDERS[0].kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
-                                    lambda a, out: xp.copyto(out, a[0]))
+                                    lambda a, out, s: xp.copyto(out, a[0]))
     return GlobalTensor(local, dst, x._dtype)
 
 

@@ -96,14 +96,19 @@ def _scipy() -> Any:
     return _scipy_erf
 
 
-def erf(x: Any) -> Any:
-    """The error function of a NumPy or CuPy array, elementwise, in its floating dtype."""
+def erf(x: Any, out: Any = None) -> Any:
+    """The error function of a NumPy or CuPy array, elementwise, in its floating dtype
+    (``out``: an array of x's shape and dtype written with it, which may be ``x``; SciPy's
+    and CuPy's ufuncs write into it directly, the expansions through a new array)."""
     if isinstance(x, np.ndarray) or np.isscalar(x):
         x = np.asarray(x)
         if x.dtype in (np.float32, np.float64):
             scipy_erf = _scipy()
             if scipy_erf is not None:
-                return scipy_erf(x)
-        return _erf_numpy(x)
+                return scipy_erf(x) if out is None else scipy_erf(x, out=out)
+        if out is None:
+            return _erf_numpy(x)
+        out[...] = _erf_numpy(x)
+        return out
     special = importlib.import_module("cupyx.scipy.special")
-    return special.erf(x)
+    return special.erf(x) if out is None else special.erf(x, out=out)

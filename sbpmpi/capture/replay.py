@@ -39,7 +39,7 @@ import numpy as np
 from .. import backend
 from ..comm.agreement import all_ok
 from ..grad_mode import is_grad_enabled
-from ..ops.kernel import zero_d
+from ..ops.kernel import Scratch, zero_d
 from ..runtime import cost_table
 from ..runtime.consistency import check_collective, check_enabled, meta_text
 from ..tensor import GlobalTensor
@@ -128,6 +128,8 @@ class Plan:
             if isinstance(n, Call):
                 n.free = tuple(frees.get(i, ()))
         self.buffers = plan_buffers(rec, keep, _output_slots(output))
+        # the temporaries of the kernels' into forms, made at the first replay, kept
+        self.scratch = Scratch()
         planned = [b for b in self.buffers if b is not None and type(b) is not Fresh]
         arrays = {id(b): b for b in planned}
         # what explain shows: values written into buffers, and the buffers they share
@@ -161,7 +163,7 @@ class Plan:
         vals = self.template.copy()
         for s, a in zip(self.inputs, inputs):
             vals[s] = a
-        bufs, reuse = self.buffers, self.reuse
+        bufs, reuse, scratch = self.buffers, self.reuse, self.scratch
         for n in self.nodes:
             if type(n) is Call:
                 buf = bufs[n.out]
@@ -181,7 +183,7 @@ class Plan:
                     args = n.iconsts.copy()
                     for pos, s in n.refs:
                         args[pos] = vals[s]
-                    n.into(args, buf)  # type: ignore[misc]
+                    n.into(args, buf, scratch)  # type: ignore[misc]
                     vals[n.out] = buf
                 for s in n.free:
                     vals[s] = None

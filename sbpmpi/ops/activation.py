@@ -15,8 +15,10 @@ from types import ModuleType
 from typing import Any
 
 from ..backend.special import erf as _erf_of
+from ..core.dtypes import accumulation_dtype
 from .call import OpCall, as_dtype, float_dtype, tensor_arg
 from .elementwise import LINEAR, UNARY, Pointwise, broadcast_matches
+from .kernel import Scratch, with_into, written_into, zero_d
 from .op import GlobalOp
 from .signature import DimMatch, Signature
 
@@ -39,63 +41,68 @@ def _check(name: str, approximate: Any) -> str:
     return str(approximate)
 
 
-def _square(xp: ModuleType, x: Any) -> Any:
-    """``x * x`` in a new array (an array also for 0-d ``x``: later steps write into it)."""
-    return xp.multiply(x, x, out=xp.empty_like(x))
-
-
-def _tanh_term(xp: ModuleType, x: Any) -> Any:
-    """``tanh(sqrt(2/pi) (x + 0.044715 x^3))`` in a new array, written in place."""
-    t = _square(xp, x)
-    t *= _CUBIC
-    t += 1.0
+def _tanh_term(xp: ModuleType, x: Any, t: Any) -> Any:
+    """``tanh(sqrt(2/pi) (x + 0.044715 x^3))`` written into ``t``."""
+    dt = t.dtype
+    xp.multiply(x, x, out=t)
+    t *= zero_d(xp, _CUBIC, dt)
+    t += zero_d(xp, 1.0, dt)
     t *= x
-    t *= _TANH_SCALE
+    t *= zero_d(xp, _TANH_SCALE, dt)
     return xp.tanh(t, out=t)
 
 
-def _erf_term(xp: ModuleType, x: Any) -> Any:
-    """``erf(x / sqrt(2))`` in x's dtype, a new array."""
-    e = _erf_of(x * _SQRT_HALF)
-    return e if e.dtype == x.dtype else e.astype(x.dtype)
+def _erf_term(xp: ModuleType, x: Any, t: Any) -> Any:
+    """``erf(x / sqrt(2))`` written into ``t`` (of x's dtype)."""
+    xp.multiply(x, zero_d(xp, _SQRT_HALF, t.dtype), out=t)
+    return _erf_of(t, out=t)
 
 
-# Both kernels work in place on the one or two temporaries they allocate: GELU is a
-# chain of cheap elementwise steps, and a fresh array per step costs more than the step.
-def _gelu(xp: ModuleType, x: Any, approximate: str) -> Any:
-    y = _tanh_term(xp, x) if approximate == "tanh" else _erf_term(xp, x)
-    y += 1.0
+# Both kernels write into their result and at most two temporaries (from ``scratch``),
+# their constants 0-d arrays made once (a Python scalar is made into a new array by every
+# ufunc call): GELU is a chain of cheap elementwise steps, and a fresh array per step costs
+# more than the step. The eager kernels are these forms with new arrays (``written_into``),
+# so eager and replayed results are bit-identical.
+def _gelu(xp: ModuleType, x: Any, approximate: str, y: Any) -> None:
+    """``gelu(x)`` written into ``y``."""
+    if approximate == "tanh":
+        _tanh_term(xp, x, y)
+    else:
+        _erf_term(xp, x, y)
+    y += zero_d(xp, 1.0, y.dtype)
     y *= x
-    y *= 0.5
-    return y
+    y *= zero_d(xp, 0.5, y.dtype)
 
 
-def _gelu_grad(xp: ModuleType, g: Any, x: Any, approximate: str) -> Any:
-    """``g * gelu'(x)``."""
+def _gelu_grad(xp: ModuleType, g: Any, x: Any, approximate: str, t: Any,
+               scratch: Scratch) -> None:
+    """``g * gelu'(x)`` written into ``t``."""
+    dt = t.dtype
+    w = scratch.get(xp, x.shape, dt)
     if approximate == "tanh":
         # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        t = _tanh_term(xp, x)
-        w = _square(xp, t)
-        xp.subtract(1.0, w, out=w)
-        v = _square(xp, x)
-        v *= 3.0 * _CUBIC
-        v += 1.0
+        _tanh_term(xp, x, t)
+        xp.multiply(t, t, out=w)
+        xp.subtract(zero_d(xp, 1.0, dt), w, out=w)
+        v = scratch.get(xp, x.shape, dt, 1)
+        xp.multiply(x, x, out=v)
+        v *= zero_d(xp, 3.0 * _CUBIC, dt)
+        v += zero_d(xp, 1.0, dt)
         w *= v
         w *= x
-        w *= 0.5 * _TANH_SCALE
+        w *= zero_d(xp, 0.5 * _TANH_SCALE, dt)
     else:
         # 0.5 (1 + erf(x / sqrt(2))) + x exp(-x^2 / 2) / sqrt(2 pi)
-        t = _erf_term(xp, x)
-        w = _square(xp, x)
-        w *= -0.5
+        _erf_term(xp, x, t)
+        xp.multiply(x, x, out=w)
+        w *= zero_d(xp, -0.5, dt)
         xp.exp(w, out=w)
         w *= x
-        w *= _INV_SQRT_2PI
-    t += 1.0
-    t *= 0.5
+        w *= zero_d(xp, _INV_SQRT_2PI, dt)
+    t += zero_d(xp, 1.0, dt)
+    t *= zero_d(xp, 0.5, dt)
     t += w
     t *= g
-    return t
 
 
 def _build(x: Any, approximate: str = "none") -> OpCall:
@@ -104,8 +111,14 @@ def _build(x: Any, approximate: str = "none") -> OpCall:
     how = _check("gelu", approximate)
     dtype = float_dtype("gelu", x)
 
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
+        _gelu(xp, as_dtype(local[0], dtype), how, out)
+
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return _gelu(xp, as_dtype(local[0], dtype), how)
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
     return OpCall("gelu", (x,), GELU, dims, x.shape, dtype, kernel,
@@ -120,9 +133,15 @@ def _build_backward(g: Any, x: Any, approximate: str = "none") -> OpCall:
         raise ValueError(f"gelu_backward: g has shape {g.shape}, x {x.shape}: they must match")
     dtype = float_dtype("gelu_backward", g, x)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         gl, xl = (as_dtype(a, dtype) for a in local)
-        return _gelu_grad(xp, gl, xl, how)
+        _gelu_grad(xp, gl, xl, how, out, scratch)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     return OpCall("gelu_backward", (g, x), GELU_BACKWARD,
                   {"d": broadcast_matches([g.shape, x.shape], x.shape)}, x.shape, dtype,

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import accumulation_dtype
 from ..tensor import GlobalTensor
 from .call import OpCall, tensor_arg
+from .kernel import Scratch, take_into, with_into, written_into, zero_d
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, S, Signature
 
@@ -61,14 +63,23 @@ def _check(name: str, ids: Any, table: Any, rows: Any, table_what: str
     return ids, table, rows
 
 
-def _own_rows(xp: ModuleType, ids: Any, rows: Any, count: int) -> tuple[Any, Any]:
-    """Indices into this rank's shard (0 where not owned) and the mask of owned ids."""
+def _own_rows(xp: ModuleType, ids: Any, rows: Any, count: int, idx: Any, owned: Any,
+              tmp: Any) -> None:
+    """Indices into this rank's shard written into ``idx`` (int64; 0 where not owned), the
+    mask of owned ids into ``owned``, and its negation into ``tmp``."""
     start = int(rows[0]) if rows.size else 0
-    local = ids.astype(np.int64) - start
-    owned = (local >= 0) & (local < count)
-    return xp.where(owned, local, 0), owned
+    idx[...] = ids
+    idx -= zero_d(xp, start, np.int64)
+    xp.greater_equal(idx, zero_d(xp, 0, np.int64), out=owned)
+    xp.less(idx, zero_d(xp, count, np.int64), out=tmp)
+    owned &= tmp
+    xp.logical_not(owned, out=tmp)
+    xp.copyto(idx, zero_d(xp, 0, np.int64), where=tmp)
 
 
+# The kernels write into their result and take their temporaries from ``scratch``: the
+# eager kernels are these forms with new arrays (``written_into``), so eager and replayed
+# results are bit-identical, and a replay of a captured step allocates nothing here.
 def _build(ids: Any, weight: Any, rows: Any) -> OpCall:
     """Build the OpCall of ``embedding``."""
     ids, weight, rows = _check("embedding", ids, weight, rows, "weight")
@@ -81,18 +92,33 @@ def _build(ids: Any, weight: Any, rows: Any) -> OpCall:
                          f"weight of shape {weight.shape}")
     dtype = weight.dtype
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, w, r = local
-        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
-            bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
-            raise IndexError(f"embedding: index {bad} is out of range for a weight of "
-                             f"{vocab} rows")
+        if a.size:
+            lo, hi = (scratch.get(xp, (), a.dtype, i) for i in (0, 1))
+            xp.min(a, out=lo)
+            xp.max(a, out=hi)
+            if int(lo) < 0 or int(hi) >= vocab:
+                bad = int(lo) if int(lo) < 0 else int(hi)
+                raise IndexError(f"embedding: index {bad} is out of range for a weight of "
+                                 f"{vocab} rows")
         if w.shape[0] == vocab:
-            return w[a]
+            take_into(xp, w, a, out, axis=0)
+            return
         if w.shape[0] == 0:
-            return xp.zeros(shape, dtype=dtype)
-        idx, owned = _own_rows(xp, a, r, w.shape[0])
-        return xp.where(owned[..., None], w[idx], xp.zeros((), dtype=dtype))
+            out[...] = zero_d(xp, 0, out.dtype)
+            return
+        idx = scratch.get(xp, a.shape, np.int64, 2)
+        owned, tmp = (scratch.get(xp, a.shape, np.bool_, i) for i in (3, 4))
+        _own_rows(xp, a, r, w.shape[0], idx, owned, tmp)
+        take_into(xp, w, idx, out, axis=0)
+        xp.copyto(out, zero_d(xp, 0, out.dtype), where=tmp[..., None])  # not this rank's
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, dtype, xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": tuple(DimMatch((d, None, None), d) for d in range(ids.ndim))}
     return OpCall("embedding", (ids, weight, rows), EMBEDDING, dims,
@@ -109,16 +135,31 @@ def _build_backward(ids: Any, g: Any, rows: Any) -> OpCall:
     vocab = rows.shape[0]
     dtype = g.dtype
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, gl, r = local
-        out = xp.zeros(shape, dtype=dtype)
+        out[...] = zero_d(xp, 0, out.dtype)
         if out.size == 0 or a.size == 0:
-            return out
-        idx, owned = _own_rows(xp, a, r, shape[0])
-        if shape[0] != vocab:  # this rank owns some rows only
-            idx, gl = idx[owned], gl[owned]
-        xp.add.at(out, idx.reshape(-1), gl.reshape(-1, shape[1]))
-        return out
+            return
+        idx = scratch.get(xp, a.shape, np.int64, 0)
+        owned, tmp = (scratch.get(xp, a.shape, np.bool_, i) for i in (1, 2))
+        _own_rows(xp, a, r, shape[0], idx, owned, tmp)
+        g2 = gl.reshape(-1, shape[1])
+        if shape[0] == vocab:
+            xp.add.at(out, idx.reshape(-1), g2)
+            return
+        # this rank owns some rows only: the others' ids add into one more row, dropped
+        # (a masked selection would make new arrays; the owned rows add in the same order)
+        acc = scratch.get(xp, (shape[0] + 1, shape[1]), out.dtype, 3)
+        acc[...] = zero_d(xp, 0, out.dtype)
+        xp.copyto(idx, zero_d(xp, shape[0], np.int64), where=tmp)
+        xp.add.at(acc, idx.reshape(-1), g2)
+        out[...] = acc[:-1]
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": tuple(DimMatch((d, d, None), None) for d in range(ids.ndim))}
     return OpCall("embedding_backward", (ids, g, rows), EMBEDDING_BACKWARD, dims,

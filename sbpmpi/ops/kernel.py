@@ -19,23 +19,72 @@ from ..env import get_rank
 from ..runtime.recording import RECORDERS
 from .precision import needs_widening, widen
 
-__all__ = ["Kernel", "Into", "with_into", "zero_d", "local_result"]
+__all__ = ["Kernel", "Into", "Scratch", "FRESH", "with_into", "written_into", "take_into", "zero_d", "local_result"]
 
 #: An op's local computation, the one type of every kernel: ``kernel(xp, operands,
 #: out_local_shape) -> array-like``, tensor operands given as this rank's shards.
 Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
 
 #: A kernel's form that writes its result into a given array: ``into(xp, operands,
-#: out_local_shape, out) -> None`` (bit-identical to the kernel's result). A kernel that
-#: has one carries it as its ``into`` attribute (:func:`with_into`); a captured graph
-#: replays it into a buffer planned once (:mod:`sbpmpi.capture.replay`).
-Into = Callable[[ModuleType, Sequence[Any], tuple[int, ...], Any], None]
+#: out_local_shape, out) -> None`` (bit-identical to the kernel's result), or with
+#: ``scratch`` also ``into(xp, operands, out_local_shape, out, scratch)`` taking its
+#: temporaries from a :class:`Scratch`. A kernel that has one carries it as its ``into``
+#: attribute (:func:`with_into`); a captured graph replays it into a buffer planned once
+#: (:mod:`sbpmpi.capture.replay`).
+Into = Callable[..., None]
 
 
-def with_into(kernel: Kernel, into: Into) -> Kernel:
-    """``kernel`` carrying ``into``, its form that writes into a given array."""
+class Scratch:
+    """Where a kernel's ``into`` form takes its temporaries.
+
+    ``keep=False`` (:data:`FRESH`, the eager kernels'): a new array each time. ``keep=True``
+    (a replay's, one per plan, shared by all its kernels): the array of the same module,
+    shape, dtype and number ``k`` made the first time, again; safe because a temporary
+    dies when its kernel returns (the result is written into ``out``, never a temporary)
+    and a replay runs one kernel at a time. ``k`` tells apart the temporaries of one
+    shape and dtype that a kernel needs at once.
+    """
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.arrays: dict[tuple[str, tuple[int, ...], np.dtype, int], Any] = {}
+
+    def get(self, xp: ModuleType, shape: tuple[int, ...], dtype: Any, k: int = 0) -> Any:
+        """An uninitialised array of ``shape`` and ``dtype`` (temporary number ``k``)."""
+        if not self.keep:
+            return xp.empty(shape, dtype=dtype)
+        key = (xp.__name__, tuple(shape), np.dtype(dtype), k)
+        a = self.arrays.get(key)
+        if a is None:
+            a = self.arrays[key] = xp.empty(shape, dtype=dtype)
+        return a
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for later calls."""
+        return sum(int(a.nbytes) for a in self.arrays.values())
+
+
+#: New temporaries each call: what an eager kernel written as its ``into`` form uses.
+FRESH = Scratch(keep=False)
+
+
+def with_into(kernel: Kernel, into: Into, scratch: bool = False) -> Kernel:
+    """``kernel`` carrying ``into``, its form that writes into a given array (``scratch``:
+    ``into`` takes a :class:`Scratch` as its fifth argument)."""
     kernel.into = into  # type: ignore[attr-defined]
+    kernel.into_scratch = scratch  # type: ignore[attr-defined]
     return kernel
+
+
+def written_into(into: Into, shape: tuple[int, ...], dtype: Any, xp: ModuleType,
+                 operands: Sequence[Any]) -> Any:
+    """The eager kernel of an ``into`` form taking a :class:`Scratch`: its result in a new
+    array of ``shape`` and ``dtype``, temporaries new (the same arithmetic as a replay's,
+    so both are bit-identical)."""
+    out = xp.empty(shape, dtype=dtype)
+    into(xp, operands, shape, out, FRESH)
+    return out
 
 
 def zero_d(xp: ModuleType, value: Any, dtype: Any) -> Any:
@@ -54,6 +103,14 @@ def zero_d(xp: ModuleType, value: Any, dtype: Any) -> Any:
 
 
 _ZERO_D: dict[tuple[Any, np.dtype, str], Any] = {}
+
+
+def take_into(xp: ModuleType, a: Any, indices: Any, out: Any, axis: int | None = None) -> Any:
+    """``take(a, indices, axis)`` written into ``out``, for indices known to be in range
+    (NumPy's default mode checks them through a buffer it allocates; "clip" does not)."""
+    if xp is np:
+        return np.take(a, indices, axis=axis, out=out, mode="clip")
+    return xp.take(a, indices, axis=axis, out=out)
 
 
 def _arrays(args: Any) -> tuple[Any, ...]:
@@ -106,5 +163,13 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
                             lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
                                                    shards=a, view=view),
                             args, res, None if into is None or view or widened else
-                            lambda a, out: into(xp, a, shape, out))
+                            _bound(into, xp, shape, getattr(kernel, "into_scratch", False)))
     return res
+
+
+def _bound(into: Into, xp: ModuleType, shape: tuple[int, ...],
+           scratch: bool) -> Callable[[list[Any], Any, Scratch], None]:
+    """``into`` as a recorded call's ``into(args, out, scratch)``."""
+    if scratch:
+        return lambda a, out, s: into(xp, a, shape, out, s)
+    return lambda a, out, s: into(xp, a, shape, out)

@@ -22,11 +22,15 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
+from ..core.dtypes import accumulation_dtype
 from ..core.sbp import Split
 from ..grad_mode import no_grad
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from .call import OpCall
+from .kernel import Scratch, take_into, with_into, written_into, zero_d
 from .op import GlobalOp
 from .reduction import max_, reduced
 from .signature import S_D, AnySplit, B, DimMatch, P, S, Signature
@@ -65,15 +69,67 @@ VOCAB_GRAD = (
 )
 
 
-def _log_softmax_rows(xp: ModuleType, a: Any) -> Any:
-    z = a - xp.max(a, axis=1, keepdims=True)
-    return z - xp.log(xp.sum(xp.exp(z), axis=1, keepdims=True))
+# The kernels write into their result and take their temporaries from ``scratch`` (each
+# with its own number), their constants 0-d arrays made once: the eager kernels are these
+# forms with new arrays (``written_into``), so eager and replayed results are
+# bit-identical, and a replay of a captured step allocates nothing here.
+def _log_softmax_rows(xp: ModuleType, a: Any, z: Any, scratch: Scratch) -> None:
+    """``log_softmax(a, axis=1)`` written into ``z`` (temporaries 0, 1, 2)."""
+    rows, dt = (a.shape[0], 1), z.dtype
+    m = scratch.get(xp, rows, dt, 0)
+    xp.max(a, axis=1, keepdims=True, out=m)
+    xp.subtract(a, m, out=z)
+    e = scratch.get(xp, a.shape, dt, 1)
+    xp.exp(z, out=e)
+    s = scratch.get(xp, rows, dt, 2)
+    xp.sum(e, axis=1, keepdims=True, out=s)
+    xp.log(s, out=s)
+    z -= s
 
 
-def _picked(xp: ModuleType, labels: Any, n_classes: int, ignore_index: int) -> tuple[Any, Any]:
-    """Labels clipped into range, and the mask of the rows that count (others add 0)."""
-    valid = (labels >= 0) & (labels < n_classes) & (labels != ignore_index)
-    return xp.where(valid, labels, 0), valid
+def _valid_into(xp: ModuleType, y: Any, n_classes: int, ignore_index: int, valid: Any,
+                tmp: Any) -> None:
+    """Whether each row counts, ``0 <= y < C`` and ``y != ignore_index``, written into
+    ``valid`` (``tmp``: a boolean temporary of its shape)."""
+    if y.dtype.kind != "i":  # unsigned labels: NumPy's comparisons with a negative bound
+        valid[...] = (y >= 0) & (y < n_classes) & (y != ignore_index)
+        return
+    xp.greater_equal(y, zero_d(xp, 0, y.dtype), out=valid)
+    xp.less(y, zero_d(xp, n_classes, np.int64), out=tmp)
+    valid &= tmp
+    xp.not_equal(y, zero_d(xp, ignore_index, np.int64), out=tmp)
+    valid &= tmp
+
+
+def _flat_index_into(xp: ModuleType, j: Any, here: Any, tmp: Any, width: int, flat: Any) -> None:
+    """``row * width + (j where here else 0)`` written into ``flat`` (intp): each row's
+    picked entry of a C-contiguous ``(rows, width)`` array, as one index."""
+    flat[...] = j
+    xp.logical_not(here, out=tmp)
+    xp.copyto(flat, zero_d(xp, 0, flat.dtype), where=tmp)
+    flat += _row_starts(xp, flat.shape[0], width)
+
+
+def _row_starts(xp: ModuleType, rows: int, width: int) -> Any:
+    """``arange(rows) * width`` (intp), made once per (module, rows, width)."""
+    key = (xp.__name__, rows, width)
+    r = _ROW_STARTS.get(key)
+    if r is None:
+        if len(_ROW_STARTS) > 64:
+            _ROW_STARTS.clear()
+        r = _ROW_STARTS[key] = xp.arange(rows, dtype=np.intp) * width
+    return r
+
+
+_ROW_STARTS: dict[tuple[str, int, int], Any] = {}
+
+
+def _row_weights(xp: ModuleType, valid: Any, g: Any, k: float, w: Any, gk: Any) -> None:
+    """``valid[:, None] * (g * k)`` written into ``w`` (rows, 1); ``gk``: a 0-d temporary."""
+    gk[...] = g
+    gk *= zero_d(xp, k, gk.dtype)
+    xp.copyto(w, valid.reshape(w.shape))
+    w *= gk
 
 
 def _params(ignore_index: int, scale: float) -> str:
@@ -86,14 +142,31 @@ def _build(logits: GlobalTensor, labels: GlobalTensor, ignore_index: int = -100,
     dtype = logits.dtype
     k = 1.0 / n if scale is None else float(scale)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, y = local
-        if a.shape[0] == 0:
-            return xp.zeros((), dtype=dtype)
-        logp = _log_softmax_rows(xp, a)
-        idx, valid = _picked(xp, y, c, ignore_index)
-        terms = logp[xp.arange(a.shape[0]), idx] * valid
-        return xp.asarray(-xp.sum(terms) * k, dtype=dtype)
+        rows, dt = a.shape[0], out.dtype
+        if rows == 0:
+            out[...] = zero_d(xp, 0, dt)
+            return
+        logp = scratch.get(xp, a.shape, dt, 3)
+        _log_softmax_rows(xp, a, logp, scratch)
+        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
+        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        flat = scratch.get(xp, y.shape, np.intp, 6)
+        _flat_index_into(xp, y, valid, tmp, a.shape[1], flat)
+        terms = scratch.get(xp, y.shape, dt, 7)
+        take_into(xp, logp.reshape(-1), flat, terms)
+        xp.copyto(terms, zero_d(xp, 0, dt), where=tmp)  # rows that do not count add 0
+        total = scratch.get(xp, (), dt, 8)
+        xp.sum(terms, out=total)
+        xp.negative(total, out=total)
+        xp.multiply(total, zero_d(xp, k, dt), out=out)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     return OpCall("cross_entropy", (logits, labels), CROSS_ENTROPY, {}, (), dtype, kernel,
                   params=_params(ignore_index, k), labels=("logits", "labels"))
@@ -105,13 +178,31 @@ def _build_grad(logits: GlobalTensor, labels: GlobalTensor, g: GlobalTensor,
     dtype = logits.dtype
     k = 1.0 / n if scale is None else float(scale)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, y, gl = local
-        p = xp.exp(_log_softmax_rows(xp, a))
-        idx, valid = _picked(xp, y, c, ignore_index)
-        rows = xp.arange(a.shape[0])
-        p[rows, idx] -= 1
-        return p * (valid[:, None] * (gl.astype(dtype) * k))
+        if out.size == 0:
+            return
+        dt = out.dtype
+        _log_softmax_rows(xp, a, out, scratch)
+        xp.exp(out, out=out)
+        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
+        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        flat = scratch.get(xp, y.shape, np.intp, 6)
+        _flat_index_into(xp, y, valid, tmp, a.shape[1], flat)
+        picked = scratch.get(xp, y.shape, dt, 7)
+        p = out.reshape(-1)
+        take_into(xp, p, flat, picked)  # softmax minus the one-hot label
+        picked -= zero_d(xp, 1, dt)
+        xp.put(p, flat, picked, mode="clip")
+        w = scratch.get(xp, (a.shape[0], 1), dt, 8)
+        _row_weights(xp, valid, gl, k, w, scratch.get(xp, (), dt, 9))
+        out *= w
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     return OpCall("cross_entropy_grad", (logits, labels, g), CROSS_ENTROPY_GRAD, {},
                   logits.shape, dtype, kernel, params=_params(ignore_index, k),
@@ -129,13 +220,22 @@ cross_entropy_grad = GlobalOp("cross_entropy_grad", _build_grad, CROSS_ENTROPY_G
 
 # ---- vocab parallel -------------------------------------------------------------------------
 
-def _local_target(xp: ModuleType, y: Any, cols: Any, ignore_index: int) -> tuple[Any, Any]:
-    """This shard's column of each row's label, and whether the shard holds it."""
+def _local_target(xp: ModuleType, y: Any, cols: Any, ignore_index: int, j: Any, here: Any,
+                  tmp: Any) -> None:
+    """This shard's column of each row's label written into ``j`` (int64; meaningful where
+    the shard holds it) and whether it does into ``here`` (``tmp``: a boolean temporary)."""
     nc = cols.shape[-1]
     first = int(cols.reshape(-1)[0]) if nc else 0
-    j = y.astype(xp.int64) - first
-    here = (j >= 0) & (j < nc) & (y != ignore_index)
-    return xp.where(here, j, 0), here
+    j[...] = y
+    j -= zero_d(xp, first, np.int64)
+    xp.greater_equal(j, zero_d(xp, 0, np.int64), out=here)
+    xp.less(j, zero_d(xp, nc, np.int64), out=tmp)
+    here &= tmp
+    if y.dtype.kind == "i":
+        xp.not_equal(y, zero_d(xp, ignore_index, np.int64), out=tmp)
+    else:
+        tmp[...] = y != ignore_index
+    here &= tmp
 
 
 def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
@@ -143,13 +243,31 @@ def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
     n, c = logits.shape
     dtype = logits.dtype
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, y, mx, cl = local
-        out = xp.empty(shape, dtype=dtype)
-        out[:, 0] = xp.sum(xp.exp(a - mx), axis=1)
-        j, here = _local_target(xp, y, cl, ignore_index)
-        out[:, 1] = a[xp.arange(a.shape[0]), j] * here if a.shape[1] else 0
-        return out
+        dt = out.dtype
+        e = scratch.get(xp, a.shape, dt, 0)
+        xp.subtract(a, mx, out=e)
+        xp.exp(e, out=e)
+        xp.sum(e, axis=1, out=out[:, 0])
+        if not a.shape[1]:
+            out[:, 1] = zero_d(xp, 0, dt)
+            return
+        j = scratch.get(xp, y.shape, np.int64, 1)
+        here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
+        _local_target(xp, y, cl, ignore_index, j, here, tmp)
+        flat = scratch.get(xp, y.shape, np.intp, 4)
+        _flat_index_into(xp, j, here, tmp, a.shape[1], flat)
+        target = scratch.get(xp, y.shape, dt, 5)
+        take_into(xp, a.reshape(-1), flat, target)
+        xp.copyto(target, zero_d(xp, 0, dt), where=tmp)  # held by another shard: 0
+        out[:, 1] = target
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": (DimMatch((0, 0, 0, None), 0),), "r": (DimMatch((1, None, None, 1), None),)}
     return OpCall("vocab_stats", (logits, labels, m, cols), VOCAB_STATS, dims, (n, 2), dtype,
@@ -161,11 +279,26 @@ def _build_loss(stats: GlobalTensor, m: GlobalTensor, labels: GlobalTensor, c: i
                 ignore_index: int = -100, scale: float = 1.0) -> OpCall:
     dtype = stats.dtype
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         st, mx, y = local
-        valid = (y >= 0) & (y < c) & (y != ignore_index)
-        terms = (mx[:, 0] + xp.log(st[:, 0]) - st[:, 1]) * valid
-        return xp.asarray(xp.sum(terms) * scale, dtype=dtype)
+        dt = out.dtype
+        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (0, 1))
+        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        terms = scratch.get(xp, y.shape, dt, 2)
+        xp.log(st[:, 0], out=terms)
+        xp.add(mx[:, 0], terms, out=terms)
+        terms -= st[:, 1]
+        xp.logical_not(valid, out=tmp)
+        xp.copyto(terms, zero_d(xp, 0, dt), where=tmp)  # rows that do not count add 0
+        total = scratch.get(xp, (), dt, 3)
+        xp.sum(terms, out=total)
+        xp.multiply(total, zero_d(xp, scale, dt), out=out)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     return OpCall("vocab_loss", (stats, m, labels), VOCAB_LOSS,
                   {"r": (DimMatch((0, 0, 0), None),)}, (), dtype, kernel,
@@ -179,14 +312,36 @@ def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTenso
     n, c = logits.shape
     dtype = logits.dtype
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         a, y, mx, st, cl, gl = local
-        p = xp.exp(a - mx) / st[:, :1]
-        j, here = _local_target(xp, y, cl, ignore_index)
-        if a.shape[1]:
-            p[xp.arange(a.shape[0]), j] -= here
-        valid = (y >= 0) & (y < c) & (y != ignore_index)
-        return p * (valid[:, None] * (gl.astype(dtype) * scale))
+        if out.size == 0:
+            return
+        dt = out.dtype
+        xp.subtract(a, mx, out=out)
+        xp.exp(out, out=out)
+        out /= st[:, :1]
+        j = scratch.get(xp, y.shape, np.int64, 1)
+        here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
+        _local_target(xp, y, cl, ignore_index, j, here, tmp)
+        flat = scratch.get(xp, y.shape, np.intp, 4)
+        _flat_index_into(xp, j, here, tmp, a.shape[1], flat)
+        picked, held = (scratch.get(xp, y.shape, dt, i) for i in (5, 6))
+        p = out.reshape(-1)
+        take_into(xp, p, flat, picked)  # minus the one-hot label where held
+        xp.copyto(held, here)
+        picked -= held
+        xp.put(p, flat, picked, mode="clip")
+        valid = scratch.get(xp, y.shape, np.bool_, 7)
+        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        w = scratch.get(xp, (a.shape[0], 1), dt, 8)
+        _row_weights(xp, valid, gl, scale, w, scratch.get(xp, (), dt, 9))
+        out *= w
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     rows = DimMatch((0, 0, 0, 0, None, None), 0)
     classes = DimMatch((1, None, None, None, 1, None), 1)

@@ -16,7 +16,11 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
+from ..core.dtypes import accumulation_dtype
 from .call import OpCall, as_dtype, check_eps, float_dtype, tensor_arg
+from .kernel import Scratch, with_into, written_into, zero_d
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
 
@@ -39,36 +43,65 @@ def _check(name: str, x: Any, eps: Any) -> float:
     return check_eps(name, eps)
 
 
-def _moments(xp: ModuleType, x: Any, eps: float) -> tuple[Any, Any]:
-    """``x - mean`` (a new array) and ``1 / sqrt(var + eps)`` (of the reduced shape)."""
-    xc = x - xp.mean(x, axis=-1, keepdims=True)
-    # the sum of squares as a contraction: no full-size square is allocated
-    var = xp.einsum("...i,...i->...", xc, xc)[..., None]
-    var /= x.shape[-1]
-    var += eps
+def _row_dot(xp: ModuleType, a: Any, b: Any, out: Any) -> None:
+    """``sum(a * b, axis=-1)`` written into ``out`` (a contraction: no full-size product
+    is made; CuPy's einsum has no ``out``)."""
+    if xp is np:
+        np.einsum("...i,...i->...", a, b, out=out)
+    else:
+        out[...] = xp.einsum("...i,...i->...", a, b)
+
+
+def _row_mean(xp: ModuleType, a: Any, out: Any) -> Any:
+    """The mean over the last dim written into ``out`` (keepdims): a sum and a division by
+    the count as a 0-d array of out's dtype (``mean``'s count is a new array each call)."""
+    xp.sum(a, axis=-1, keepdims=True, out=out)
+    out /= zero_d(xp, a.shape[-1], out.dtype)
+    return out
+
+
+# The kernels write into their result and take their temporaries from ``scratch`` (each
+# with its own number: shapes may coincide when the last dim is 1); the eager kernels are
+# these forms with new arrays (``written_into``), so eager and replayed results are
+# bit-identical.
+def _moments(xp: ModuleType, x: Any, eps: float, xc: Any, scratch: Scratch) -> Any:
+    """``x - mean`` written into ``xc``; returns ``1 / sqrt(var + eps)`` (a temporary of
+    the reduced shape, keepdims)."""
+    red, dt = x.shape[:-1], xc.dtype
+    m = _row_mean(xp, x, scratch.get(xp, red + (1,), dt, 0))
+    xp.subtract(x, m, out=xc)
+    var = scratch.get(xp, red, dt, 1)
+    _row_dot(xp, xc, xc, var)
+    var = var.reshape(red + (1,))
+    var /= zero_d(xp, x.shape[-1], dt)
+    var += zero_d(xp, eps, dt)
     xp.sqrt(var, out=var)
-    return xc, xp.divide(1.0, var, out=var)
+    return xp.divide(zero_d(xp, 1.0, dt), var, out=var)
 
 
-def _normalize(xp: ModuleType, x: Any, eps: float) -> Any:
-    xhat, rstd = _moments(xp, x, eps)
-    xhat *= rstd
-    return xhat
+def _normalize(xp: ModuleType, x: Any, eps: float, out: Any, scratch: Scratch) -> None:
+    rstd = _moments(xp, x, eps, out, scratch)
+    out *= rstd
 
 
-def _normalize_grad(xp: ModuleType, g: Any, x: Any, eps: float) -> Any:
-    """``rstd (g - mean(g) - xhat mean(g xhat))``, on two full-size temporaries."""
-    xhat, rstd = _moments(xp, x, eps)
+def _normalize_grad(xp: ModuleType, g: Any, x: Any, eps: float, dx: Any,
+                    scratch: Scratch) -> None:
+    """``rstd (g - mean(g) - xhat mean(g xhat))`` written into ``dx``, on one full-size
+    temporary."""
+    xhat = scratch.get(xp, x.shape, dx.dtype, 2)
+    rstd = _moments(xp, x, eps, xhat, scratch)
     xhat *= rstd
     n = x.shape[-1]
-    mg = xp.mean(g, axis=-1, keepdims=True)
-    mgx = xp.einsum("...i,...i->...", g, xhat)[..., None]
-    mgx /= n
+    red = x.shape[:-1]
+    mg = _row_mean(xp, g, scratch.get(xp, red + (1,), dx.dtype, 3))
+    mgx = scratch.get(xp, red, dx.dtype, 4)
+    _row_dot(xp, g, xhat, mgx)
+    mgx = mgx.reshape(red + (1,))
+    mgx /= zero_d(xp, n, dx.dtype)
     xhat *= mgx
-    dx = xp.subtract(g, xhat)
+    xp.subtract(g, xhat, out=dx)
     dx -= mg
     dx *= rstd
-    return dx
 
 
 def _build(x: Any, eps: Any = 1e-5) -> OpCall:
@@ -77,8 +110,14 @@ def _build(x: Any, eps: Any = 1e-5) -> OpCall:
     e = _check("normalize", x, eps)
     dtype = float_dtype("normalize", x)
 
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
+        _normalize(xp, as_dtype(local[0], dtype), e, out, scratch)
+
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return _normalize(xp, as_dtype(local[0], dtype), e)
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim - 1))}
     return OpCall("normalize", (x,), NORMALIZE, dims, x.shape, dtype, kernel,
@@ -94,9 +133,15 @@ def _build_backward(g: Any, x: Any, eps: Any = 1e-5) -> OpCall:
     e = _check("normalize_backward", x, eps)
     dtype = float_dtype("normalize_backward", g, x)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+             scratch: Scratch) -> None:
         gl, xl = (as_dtype(a, dtype) for a in local)
-        return _normalize_grad(xp, gl, xl, e)
+        _normalize_grad(xp, gl, xl, e, out, scratch)
+
+    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
+
+    with_into(kernel, into, scratch=True)
 
     dims = {"d": tuple(DimMatch((k, k), k) for k in range(x.ndim - 1))}
     return OpCall("normalize_backward", (g, x), NORMALIZE_BACKWARD, dims, x.shape, dtype,

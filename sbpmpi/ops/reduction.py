@@ -23,7 +23,7 @@ from ..tape import record_op
 from ..tensor import GlobalTensor
 from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
 from .elementwise import broadcast_matches, mul, sub
-from .kernel import with_into
+from .kernel import Scratch, with_into, written_into
 from .op import GlobalOp
 from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
@@ -314,17 +314,34 @@ def _softmax(name: str, log: bool) -> GlobalOp:
             raise ValueError(f"{name}: dim {d} of a tensor of shape {x.shape} is empty")
         dtype = probe_dtype(name, lambda z: np.exp(z), x)
 
-        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        # written into its result, with the row max and sum (and log_softmax's exp) as
+        # temporaries from ``scratch``; the eager kernel is this form with new arrays, so
+        # eager and replayed results are bit-identical
+        def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
+                 scratch: Scratch) -> None:
             a = local[0]
             if a.dtype != dtype:
                 a = a.astype(dtype)
-            z = a - xp.max(a, axis=d, keepdims=True)  # a new array (x has >= 1 dim)
+            red = shape[:d] + (1,) + shape[d + 1:]
+            m = scratch.get(xp, red, dtype, 0)
+            xp.max(a, axis=d, keepdims=True, out=m)
+            xp.subtract(a, m, out=out)
+            s = scratch.get(xp, red, dtype, 1)
             if log:
-                z -= xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
-                return z
-            xp.exp(z, out=z)  # in place: the scores are the largest arrays of attention
-            z /= xp.sum(z, axis=d, keepdims=True)
-            return z
+                e = scratch.get(xp, shape, dtype, 2)
+                xp.exp(out, out=e)
+                xp.sum(e, axis=d, keepdims=True, out=s)
+                xp.log(s, out=s)
+                out -= s
+                return
+            xp.exp(out, out=out)  # in place: the scores are the largest arrays of attention
+            xp.sum(out, axis=d, keepdims=True, out=s)
+            out /= s
+
+        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
+            return written_into(into, shape, dtype, xp, local)
+
+        with_into(kernel, into, scratch=True)
 
         dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim) if k != d)}
         return OpCall(name, (x,), SOFTMAX, dims, x.shape, dtype, kernel, params=f"dim={dim!r}",
