@@ -173,7 +173,9 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
     if getattr(local, "base", None) is not None or local is x._local:
         xp = backend.get_xp(dst.placement.type) if backend.is_device_array(local) else np
         if xp.may_share_memory(local, x._local):
-            kept, local = local, local.copy()
+            # backend.empty: a call that reuses its arrays (backend.Reuse) gets this one too
+            kept, local = local, backend.empty(xp, local.shape, local.dtype)
+            xp.copyto(local, kept)
             if RECORDERS:  # a step being captured as a graph: the copy is replayed too
                 RECORDERS[0].kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
                                     lambda a, out, s: xp.copyto(out, a[0]))

@@ -227,8 +227,21 @@ def tensor(data: Any, *, placement: Placement | None = None,
     out = _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
     if RECORDERS:  # a step being captured as a graph (sm.graph): data may be its input
         RECORDERS[0].created(("tensor", layout, dt), lambda d: tensor(
-            d, placement=placement, sbp=sbp, dtype=dtype)._local, data, out._local)
+            d, placement=placement, sbp=sbp, dtype=dtype)._local, data, out._local,
+            _shard_into(layout))
     return out
+
+
+def _shard_into(layout: Layout) -> Callable[[list[Any], Any, Any], None] | None:
+    """How a replay writes this rank's shard of a host array into a given array (cast as
+    ``tensor`` casts), or None where ``tensor`` makes it otherwise (on a device, or a
+    partial's identity elsewhere than its holder)."""
+    ranges = layout.local_ranges(get_rank())
+    if layout.placement.type != "cpu" or ranges is None \
+            or layout.identity_op(get_rank()) is not None:
+        return None
+    region = tuple(slice(a, b) for a, b in ranges)
+    return lambda a, out, scratch: np.copyto(out, a[0][region], casting="unsafe")
 
 
 # -- local arrays -> global tensor ------------------------------------------------------------

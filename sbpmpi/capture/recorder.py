@@ -212,10 +212,11 @@ class StepRecorder:
                                           grad._dtype, user_line()))
 
     def created(self, key: tuple[Any, ...], fn: Callable[[Any], Any], data: Any,
-                out: Any) -> None:
+                out: Any, into: Callable[[list[Any], Any, Any], None] | None = None) -> None:
         """``out`` (a shard) was made by ``fn(data)`` from a host array: recorded when
         ``data`` is an input of the step (or a reshaped view of one), else ``out`` is
-        an external value like any other."""
+        an external value like any other. ``into([data], out, scratch)``: ``fn``'s form
+        that writes the shard into a given array, if it has one."""
         if self._suspended or not isinstance(data, np.ndarray):
             return
         for s in self.rec.inputs:
@@ -223,7 +224,7 @@ class StepRecorder:
             if not isinstance(inp, np.ndarray):
                 continue
             if data is inp:
-                self._call("tensor", "sm.tensor", key, lambda a: fn(a[0]), [inp], out)
+                self._call("tensor", "sm.tensor", key, lambda a: fn(a[0]), [inp], out, into)
                 return
             if (data.size == inp.size and data.dtype == inp.dtype and inp.size
                     and data.flags.c_contiguous and inp.flags.c_contiguous
@@ -231,7 +232,8 @@ class StepRecorder:
                     == inp.__array_interface__["data"][0]):
                 shape = data.shape
                 self._call("tensor", "sm.tensor", key + (shape,),
-                           _reshaped(fn, shape), [inp], out)
+                           _reshaped(fn, shape), [inp], out,
+                           None if into is None else _reshaped_into(into, shape))
                 return
 
     def host_read(self, what: str) -> None:
@@ -298,6 +300,12 @@ class StepRecorder:
 def _reshaped(fn: Callable[[Any], Any], shape: tuple[int, ...]) -> Callable[[list[Any]], Any]:
     """``fn`` of its one argument reshaped to ``shape`` (``sm.tensor`` of a reshaped input)."""
     return lambda a: fn(a[0].reshape(shape))
+
+
+def _reshaped_into(into: Callable[[list[Any], Any, Any], None],
+                   shape: tuple[int, ...]) -> Callable[[list[Any], Any, Any], None]:
+    """``into`` of its one argument reshaped to ``shape``."""
+    return lambda a, out, s: into([a[0].reshape(shape)], out, s)
 
 
 def _equal(x: Any, y: Any) -> bool:

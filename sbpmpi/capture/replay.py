@@ -13,9 +13,10 @@ over a list of value slots; no op call is built, inferred, boxed or checked, and
 consistency check (``SBPMPI_CHECK``) makes one agreement per replay, on the graph's
 digest. Buffers are planned once (:func:`plan_buffers`): a kernel with a form that
 writes into a given array (``ops.kernel.with_into``) writes its value into its buffer,
-shared with values whose lifetimes do not overlap, and a conversion's program gets the
-arrays of its first replay again (``backend.Reuse``), so the steady state allocates only
-in the kernels without that form. Parameters and optimizer buffers are the model's own
+shared with values whose lifetimes do not overlap, taking its temporaries from the
+plan's :class:`~sbpmpi.ops.kernel.Scratch` (made at the first replay, kept), and a
+conversion's program gets the arrays of its first replay again (``backend.Reuse``), so
+the steady state allocates only in the kernels without that form and in host calls. Parameters and optimizer buffers are the model's own
 arrays, updated in place; a ``.grad`` is its gradient's buffer, overwritten in place by
 the next replay; the returned tensors are new each call (detached: the step's backward
 is in the graph), so a loss kept from one call stays as it was.
@@ -420,7 +421,8 @@ class GraphFunction:
             values, arrays, nbytes = plan.buffer_use
             ex.signatures.append((meta_text(key[0]), f"replayed {plan.replays} time(s): "
                                   f"{counts}; {values} values written into {arrays} "
-                                  f"buffers of {nbytes} bytes; digest {plan.digest}"))
+                                  f"buffers of {nbytes} bytes, kernels' temporaries "
+                                  f"{plan.scratch.nbytes} bytes; digest {plan.digest}"))
         return ex
 
 

@@ -28,6 +28,7 @@ import hashlib
 import importlib
 import pickle
 import sys
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
@@ -114,8 +115,7 @@ def agree(fp: int, what: str, text: str, explain: Callable[[], Any],
         On every rank of the group, when a peer reached the end of the program (or is stuck
         in a failed check) so that the exchange can never complete.
     """
-    return _agree(np.array([fp, -fp], dtype=np.int64), what, text, explain, group,
-                  False).explanations
+    return _agree(_pair(fp, -fp), what, text, explain, group, False).explanations
 
 
 def agree_flagged(fp: int, what: str, text: str, explain: Callable[[], Any],
@@ -129,8 +129,22 @@ def agree_flagged(fp: int, what: str, text: str, explain: Callable[[], Any],
     on their other 62 bits.
     """
     even = fp & ~1
-    buf = np.array([even | int(flag), -even], dtype=np.int64)
-    return _agree(buf, what, text, explain, group, True)
+    return _agree(_pair(even | int(flag), -even), what, text, explain, group, True)
+
+
+_PAIRS = threading.local()
+
+
+def _pair(a: int, b: int) -> np.ndarray:
+    """``[a, b]`` as int64 in this thread's one buffer of the exchanges: a check made once
+    per replay of a captured step (``sm.graph``) allocates nothing. An exchange reads its
+    result before the next one starts, so one buffer per thread serves them all."""
+    buf = getattr(_PAIRS, "buf", None)
+    if buf is None:
+        buf = _PAIRS.buf = np.empty(2, dtype=np.int64)
+    buf[0] = a
+    buf[1] = b
+    return buf  # type: ignore[no-any-return]
 
 
 def _agree(buf: np.ndarray, what: str, text: str, explain: Callable[[], Any],
@@ -148,6 +162,7 @@ def _agree(buf: np.ndarray, what: str, text: str, explain: Callable[[], Any],
         # non-blocking, so that a peer that reached the end of the program is noticed
         failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
         if failed is not None:
+            _PAIRS.buf = None  # the unfinished exchange may still write into this one
             raise CollectiveMismatchError(failed)
         if int(buf[0]) == -int(buf[1]):
             return Agreement(None, False)
@@ -182,7 +197,7 @@ def all_ok(ok: bool, group: Group | None = None, *, label: str = "collective dec
         raise ValueError(f"this rank is not a member of {group!r}")
     if len(ranks) == 1:
         return bool(ok)
-    buf = np.array([0 if ok else 1, 0], dtype=np.int64)  # the shape of agree's exchange
+    buf = _pair(0 if ok else 1, 0)  # the shape of agree's exchange
     if ACTIVE:
         _note("agreement", 16, ranks)
     with watch(label, ranks):

@@ -6,6 +6,7 @@ transport (:mod:`.gpu.hier`); a leaf module, so both can import it.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,15 @@ def _nan_op(op: ReduceOp, dtype: np.dtype) -> MPIReduction:
 
 
 def _has_nan(a: Any) -> bool:
+    if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+        # the max propagates NaN: one pass and no array of the input's size (a replay of
+        # a captured step allocates nothing here; ``a != a`` would make one)
+        if a.size == 0:
+            return False
+        top = _scratch(a.dtype)
+        np.max(a, out=top)
+        v = top.item()
+        return bool(v != v)
     ne = a != a  # NaN is the only value unequal to itself (NumPy and CuPy alike)
     if hasattr(ne, "any"):
         return bool(ne.any())
@@ -56,7 +66,22 @@ def nan_safe(red: MPIReduction, op: ReduceOp, dtype: np.dtype, inputs: Any, comm
     if op not in ORDERED or dtype.kind != "f" or red.host_only:
         return red
     arrays = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    flag = np.array([any(_has_nan(a) for a in arrays)], dtype=np.uint8)
+    flag = _scratch(np.dtype(np.uint8))
+    flag[()] = any(_has_nan(a) for a in arrays)
     with watch("NaN flag of a max/min reduction", ranks):
         comm.Allreduce(MPI.IN_PLACE, [flag, 1, MPI.UNSIGNED_CHAR], op=MPI.MAX)
-    return _nan_op(op, dtype) if flag[0] else red
+    return _nan_op(op, dtype) if flag[()] else red
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(dtype: np.dtype) -> np.ndarray:
+    """This thread's 0-d array of ``dtype``, made once (the flag and the probe's max)."""
+    arrays = getattr(_SCRATCH, "arrays", None)
+    if arrays is None:
+        arrays = _SCRATCH.arrays = {}
+    a = arrays.get(dtype.str)
+    if a is None:
+        a = arrays[dtype.str] = np.empty((), dtype)
+    return a  # type: ignore[no-any-return]

@@ -56,6 +56,10 @@ class BucketSlot:
     local_grad: GlobalTensor | None = None  # the partial_sum view set as .grad in no_sync
     reduced: GlobalTensor | None = None  # the view set as .grad after the last reduction
     extra: GlobalTensor | None = None  # gradients that arrived already reduced, this round
+    # this rank's shard of ``extra``, kept across rounds (a step makes no array for it), and
+    # the arrays of the conversion that brings such a gradient to the parameter's layout
+    extra_buf: Any = None
+    extra_reuse: Any = None
 
 
 class SlotSpan(NamedTuple):

@@ -259,9 +259,12 @@ class Reducer:
         else:
             # the rules already reduced it on the data axis (moving the inputs was cheaper
             # than reducing the product): reducing it again in the bucket would send it
-            # twice, so it takes the unbucketed road
-            g = g.to_global(placement=p.placement, sbp=p.sbp)
-            slot.extra = g if slot.extra is None else ops.add(slot.extra, g)
+            # twice, so it takes the unbucketed road, summed in the slot's own buffer
+            if slot.extra_reuse is None:
+                slot.extra_reuse = backend.Reuse()
+            with slot.extra_reuse:  # its arrays are read into extra_buf below, then dead
+                g = g.to_global(placement=p.placement, sbp=p.sbp)
+            _add_extra(slot, g)
         if not slot.filled:
             slot.filled = True
             slot.local = self._begin(slot)
@@ -270,7 +273,7 @@ class Reducer:
                     slot.view[...] = local
                     slot.local = True
                 else:
-                    slot.view[...] = 0
+                    slot.view.fill(0)  # no 0-d array for the 0
                 return
         if local is not None:
             slot.view += local
@@ -313,7 +316,7 @@ class Reducer:
             return
         if p.grad is not None and p.grad is slot.reduced:
             p._set_grad(GlobalTensor(slot.view.copy(), slot.reduced.layout, p.dtype))
-        slot.view[...] = 0
+        slot.view.fill(0)  # no 0-d array for the 0
 
     def _start_ready(self) -> None:
         """Start, in order, the buckets whose slots are all complete."""
@@ -381,9 +384,14 @@ class Reducer:
         s.reduced, s.local_grad = r, None
         if s.prev is None and s.extra is None:
             p._set_grad(r)
+        elif s.prev is None and r is not None and s.extra.layout == r.layout \
+                and s.extra.dtype == r.dtype:
+            # r + extra (what accumulate gives) in r's own memory, the bucket's view
+            s.view += s.extra.to_local()
+            p._set_grad(r)
         else:
             p._set_grad(s.prev)
-            for g in (r, s.extra):
+            for g in (r, _owned_extra(s, s.prev is None and r is None)):
                 if g is not None:
                     accumulate(p, g)
         s.prev = s.extra = None
@@ -397,7 +405,7 @@ class Reducer:
         else:  # add to the kept .grad now (boxed to the parameter's layout)
             p._set_grad(s.prev)
             for g in (None if loc is None else GlobalTensor(s.view.copy(), s.partial, p.dtype),
-                      s.extra):
+                      _owned_extra(s, s.prev is None and loc is None)):
                 if g is not None:
                     accumulate(p, g)
             s.local_grad = None
@@ -424,6 +432,30 @@ class Reducer:
                         s.param._set_grad(s.prev)
                     s.prev = s.extra = None
                 self._reset(b)
+
+
+def _add_extra(slot: BucketSlot, g: GlobalTensor) -> None:
+    """Add ``g`` (in the parameter's layout and dtype) to ``slot.extra``, in the slot's
+    buffer kept across rounds: the same sum as ``ops.add``, without a new array."""
+    local = g.to_local()
+    buf = slot.extra_buf
+    if slot.extra is None:
+        if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
+            buf = slot.extra_buf = local.copy()
+        else:
+            buf[...] = local
+        slot.extra = GlobalTensor(buf, g.layout, g.dtype)
+    else:
+        buf += local
+
+
+def _owned_extra(s: BucketSlot, becomes_grad: bool) -> GlobalTensor | None:
+    """``s.extra``, copied out of the slot's buffer when it ``becomes_grad`` as it is
+    (the next round overwrites the buffer; a ``.grad`` must stay)."""
+    e = s.extra
+    if e is None or not becomes_grad:
+        return e
+    return GlobalTensor(e.to_local().copy(), e.layout, e.dtype)
 
 
 def _round_to(dtype: np.dtype, part: Any) -> None:

@@ -502,3 +502,22 @@ def test_switch_words():
         assert switch(word) is False, word
     for word in (None, "", "2", "maybe"):
         assert switch(word) is None, word
+
+
+# ----------------------------------------------------------------------------- NaN probe
+
+@pytest.mark.parametrize("case", ["nan", "finite", "infinities", "strided", "empty", "half",
+                                  "nan-last", "ints"])
+def test_nan_probe_matches_numpy(case):
+    """The flag of a max/min all-reduce says whether a shard holds a NaN, as NumPy does,
+    without an array of the shard's size (the max propagates NaN; -inf and inf do not
+    make one)."""
+    from sbpmpi.comm.nan_reduction import _has_nan
+    rng = np.random.default_rng(0)
+    a = {"nan": np.array([1.0, np.nan, 3.0]), "finite": rng.standard_normal(50),
+         "infinities": np.array([np.inf, -np.inf, 0.0]),
+         "strided": np.where(rng.random((6, 8)) < 0.1, np.nan, 1.0).astype(np.float32)[:, ::3],
+         "empty": np.empty((0, 3)), "half": np.array([np.nan, 1.0], dtype=np.float16),
+         "nan-last": np.r_[rng.standard_normal(1000), np.nan], "ints": np.arange(5)}[case]
+    want = bool(np.isnan(a).any()) if a.dtype.kind == "f" else False
+    assert _has_nan(a) is want
