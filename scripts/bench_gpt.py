@@ -25,7 +25,11 @@ tape holds at the end of forward (``sbpmpi.tape.held_bytes``): these hold on any
 where CPU half-width arithmetic may be slower than float32.
 
 ``--graph`` adds, per layout, the same step captured as a graph (``sm.graph``,
-``Trainer.graph_step``).
+``Trainer.graph_step``). ``--compile`` adds torch's model under ``torch.compile``
+(inductor's C++ kernels on CPU; the first steps compile, minutes): in one process, and
+under ``DistributedDataParallel`` for ``dp`` (DTensor's tensor and sequence parallelism
+are not compiled: not what ``torch.compile`` supports on CPU with gloo here). The
+optimizer step runs eagerly in both.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     own, rest = ap.parse_known_args(argv)
     args = train_gpt.parse(["--dtype", "float32", "--dropout", "0", *rest])
     data = train_gpt.load_corpus()
@@ -114,6 +119,10 @@ def worker(argv: list[str]) -> None:
         for kind in kinds:
             step = torch_step(kind, args, ids, targets)
             rows["torch" if kind == "plain" else f"torch {kind}"] = tokens / median_step(step)
+        for kind in kinds[:1] if own.compile else []:  # plain or ddp
+            step = torch_step(kind, args, ids, targets, compiled=True)
+            rows["torch compile" if kind == "plain" else f"torch compile {kind}"] = \
+                tokens / median_step(step, warmup=3)
     if rank == 0:
         print(json.dumps(rows))
         if own.json:
@@ -185,8 +194,10 @@ def torch_gpt(vocab: int, args: argparse.Namespace) -> Any:
     return GPT()
 
 
-def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> Callable[[], Any]:
-    """One training step of the torch GPT: ``plain``, ``ddp``, ``tp`` or ``sp``."""
+def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any,
+               compiled: bool = False) -> Callable[[], Any]:
+    """One training step of the torch GPT: ``plain``, ``ddp``, ``tp`` or ``sp``
+    (``compiled``: the model under ``torch.compile``)."""
     import contextlib
 
     import torch
@@ -243,6 +254,8 @@ def torch_step(kind: str, args: argparse.Namespace, ids: Any, targets: Any) -> C
         parallelize_module(model, mesh, top)
         model.head.weight = model.wte.weight  # tied again, both Shard(0)
         ctx = loss_parallel
+    if compiled:
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             foreach=False)
 
@@ -289,6 +302,7 @@ def driver(argv: list[str]) -> None:
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--no-torch", action="store_true")
     a, rest = ap.parse_known_args(argv)
+    compiled = "--compile" in rest
     rest = SIZE + rest
     try:
         import torch  # noqa: F401
@@ -306,19 +320,25 @@ def driver(argv: list[str]) -> None:
     sizes = [k for k in every if k.startswith("wire bytes ")]
     single = med["sbpmpi"]
     torch_for = {"dp": "torch ddp", "tp": "torch tp", "sp": "torch sp", "2d": None}
+    compile_for = {"": "torch compile", "dp": "torch compile ddp"}
     table = []
     for k in names:
         layout = k.split()[-1] if k.startswith("sbpmpi ") else ""
         ref = "torch" if k in ("sbpmpi", "sbpmpi graph") else torch_for.get(layout)
+        cref = compile_for.get(layout) if k.startswith("sbpmpi") else None
         table.append(dict(name=k, tokens_per_s=med[k], runs=[r[k] for r in runs],
                           vs_one_process=med[k] / single,
-                          vs_torch=(med[k] / med[ref]) if ref and ref in med else None))
+                          vs_torch=(med[k] / med[ref]) if ref and ref in med else None,
+                          vs_compile=(med[k] / med[cref]) if cref and cref in med else None))
     print(f"bench_gpt: {a.ranks} ranks, {' '.join(rest)}, one thread per rank; "
           f"medians of {a.runs} runs")
-    print(f"{'run':18s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}")
+    print(f"{'run':20s} {'tokens/s':>10s} {'x 1-process':>12s} {'x torch':>8s}"
+          + (f" {'x compile':>10s}" if compiled else ""))
     for t in table:
         vs = "-" if t["vs_torch"] is None else f"{t['vs_torch']:.2f}"
-        print(f"{t['name']:18s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}")
+        vc = "-" if t["vs_compile"] is None else f"{t['vs_compile']:.2f}"
+        print(f"{t['name']:20s} {t['tokens_per_s']:10.0f} {t['vs_one_process']:12.2f} {vs:>8s}"
+              + (f" {vc:>10s}" if compiled else ""))
     print(f"{'run':18s} {'wire bytes/step':>16s} {'tape bytes':>12s}  (largest rank)")
     memory = {}
     for k in sizes:

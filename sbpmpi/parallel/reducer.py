@@ -382,12 +382,13 @@ class Reducer:
         p = s.param
         r = GlobalTensor(s.view, p.layout, p.dtype) if s.local else None
         s.reduced, s.local_grad = r, None
-        if s.prev is None and s.extra is None:
+        extra = s.extra
+        if s.prev is None and extra is None:
             p._set_grad(r)
-        elif s.prev is None and r is not None and s.extra.layout == r.layout \
-                and s.extra.dtype == r.dtype:
+        elif s.prev is None and r is not None and extra is not None \
+                and extra.layout == r.layout and extra.dtype == r.dtype:
             # r + extra (what accumulate gives) in r's own memory, the bucket's view
-            s.view += s.extra.to_local()
+            s.view += extra.to_local()
             p._set_grad(r)
         else:
             p._set_grad(s.prev)

@@ -447,3 +447,34 @@ def test_a_parameter_used_twice_and_gradients_reduced_by_the_rules(rows, width):
     np.testing.assert_allclose(got[1], want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[1], got[0], rtol=1e-13, atol=1e-13)
     assert sent[1] <= sent[0], sent
+
+
+@pytest.mark.mpi(min_size=1)
+def test_gradients_the_rules_reduced_over_several_rounds():
+    """The rules-reduce-first case of the test above over rounds: a fresh gradient per
+    round (``.grad`` set to None between them), then two rounds accumulated into one
+    ``.grad``; each against NumPy. The already-reduced part is summed in a buffer the
+    bucket slot keeps across rounds and added into the bucket's view (``.grad``'s shard,
+    as for every bucketed gradient): nothing of one round may leak into the next."""
+    rng = np.random.default_rng(5)
+    rows, width = 2 * size, 96
+    wv = rng.standard_normal((width, width))
+    model = sm.nn.Module()
+    model.w = sm.tensor(wv, placement=world(), sbp=B, requires_grad=True)
+    sm.nn.DataParallel(model, bucket_cap_mb=0.0, first_bucket_mb=0.0)
+    xs = [rng.standard_normal((rows, width)) for _ in range(5)]
+
+    def backward(xv):
+        x = sm.tensor(xv, placement=world(), sbp=S(0))
+        ((x @ model.w) * (x @ model.w)).sum().backward()
+
+    for xv in xs[:3]:
+        model.w.grad = None
+        backward(xv)
+        np.testing.assert_allclose(model.w.grad.numpy(), 2 * xv.T @ (xv @ wv), rtol=1e-12,
+                                   atol=1e-12)
+    model.w.grad = None
+    backward(xs[3])
+    backward(xs[4])  # accumulated into the first round's .grad
+    want = 2 * xs[3].T @ (xs[3] @ wv) + 2 * xs[4].T @ (xs[4] @ wv)
+    np.testing.assert_allclose(model.w.grad.numpy(), want, rtol=1e-12, atol=1e-12)
