@@ -18,7 +18,7 @@ from ..backend.special import erf as _erf_of
 from ..core.dtypes import accumulation_dtype
 from .call import OpCall, as_dtype, float_dtype, tensor_arg
 from .elementwise import LINEAR, UNARY, Pointwise, broadcast_matches
-from .kernel import Scratch, with_into, written_into, zero_d
+from .kernel import Scratch, written_into, zero_d
 from .op import GlobalOp
 from .signature import DimMatch, Signature
 
@@ -115,10 +115,7 @@ def _build(x: Any, approximate: str = "none") -> OpCall:
              scratch: Scratch) -> None:
         _gelu(xp, as_dtype(local[0], dtype), how, out)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     dims = {"d": tuple(DimMatch((d,), d) for d in range(x.ndim))}
     return OpCall("gelu", (x,), GELU, dims, x.shape, dtype, kernel,
@@ -138,10 +135,7 @@ def _build_backward(g: Any, x: Any, approximate: str = "none") -> OpCall:
         gl, xl = (as_dtype(a, dtype) for a in local)
         _gelu_grad(xp, gl, xl, how, out, scratch)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     return OpCall("gelu_backward", (g, x), GELU_BACKWARD,
                   {"d": broadcast_matches([g.shape, x.shape], x.shape)}, x.shape, dtype,

@@ -26,7 +26,7 @@ import numpy as np
 from ..core.dtypes import accumulation_dtype
 from ..tensor import GlobalTensor
 from .call import OpCall, tensor_arg
-from .kernel import Scratch, take_into, with_into, written_into, zero_d
+from .kernel import Scratch, take_into, written_into, zero_d
 from .op import GlobalOp
 from .signature import PMAX, PMIN, S_D, B, DimMatch, P, S, Signature
 
@@ -115,10 +115,7 @@ def _build(ids: Any, weight: Any, rows: Any) -> OpCall:
         take_into(xp, w, idx, out, axis=0)
         xp.copyto(out, zero_d(xp, 0, out.dtype), where=tmp[..., None])  # not this rank's
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, dtype, xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, dtype)
 
     dims = {"d": tuple(DimMatch((d, None, None), d) for d in range(ids.ndim))}
     return OpCall("embedding", (ids, weight, rows), EMBEDDING, dims,
@@ -156,10 +153,7 @@ def _build_backward(ids: Any, g: Any, rows: Any) -> OpCall:
         xp.add.at(acc, idx.reshape(-1), g2)
         out[...] = acc[:-1]
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     dims = {"d": tuple(DimMatch((d, d, None), None) for d in range(ids.ndim))}
     return OpCall("embedding_backward", (ids, g, rows), EMBEDDING_BACKWARD, dims,

@@ -77,14 +77,16 @@ def with_into(kernel: Kernel, into: Into, scratch: bool = False) -> Kernel:
     return kernel
 
 
-def written_into(into: Into, shape: tuple[int, ...], dtype: Any, xp: ModuleType,
-                 operands: Sequence[Any]) -> Any:
-    """The eager kernel of an ``into`` form taking a :class:`Scratch`: its result in a new
-    array of ``shape`` and ``dtype``, temporaries new (the same arithmetic as a replay's,
-    so both are bit-identical)."""
-    out = xp.empty(shape, dtype=dtype)
-    into(xp, operands, shape, out, FRESH)
-    return out
+def written_into(into: Into, dtype: Any) -> Kernel:
+    """The kernel of an ``into`` form that takes a :class:`Scratch`, carrying it: its
+    result in a new array of ``dtype``, its temporaries new (the same arithmetic as a
+    replay's, so both are bit-identical)."""
+    def kernel(xp: ModuleType, operands: Sequence[Any], shape: tuple[int, ...]) -> Any:
+        out = xp.empty(shape, dtype=dtype)
+        into(xp, operands, shape, out, FRESH)
+        return out
+
+    return with_into(kernel, into, scratch=True)
 
 
 def zero_d(xp: ModuleType, value: Any, dtype: Any) -> Any:

@@ -30,7 +30,7 @@ from ..grad_mode import no_grad
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from .call import OpCall
-from .kernel import Scratch, take_into, with_into, written_into, zero_d
+from .kernel import Scratch, take_into, written_into, zero_d
 from .op import GlobalOp
 from .reduction import max_, reduced
 from .signature import S_D, AnySplit, B, DimMatch, P, S, Signature
@@ -163,10 +163,7 @@ def _build(logits: GlobalTensor, labels: GlobalTensor, ignore_index: int = -100,
         xp.negative(total, out=total)
         xp.multiply(total, zero_d(xp, k, dt), out=out)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     return OpCall("cross_entropy", (logits, labels), CROSS_ENTROPY, {}, (), dtype, kernel,
                   params=_params(ignore_index, k), labels=("logits", "labels"))
@@ -199,10 +196,7 @@ def _build_grad(logits: GlobalTensor, labels: GlobalTensor, g: GlobalTensor,
         _row_weights(xp, valid, gl, k, w, scratch.get(xp, (), dt, 9))
         out *= w
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     return OpCall("cross_entropy_grad", (logits, labels, g), CROSS_ENTROPY_GRAD, {},
                   logits.shape, dtype, kernel, params=_params(ignore_index, k),
@@ -264,10 +258,7 @@ def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
         xp.copyto(target, zero_d(xp, 0, dt), where=tmp)  # held by another shard: 0
         out[:, 1] = target
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     dims = {"d": (DimMatch((0, 0, 0, None), 0),), "r": (DimMatch((1, None, None, 1), None),)}
     return OpCall("vocab_stats", (logits, labels, m, cols), VOCAB_STATS, dims, (n, 2), dtype,
@@ -295,10 +286,7 @@ def _build_loss(stats: GlobalTensor, m: GlobalTensor, labels: GlobalTensor, c: i
         xp.sum(terms, out=total)
         xp.multiply(total, zero_d(xp, scale, dt), out=out)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     return OpCall("vocab_loss", (stats, m, labels), VOCAB_LOSS,
                   {"r": (DimMatch((0, 0, 0), None),)}, (), dtype, kernel,
@@ -338,10 +326,7 @@ def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTenso
         _row_weights(xp, valid, gl, scale, w, scratch.get(xp, (), dt, 9))
         out *= w
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     rows = DimMatch((0, 0, 0, 0, None, None), 0)
     classes = DimMatch((1, None, None, None, 1, None), 1)

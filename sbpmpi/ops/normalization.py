@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.dtypes import accumulation_dtype
 from .call import OpCall, as_dtype, check_eps, float_dtype, tensor_arg
-from .kernel import Scratch, with_into, written_into, zero_d
+from .kernel import Scratch, written_into, zero_d
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
 
@@ -114,10 +114,7 @@ def _build(x: Any, eps: Any = 1e-5) -> OpCall:
              scratch: Scratch) -> None:
         _normalize(xp, as_dtype(local[0], dtype), e, out, scratch)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim - 1))}
     return OpCall("normalize", (x,), NORMALIZE, dims, x.shape, dtype, kernel,
@@ -138,10 +135,7 @@ def _build_backward(g: Any, x: Any, eps: Any = 1e-5) -> OpCall:
         gl, xl = (as_dtype(a, dtype) for a in local)
         _normalize_grad(xp, gl, xl, e, out, scratch)
 
-    def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-        return written_into(into, shape, accumulation_dtype(dtype), xp, local)
-
-    with_into(kernel, into, scratch=True)
+    kernel = written_into(into, accumulation_dtype(dtype))
 
     dims = {"d": tuple(DimMatch((k, k), k) for k in range(x.ndim - 1))}
     return OpCall("normalize_backward", (g, x), NORMALIZE_BACKWARD, dims, x.shape, dtype,

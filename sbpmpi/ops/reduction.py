@@ -338,10 +338,7 @@ def _softmax(name: str, log: bool) -> GlobalOp:
             xp.sum(out, axis=d, keepdims=True, out=s)
             out /= s
 
-        def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
-            return written_into(into, shape, dtype, xp, local)
-
-        with_into(kernel, into, scratch=True)
+        kernel = written_into(into, dtype)
 
         dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim) if k != d)}
         return OpCall(name, (x,), SOFTMAX, dims, x.shape, dtype, kernel, params=f"dim={dim!r}",

@@ -1,6 +1,6 @@
 """``ops.kernel.Scratch``: where a kernel's into form takes its temporaries. Eager
 (``FRESH``) makes new arrays; a replay's keeps one per (module, shape, dtype, number) for
-the next call; ``written_into`` is the eager kernel of such a form."""
+the next call; ``written_into`` makes the eager kernel of such a form."""
 
 from __future__ import annotations
 
@@ -28,7 +28,14 @@ def test_written_into_gives_a_new_result_with_new_temporaries():
         np.add(t, operands[1], out=out)
 
     x, y = np.arange(4.0), np.ones(4)
-    r1 = written_into(into, (4,), np.float64, np, [x, y])
-    r2 = written_into(into, (4,), np.float64, np, [x, y])
+    kernel = written_into(into, np.float64)
+    assert kernel.into is into and kernel.into_scratch
+    r1, r2 = kernel(np, [x, y], (4,)), kernel(np, [x, y], (4,))
     np.testing.assert_array_equal(r1, 2 * x + y)
+    assert r1.dtype == np.float64
     assert r1 is not r2 and not np.shares_memory(r1, r2)
+    kept = Scratch()
+    out = np.empty(4)
+    into(np, [x, y], (4,), out, kept)
+    np.testing.assert_array_equal(out, r1)  # the replay's form: the same bits
+    assert kept.nbytes == 32
