@@ -1,7 +1,7 @@
 """What a training step allocates and how long it takes, eager against its replay as a
 graph (``sm.graph``): docs/graph.md, "Buffers planned once".
 
-    mpiexec -n 2 python scripts/bench_graph_allocations.py [--reps 21]
+    mpiexec -n 2 python scripts/bench_graph_allocations.py [--reps 21] [--json out.json]
 
 Two steps, each as the tests of tests/graph build them: the MLP of
 ``tests/graph/test_graph_capture.py`` in ``dp`` with Adam (7-6-3, float64, 64 rows) and
@@ -19,6 +19,7 @@ table.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -65,7 +66,8 @@ def one_step(fn: Any, args: tuple[Any, ...]) -> tuple[int, int, int]:
     return sum(sizes), len(sizes), peak
 
 
-def measure(name: str, eager: Any, graph: Any, args: tuple[Any, ...], reps: int) -> list[str]:
+def measure(name: str, eager: Any, graph: Any, args: tuple[Any, ...], reps: int,
+            results: list[dict[str, Any]]) -> list[str]:
     comm = MPI.COMM_WORLD
     for _ in range(3):  # warm-up; the graph captures twice, then replays
         eager(*args)
@@ -89,6 +91,9 @@ def measure(name: str, eager: Any, graph: Any, args: tuple[Any, ...], reps: int)
         cms = 1e3 * statistics.median(cpu[label])
         out.append(f"| {name} | {label} | {nbytes:,} | {count} | {peak:,} | {ms:.2f} | "
                    f"{cms:.2f} |")
+        results.append(dict(step=name, variant=label, numpy_bytes=nbytes,
+                            numpy_allocations=count, tracemalloc_peak=peak, step_ms=ms,
+                            cpu_ms=cms, reps=reps))
     return out
 
 
@@ -96,10 +101,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--gpt", default="", help="extra train_gpt.py flags, e.g. '--dim 64'")
+    ap.add_argument("--json", default="", help="also write the rows here (rank 0)")
     a = ap.parse_args()
-    lines = measure("MLP dp, Adam", *mlp(), a.reps)
+    results: list[dict[str, Any]] = []
+    lines = measure("MLP dp, Adam", *mlp(), a.reps, results)
     lines += measure("GPT dp, AdamW" + (f" ({a.gpt})" if a.gpt else ""),
-                     *gpt(a.gpt.split()), a.reps)
+                     *gpt(a.gpt.split()), a.reps, results)
     if MPI.COMM_WORLD.rank == 0:
         n = MPI.COMM_WORLD.size
         print(f"n = {n}, NumPy {np.__version__}, {a.reps} timed steps per variant "
@@ -108,6 +115,8 @@ def main() -> None:
               "tracemalloc peak (bytes) | step ms | CPU ms (rank 0) |")
         print("|---|---|---|---|---|---|---|")
         print("\n".join(lines))
+        if a.json:
+            Path(a.json).write_text(json.dumps({"ranks": n, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ resolves it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -84,6 +85,9 @@ def reduction(op: str) -> Reduction:
         raise ValueError(f"reduction {op!r} is not one of {NAMES}") from None
 
 
+@functools.lru_cache(maxsize=128)
 def identity_value(op: str, dtype: Any) -> Any:
-    """The identity of reduction ``op`` for ``dtype`` (see :meth:`Reduction.identity`)."""
+    """The identity of reduction ``op`` for ``dtype`` (see :meth:`Reduction.identity`);
+    made once per (op, dtype): a NumPy scalar made from a Python float is an allocation
+    each time, in every conversion that fills a partial's non-holding ranks."""
     return reduction(op).identity(dtype)

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import HALF, float32
 from ..core.layout import Layout
 from ..env import get_rank
 from ..runtime.recording import RECORDERS
 from .precision import needs_widening, widen
 
-__all__ = ["Kernel", "Into", "Scratch", "FRESH", "with_into", "written_into", "take_into", "zero_d", "local_result"]
+__all__ = ["Kernel", "Into", "Scratch", "FRESH", "with_into", "written_into", "take_into",
+           "zero_d", "local_result"]
 
 #: An op's local computation, the one type of every kernel: ``kernel(xp, operands,
 #: out_local_shape) -> array-like``, tensor operands given as this rank's shards.
@@ -147,8 +149,10 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         widened = needs_widening(name, args)
     res = xp.asarray(kernel(xp, widen(args) if widened else args, shape))
     into: Into | None = getattr(kernel, "into", None)
+    computed = res.dtype
     if res.dtype != dtype:
-        into = None  # its own dtype cast to the op's: replayed as it ran
+        if not widened:
+            into = None  # its own dtype cast to the op's: replayed as it ran
         res = res.astype(dtype)
     if view:
         pass
@@ -164,14 +168,43 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
                             lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
                                                    shards=a, view=view),
-                            args, res, None if into is None or view or widened else
-                            _bound(into, xp, shape, getattr(kernel, "into_scratch", False)))
+                            args, res, None if into is None or view else
+                            _bound(into, xp, shape, getattr(kernel, "into_scratch", False),
+                                   computed if widened else None))
     return res
 
 
-def _bound(into: Into, xp: ModuleType, shape: tuple[int, ...],
-           scratch: bool) -> Callable[[list[Any], Any, Scratch], None]:
-    """``into`` as a recorded call's ``into(args, out, scratch)``."""
+def _bound(into: Into, xp: ModuleType, shape: tuple[int, ...], scratch: bool,
+           widened: np.dtype | None = None) -> Callable[[list[Any], Any, Scratch], None]:
+    """``into`` as a recorded call's ``into(args, out, scratch)``; ``widened``: the dtype
+    the kernel computed in from half-width operands (see :func:`_widened_into`)."""
+    if widened is not None:
+        return _widened_into(into, xp, shape, scratch, widened)
     if scratch:
         return lambda a, out, s: into(xp, a, shape, out, s)
     return lambda a, out, s: into(xp, a, shape, out)
+
+
+def _widened_into(into: Into, xp: ModuleType, shape: tuple[int, ...], scratch: bool,
+                  computed: np.dtype) -> Callable[[list[Any], Any, Scratch], None]:
+    """A widened kernel's replay: its half-width operands copied into float32 temporaries,
+    the kernel's ``into`` form computing into a temporary of ``computed``, rounded once
+    into ``out`` (the eager kernel's ``widen``, its result and ``astype``: the same bits).
+    The temporaries' numbers (99 and up) are above those of the kernels' own forms."""
+    def run(a: list[Any], out: Any, s: Scratch) -> None:
+        wide = [_wide_copy(xp, x, s, 100 + i) if getattr(x, "dtype", None) in HALF else x
+                for i, x in enumerate(a)]
+        tmp = s.get(xp, shape, computed, 99)
+        if scratch:
+            into(xp, wide, shape, tmp, s)
+        else:
+            into(xp, wide, shape, tmp)
+        out[...] = tmp
+    return run
+
+
+def _wide_copy(xp: ModuleType, x: Any, s: Scratch, k: int) -> Any:
+    """``x`` (half-width) as float32, in temporary ``k``."""
+    w = s.get(xp, x.shape, float32, k)
+    w[...] = x
+    return w

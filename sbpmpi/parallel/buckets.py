@@ -93,6 +93,9 @@ class GradientBucket:
     plans: dict[SlotSpan, BucketPlan] = field(default_factory=dict)
     agreed: SlotSpan | None = None  # the span the ranks last agreed on
     reduce_dtype: np.dtype | None = None  # the half width it is reduced in (None: dtype)
+    # the arrays of its half-width reduction, made by the first one and used again by the
+    # next (backend.Reuse): a reduction reads them into the bucket before it returns
+    reuse: Any = None
 
 
 def reduce_dtype_of(dtype: np.dtype, reduce_dtype: np.dtype | None) -> np.dtype | None:

@@ -97,6 +97,7 @@ from ..autograd.hooks import (
     register_poll_hook,
 )
 from ..comm.collective_work import CollectiveWork, all_done
+from ..core.dtypes import bfloat16, float16
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step
 from ..runtime.half_width import HalfWidthReduction
@@ -171,6 +172,7 @@ class Reducer:
         self._touched = False  # this backward gave a gradient to a slot
         self._next = 0  # index of the next bucket to start
         self._in_flight: list[CollectiveWork] = []  # started, not known complete
+        self._wide: dict[np.dtype, np.ndarray] = {}  # see _widened
         self._handles: list[HookHandle] = [
             register_leaf_hook(s.param, self.leaf_gradient) for s in self._slots.values()]
         self._handles += [register_poll_hook(self.poll),
@@ -249,10 +251,12 @@ class Reducer:
     def _write(self, slot: BucketSlot, g: GlobalTensor) -> None:
         """Add the gradient ``g`` (one contribution) to ``slot``."""
         p = slot.param
-        if g.dtype != p.dtype:
+        if g.dtype != p.dtype and not (g.layout == slot.partial and _widens(g.dtype, p.dtype)):
             g = ops.astype(g, p.dtype)
         local = None
         if g.layout == slot.partial:
+            # a narrower gradient (half-width under autocast, float32 masters) is widened
+            # exactly as it is written or added into the bucket: astype's bits, no array
             local = g.to_local()
         elif isinstance(g.sbp[self.axis], Partial) and g.placement == p.placement:
             local = g.to_global(sbp=slot.partial.sbp).to_local()  # e.g. another axis' split
@@ -276,8 +280,22 @@ class Reducer:
                     slot.view.fill(0)  # no 0-d array for the 0
                 return
         if local is not None:
+            if isinstance(local, np.ndarray) and local.dtype == bfloat16:
+                local = self._widened(local, slot.view.dtype)
             slot.view += local
             slot.local = True
+
+    def _widened(self, local: Any, dtype: np.dtype) -> Any:
+        """``local`` (bfloat16) copied into the reducer's one widening buffer: NumPy adds
+        ml_dtypes' bfloat16 to float32 through a cast buffer of the operand's size made per
+        call; an assignment casts without one."""
+        n = local.size
+        buf = self._wide.get(dtype)
+        if buf is None or buf.size < n:
+            buf = self._wide[dtype] = np.empty(n, dtype=dtype)
+        w = buf[:n].reshape(local.shape)
+        w[...] = local
+        return w
 
     def _begin(self, slot: BucketSlot) -> bool:
         """First gradient of ``slot`` this round: True to add to the bucket's content
@@ -332,7 +350,7 @@ class Reducer:
             return
         if b.placement.hierarchy[self.axis] == 1:  # nothing to sum over
             if b.reduce_dtype is not None and b.group is not None:
-                _round_to(b.reduce_dtype, span_part(b, span))  # as if reduced in half width
+                _round_to(b, span_part(b, span))  # as if reduced in half width
             return
         plan = b.plans.get(span)
         if plan is None:
@@ -435,6 +453,17 @@ class Reducer:
                 self._reset(b)
 
 
+#: Float casts that only widen (every value of the first is exactly one of the second).
+_WIDENING = frozenset((np.dtype(a), np.dtype(b)) for a, b in (
+    (float16, np.float32), (bfloat16, np.float32), (float16, np.float64),
+    (bfloat16, np.float64), (np.float32, np.float64)))
+
+
+def _widens(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether casting ``src`` to ``dst`` only widens (:data:`_WIDENING`)."""
+    return (np.dtype(src), np.dtype(dst)) in _WIDENING
+
+
 def _add_extra(slot: BucketSlot, g: GlobalTensor) -> None:
     """Add ``g`` (in the parameter's layout and dtype) to ``slot.extra``, in the slot's
     buffer kept across rounds: the same sum as ``ops.add``, without a new array."""
@@ -459,9 +488,25 @@ def _owned_extra(s: BucketSlot, becomes_grad: bool) -> GlobalTensor | None:
     return GlobalTensor(e.to_local().copy(), e.layout, e.dtype)
 
 
-def _round_to(dtype: np.dtype, part: Any) -> None:
-    """Round ``part`` to ``dtype`` in place (its dtype is wider)."""
-    part[...] = part.astype(dtype)
+def _narrowed(b: GradientBucket, part: Any) -> Any:
+    """``part`` rounded to ``b.reduce_dtype`` in a new array, which the bucket's next
+    half-width reduction gets again (``backend.Reuse``, entered by the caller)."""
+    assert b.reduce_dtype is not None
+    low = backend.empty(backend.get_xp(b.placement.type), part.shape, b.reduce_dtype)
+    low[...] = part
+    return low
+
+
+def _reuse(b: GradientBucket) -> backend.Reuse:
+    if b.reuse is None:
+        b.reuse = backend.Reuse()
+    return b.reuse  # type: ignore[no-any-return]
+
+
+def _round_to(b: GradientBucket, part: Any) -> None:
+    """Round ``part`` to ``b.reduce_dtype`` in place (its dtype is wider)."""
+    with _reuse(b):
+        part[...] = _narrowed(b, part)
 
 
 def _half_width_all_reduce(b: GradientBucket, part: Any) -> None:
@@ -470,8 +515,9 @@ def _half_width_all_reduce(b: GradientBucket, part: Any) -> None:
     sums come back into ``part`` (an exact widening)."""
     assert b.group is not None and b.reduce_dtype is not None
     xp = backend.get_xp(b.placement.type)
-    low = part.astype(b.reduce_dtype)
-    part[...] = HalfWidthReduction(xp, b.group, b.group.size, b.group.rank, "sum").all_reduce(low)
+    with _reuse(b):
+        part[...] = HalfWidthReduction(xp, b.group, b.group.size, b.group.rank,
+                                       "sum").all_reduce(_narrowed(b, part))
 
 
 def _check(params: list[GlobalTensor], axis: int, cap: int, first: int) -> None:

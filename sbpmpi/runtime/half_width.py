@@ -31,14 +31,22 @@ __all__ = ["HalfWidthReduction", "accumulate"]
 def accumulate(xp: Any, ufunc: Any, own: Any, parts: Sequence[Any], op: str) -> Any:
     """``own`` reduced with ``parts`` by ``ufunc``: in float32 for a sum (one rounding back
     to the half dtype by the caller's assignment), in the dtype itself for max and min."""
+    # arrays from backend.empty: a captured graph's conversion gets the same ones again
+    # (backend.Reuse), so its replays make none
     if op != "sum":
-        acc = own.copy()
+        acc = backend.empty(xp, own.shape, own.dtype)
+        acc[...] = own
         for part in parts:
             ufunc(acc, part, out=acc)
         return acc
-    acc = own.astype(float32)
+    acc = backend.empty(xp, own.shape, float32)
+    acc[...] = own
+    wide = None
     for part in parts:
-        acc += part.astype(float32)
+        if wide is None or wide.shape != part.shape:
+            wide = backend.empty(xp, part.shape, float32)
+        wide[...] = part  # exact: float32 holds every half-width value
+        acc += wide
     return acc
 
 

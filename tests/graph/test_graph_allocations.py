@@ -201,3 +201,30 @@ def test_gpt_replay_allocates_nothing_but_the_loss(layout):
         with sm.trace() as tr:
             step(ids, targets)
     assert replayed == [(r.op, r.nbytes, r.group_ranks, r.nonblocking) for r in tr.records]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["dp", "tp"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpt_half_width_replay(dtype, layout):
+    """The example's half-width forward (float32 masters under ``sm.autocast``, dp's
+    buckets reduced in the half width): the kernels that compute in float32 copy their
+    operands into float32 temporaries the plan keeps and round once into their buffer,
+    the buckets' half-width reduction and the half-width partial sums of conversions use
+    arrays made once. float16: nothing but the loss. bfloat16: ml_dtypes' cast loops
+    allocate a few bytes per call (two or four), nothing of an array's size."""
+    args = train_gpt.parse(SMALL + ["--layout", layout, "--dtype", dtype])
+    trainer = train_gpt.build(args, layout)
+    data = train_gpt.load_corpus()
+    f = sm.graph(step_of(trainer))
+    for t in range(5):
+        ids, targets = train_gpt.batch_at(data, t, args.batch, args.seq, args.seed)
+        f(ids, targets)
+    per, counts, outside, out = replay_allocations(f, ids, targets)
+    assert outside == _outside_bytes(f) == _loss_bytes(out), (outside, per)
+    if dtype == "float16":
+        assert not {k: v for k, v in per.items() if v}, per
+        return
+    with counting() as sizes:
+        f(ids, targets)
+    assert max(sizes) <= 4 and sum(sizes) < 2048, sorted(sizes)[-5:]

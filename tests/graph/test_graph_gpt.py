@@ -37,9 +37,9 @@ def step_of(trainer):
 
 
 def train(layout: str, captured: bool, steps: int = 50, dtype: str = "float64",
-          buckets: str = "on"):
+          buckets: str = "on", extra: tuple[str, ...] = ()):
     args = train_gpt.parse(SMALL + ["--layout", layout, "--dtype", dtype,
-                                    "--buckets", buckets])
+                                    "--buckets", buckets, *extra])
     trainer = train_gpt.build(args, layout)
     data = train_gpt.load_corpus()
     step = step_of(trainer)
@@ -78,6 +78,29 @@ def test_captured_gpt_float32_is_bit_identical():
     got, pg, _ = train(layout, True, steps=6, dtype="float32")
     assert np.array_equal(got, want)
     assert all(np.array_equal(pg[k], pw[k]) for k in pw)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", ["dp", "tp", "sp", "2d"])
+@pytest.mark.parametrize("how", ["bfloat16", "float16", "recompute-full",
+                                 "recompute-selective"])
+def test_captured_mixed_precision_and_recomputation_are_bit_identical(how, layout):
+    """The example's half-width forward (float32 masters under ``sm.autocast``; float16
+    with its gradient scaler) and its blocks under ``sm.nn.checkpoint``, captured: the
+    eager step's losses and parameters, bit for bit, over 8 steps."""
+    if layout not in fitting_layouts():
+        pytest.skip(f"{layout} does not fit {size} ranks")
+    if how.startswith("recompute"):
+        extra = ("--recompute", how.split("-")[1])
+        dtype = "float64"
+    else:
+        extra, dtype = (), how
+    want, pw, _ = train(layout, False, steps=8, dtype=dtype, extra=extra)
+    got, pg, step = train(layout, True, steps=8, dtype=dtype, extra=extra)
+    assert np.array_equal(got, want), (got, want)
+    for k in pw:
+        assert np.array_equal(pg[k], pw[k]), k
+    assert step.explain().signatures[0][1].startswith("replayed 6 time(s)")
 
 
 @pytest.mark.mpi(min_size=1)
