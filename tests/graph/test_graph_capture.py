@@ -255,6 +255,54 @@ def test_data_parallel_buckets_are_captured_bit_identical(caps):
         assert any(nb for _, _, nb in traces[0])  # the buckets' all-reduces overlap
 
 
+def _zero_step(stage: int, captured: bool):
+    lay, model, _ = make("dp", "adam")
+    model, opt = sm.nn.shard(model, sm.optim.Adam(model.parameters(), lr=0.01), stage=stage)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = sm.nn.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return lay, model, (sm.graph(step) if captured else step)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_zero_stage_1_is_captured_bit_identical():
+    """ZeRO 1: gradients left unreduced in backward (no collective), the sharded
+    optimizer's step (reduce-scatter, the state slices' update, all-gather) replayed as
+    a host call that updates the parameters and state slices in place."""
+    results, traces = [], []
+    for captured in (False, True):
+        lay, model, f = _zero_step(1, captured)
+        losses = []
+        for xb, yb in data(12):
+            x = sm.tensor(xb, placement=lay["placement"], sbp=(S(0),))
+            y = sm.tensor(yb, placement=lay["placement"], sbp=(S(0),))
+            with sm.trace() as tr:
+                losses.append(f(x, y).numpy())
+        traces.append([(r.op, r.nbytes) for r in tr.records])
+        results.append((np.array(losses), [p.numpy() for p in model.parameters()]))
+    (want, pw), (got, pg) = results
+    assert np.array_equal(got, want)
+    assert all(np.array_equal(a, b) for a, b in zip(pg, pw))
+    assert traces[1] == traces[0]
+    assert f.explain().signatures[0][1].startswith("replayed 10 time(s)")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_stages_2_and_3_raise_on_capture(stage):
+    """Their all-gathers (after the step, in forward hooks) are not conversions: a
+    graph break on capture, never a replay without them."""
+    lay, model, f = _zero_step(stage, True)
+    x, y = _inputs(lay)
+    with pytest.raises(GraphBreak, match="all_gather outside a conversion"):
+        f(x, y)
+    assert "all_gather" in str(f.explain())
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_collective_outside_a_conversion_raises():
     lay, model, _ = make("dp", "sgd")
