@@ -209,5 +209,7 @@ def held_bytes(root: GlobalTensor) -> int:
                 base = a.base if getattr(a, "base", None) is not None else a
                 if id(base) not in seen_arrays:
                     seen_arrays.add(id(base))
-                    total += int(base.nbytes)
+                    # a pooled array's base is the pool's lease of its block, no array:
+                    # the array's own bytes (backend.empty)
+                    total += int(getattr(base, "nbytes", a.nbytes))
     return total

@@ -168,3 +168,23 @@ def test_bad_policy():
         sm.nn.checkpoint(lambda x: x, 1.0, policy="some")
     with pytest.raises(TypeError, match="fn must be callable"):
         sm.nn.checkpoint(3, 1.0)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_held_bytes_counts_arrays_over_pooled_memory():
+    """A conversion's result of 1 MiB or more lives over a block of the host pool
+    (``backend.empty``) whose base is the pool's lease, no array: the tape's bytes still
+    count it, as its ``nbytes`` (here a broadcast tensor's rows, copied out of the whole
+    shard so that the result owns its memory)."""
+    from sbpmpi.backend.host_pool import MIN_POOLED_BYTES
+    rows, cols = 4 * size, MIN_POOLED_BYTES // (4 * 8) + 8  # 4 rows a rank: over 1 MiB
+    xv = np.arange(rows * cols, dtype=np.float64).reshape(rows, cols) % 7
+    x = sm.tensor(xv, placement=world(), sbp=B, requires_grad=True)
+    y = x.to_global(sbp=S(0))  # this rank's rows, copied out of the whole shard
+    if size > 1:
+        assert not isinstance(y.to_local().base, np.ndarray)  # the pool's lease
+    loss = (y * y).sum()
+    held = held_bytes(loss)
+    assert held >= y.to_local().nbytes, held  # at least y's shard, saved for backward
+    loss.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), 2 * xv)
