@@ -325,7 +325,8 @@ def driver(argv: list[str]) -> None:
     for k in names:
         layout = k.split()[-1] if k.startswith("sbpmpi ") else ""
         ref = "torch" if k in ("sbpmpi", "sbpmpi graph") else torch_for.get(layout)
-        cref = compile_for.get(layout) if k.startswith("sbpmpi") else None
+        cref = compile_for.get("" if layout == "graph" else layout) \
+            if k.startswith("sbpmpi") else None  # "sbpmpi graph": the one-process run
         table.append(dict(name=k, tokens_per_s=med[k], runs=[r[k] for r in runs],
                           vs_one_process=med[k] / single,
                           vs_torch=(med[k] / med[ref]) if ref and ref in med else None,

@@ -49,13 +49,13 @@ class Scratch:
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
-        self.arrays: dict[tuple[str, tuple[int, ...], np.dtype, int], Any] = {}
+        self.arrays: dict[tuple[str, tuple[int, ...], Any, int], Any] = {}
 
     def get(self, xp: ModuleType, shape: tuple[int, ...], dtype: Any, k: int = 0) -> Any:
         """An uninitialised array of ``shape`` and ``dtype`` (temporary number ``k``)."""
         if not self.keep:
             return xp.empty(shape, dtype=dtype)
-        key = (xp.__name__, tuple(shape), np.dtype(dtype), k)
+        key = (xp.__name__, shape, dtype, k)  # as given: no conversion per call
         a = self.arrays.get(key)
         if a is None:
             a = self.arrays[key] = xp.empty(shape, dtype=dtype)
@@ -97,7 +97,7 @@ def zero_d(xp: ModuleType, value: Any, dtype: Any) -> Any:
     every ufunc call). Equal to the scalar NumPy's promotion makes of it when ``dtype``
     is what the scalar promotes to with the other operand (NEP 50: a Python scalar takes
     the array's dtype)."""
-    key = (value, np.dtype(dtype), xp.__name__)
+    key = (value, dtype if isinstance(dtype, np.dtype) else np.dtype(dtype), xp.__name__)
     z = _ZERO_D.get(key)
     if z is None:
         if len(_ZERO_D) > 256:

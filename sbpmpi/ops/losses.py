@@ -88,25 +88,34 @@ def _log_softmax_rows(xp: ModuleType, a: Any, z: Any, scratch: Scratch) -> None:
 
 
 def _valid_into(xp: ModuleType, y: Any, n_classes: int, ignore_index: int, valid: Any,
-                tmp: Any) -> None:
+                invalid: Any) -> None:
     """Whether each row counts, ``0 <= y < C`` and ``y != ignore_index``, written into
-    ``valid`` (``tmp``: a boolean temporary of its shape)."""
-    if y.dtype.kind != "i":  # unsigned labels: NumPy's comparisons with a negative bound
+    ``valid``, and its negation into ``invalid``. Signed labels are compared once as
+    their unsigned view (a negative label is a large one there), the ignored label too
+    only when it lies in ``[0, C)``: few calls, which is what a small batch costs."""
+    unsigned = _UNSIGNED.get(y.dtype)
+    if unsigned is None or n_classes > np.iinfo(y.dtype).max:
+        # unsigned labels, or classes past the labels' range: NumPy's comparisons with
+        # Python ints
         valid[...] = (y >= 0) & (y < n_classes) & (y != ignore_index)
+        xp.logical_not(valid, out=invalid)
         return
-    xp.greater_equal(y, zero_d(xp, 0, y.dtype), out=valid)
-    xp.less(y, zero_d(xp, n_classes, np.int64), out=tmp)
-    valid &= tmp
-    xp.not_equal(y, zero_d(xp, ignore_index, np.int64), out=tmp)
-    valid &= tmp
+    xp.greater_equal(y.view(unsigned), zero_d(xp, n_classes, unsigned), out=invalid)
+    if 0 <= ignore_index < n_classes:
+        xp.equal(y, zero_d(xp, ignore_index, y.dtype), out=valid)
+        invalid |= valid
+    xp.logical_not(invalid, out=valid)
 
 
-def _flat_index_into(xp: ModuleType, j: Any, here: Any, tmp: Any, width: int, flat: Any) -> None:
-    """``row * width + (j where here else 0)`` written into ``flat`` (intp): each row's
+#: The unsigned dtype of each signed label dtype's view.
+_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+
+
+def _flat_index_into(xp: ModuleType, j: Any, away: Any, width: int, flat: Any) -> None:
+    """``row * width + (0 where away else j)`` written into ``flat`` (intp): each row's
     picked entry of a C-contiguous ``(rows, width)`` array, as one index."""
     flat[...] = j
-    xp.logical_not(here, out=tmp)
-    xp.copyto(flat, zero_d(xp, 0, flat.dtype), where=tmp)
+    xp.copyto(flat, zero_d(xp, 0, flat.dtype), where=away)
     flat += _row_starts(xp, flat.shape[0], width)
 
 
@@ -151,17 +160,16 @@ def _build(logits: GlobalTensor, labels: GlobalTensor, ignore_index: int = -100,
             return
         logp = scratch.get(xp, a.shape, dt, 3)
         _log_softmax_rows(xp, a, logp, scratch)
-        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
-        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        valid, invalid = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
+        _valid_into(xp, y, c, ignore_index, valid, invalid)
         flat = scratch.get(xp, y.shape, np.intp, 6)
-        _flat_index_into(xp, y, valid, tmp, a.shape[1], flat)
+        _flat_index_into(xp, y, invalid, a.shape[1], flat)
         terms = scratch.get(xp, y.shape, dt, 7)
         take_into(xp, logp.reshape(-1), flat, terms)
-        xp.copyto(terms, zero_d(xp, 0, dt), where=tmp)  # rows that do not count add 0
+        xp.copyto(terms, zero_d(xp, 0, dt), where=invalid)  # rows that do not count add 0
         total = scratch.get(xp, (), dt, 8)
         xp.sum(terms, out=total)
-        xp.negative(total, out=total)
-        xp.multiply(total, zero_d(xp, k, dt), out=out)
+        xp.multiply(total, zero_d(xp, -k, dt), out=out)  # -(sum) k: negation is exact
 
     kernel = written_into(into, accumulation_dtype(dtype))
 
@@ -183,10 +191,10 @@ def _build_grad(logits: GlobalTensor, labels: GlobalTensor, g: GlobalTensor,
         dt = out.dtype
         _log_softmax_rows(xp, a, out, scratch)
         xp.exp(out, out=out)
-        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
-        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        valid, invalid = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
+        _valid_into(xp, y, c, ignore_index, valid, invalid)
         flat = scratch.get(xp, y.shape, np.intp, 6)
-        _flat_index_into(xp, y, valid, tmp, a.shape[1], flat)
+        _flat_index_into(xp, y, invalid, a.shape[1], flat)
         picked = scratch.get(xp, y.shape, dt, 7)
         p = out.reshape(-1)
         take_into(xp, p, flat, picked)  # softmax minus the one-hot label
@@ -251,8 +259,9 @@ def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
         j = scratch.get(xp, y.shape, np.int64, 1)
         here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
         _local_target(xp, y, cl, ignore_index, j, here, tmp)
+        xp.logical_not(here, out=tmp)
         flat = scratch.get(xp, y.shape, np.intp, 4)
-        _flat_index_into(xp, j, here, tmp, a.shape[1], flat)
+        _flat_index_into(xp, j, tmp, a.shape[1], flat)
         target = scratch.get(xp, y.shape, dt, 5)
         take_into(xp, a.reshape(-1), flat, target)
         xp.copyto(target, zero_d(xp, 0, dt), where=tmp)  # held by another shard: 0
@@ -274,14 +283,13 @@ def _build_loss(stats: GlobalTensor, m: GlobalTensor, labels: GlobalTensor, c: i
              scratch: Scratch) -> None:
         st, mx, y = local
         dt = out.dtype
-        valid, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (0, 1))
-        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        valid, invalid = (scratch.get(xp, y.shape, np.bool_, i) for i in (0, 1))
+        _valid_into(xp, y, c, ignore_index, valid, invalid)
         terms = scratch.get(xp, y.shape, dt, 2)
         xp.log(st[:, 0], out=terms)
         xp.add(mx[:, 0], terms, out=terms)
         terms -= st[:, 1]
-        xp.logical_not(valid, out=tmp)
-        xp.copyto(terms, zero_d(xp, 0, dt), where=tmp)  # rows that do not count add 0
+        xp.copyto(terms, zero_d(xp, 0, dt), where=invalid)  # rows that do not count add 0
         total = scratch.get(xp, (), dt, 3)
         xp.sum(terms, out=total)
         xp.multiply(total, zero_d(xp, scale, dt), out=out)
@@ -312,8 +320,9 @@ def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTenso
         j = scratch.get(xp, y.shape, np.int64, 1)
         here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
         _local_target(xp, y, cl, ignore_index, j, here, tmp)
+        xp.logical_not(here, out=tmp)
         flat = scratch.get(xp, y.shape, np.intp, 4)
-        _flat_index_into(xp, j, here, tmp, a.shape[1], flat)
+        _flat_index_into(xp, j, tmp, a.shape[1], flat)
         picked, held = (scratch.get(xp, y.shape, dt, i) for i in (5, 6))
         p = out.reshape(-1)
         take_into(xp, p, flat, picked)  # minus the one-hot label where held

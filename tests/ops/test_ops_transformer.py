@@ -303,6 +303,40 @@ def test_cross_entropy_with_global_labels_matches_numpy():
 
 
 @mpi
+@pytest.mark.parametrize("ignore_index", [-100, 3, 0])
+@pytest.mark.parametrize("ldtype", ["int64", "int32", "int8", "uint8"])
+def test_cross_entropy_ignored_and_out_of_range_labels_match_numpy(ignore_index, ldtype):
+    """Labels of every integer width, an ignored label inside ``[0, C)`` and outside it,
+    labels outside ``[0, C)`` (they add 0 and count in the mean): the loss and its
+    gradient as NumPy's, classes whole (rows split) and split (vocab parallel)."""
+    pl = sm.placement("cpu", list(range(size)))
+    rng = np.random.default_rng(5)
+    n, c = 9, 7
+    z = rng.standard_normal((n, c))
+    lab = np.array([2, 3, 0, 6, 3, 9, -1, 0, 5])
+    if ldtype == "uint8":
+        lab = np.where(lab < 0, 200, lab)  # no negatives: a large label instead
+    lab = lab.astype(ldtype)
+    ign = ignore_index if not (ldtype == "uint8" and ignore_index < 0) else 250
+    keep = lab.astype(np.int64) != ign
+    inside = (lab.astype(np.int64) >= 0) & (lab.astype(np.int64) < c)
+    zc = z - z.max(1, keepdims=True)
+    logp = zc - np.log(np.exp(zc).sum(1, keepdims=True))
+    counted = keep & inside
+    want = -logp[np.arange(n)[counted], lab[counted].astype(np.int64)].sum() / keep.sum()
+    p = np.exp(logp)
+    p[np.arange(n)[counted], lab[counted].astype(np.int64)] -= 1
+    want_grad = p * counted[:, None] / keep.sum()
+    for zs, ys in ((split(0), split(0)), (split(1), broadcast), (broadcast, broadcast)):
+        logits = sm.tensor(z, placement=pl, sbp=zs).requires_grad_()
+        labels = sm.tensor(lab, placement=pl, sbp=ys)
+        loss = sm.nn.cross_entropy(logits, labels, ignore_index=ign)
+        loss.backward()
+        np.testing.assert_allclose(loss.numpy(), want, rtol=1e-13)
+        np.testing.assert_allclose(logits.grad.numpy(), want_grad, rtol=1e-12, atol=1e-15)
+
+
+@mpi
 def test_cross_entropy_when_every_row_is_ignored_is_nan():
     z = sm.zeros(3, 4, placement=sm.placement("cpu", list(range(size))), sbp=split(1))
     assert np.isnan(sm.nn.cross_entropy(z, np.full(3, -100)).numpy())
