@@ -240,6 +240,20 @@ def _local_target(xp: ModuleType, y: Any, cols: Any, ignore_index: int, j: Any, 
     here &= tmp
 
 
+def _held_index(xp: ModuleType, y: Any, cols: Any, ignore_index: int, width: int,
+                scratch: Scratch) -> tuple[Any, Any, Any]:
+    """Whether this shard of the classes holds each row's label, the negation, and the
+    flat index of the label's entry in a C-contiguous ``(rows, width)`` shard (0 of the
+    row where not held); temporaries 1 to 4."""
+    j = scratch.get(xp, y.shape, np.int64, 1)
+    here, away = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
+    _local_target(xp, y, cols, ignore_index, j, here, away)
+    xp.logical_not(here, out=away)
+    flat = scratch.get(xp, y.shape, np.intp, 4)
+    _flat_index_into(xp, j, away, width, flat)
+    return here, away, flat
+
+
 def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
                  cols: GlobalTensor, ignore_index: int = -100) -> OpCall:
     n, c = logits.shape
@@ -256,15 +270,10 @@ def _build_stats(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
         if not a.shape[1]:
             out[:, 1] = zero_d(xp, 0, dt)
             return
-        j = scratch.get(xp, y.shape, np.int64, 1)
-        here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
-        _local_target(xp, y, cl, ignore_index, j, here, tmp)
-        xp.logical_not(here, out=tmp)
-        flat = scratch.get(xp, y.shape, np.intp, 4)
-        _flat_index_into(xp, j, tmp, a.shape[1], flat)
+        here, away, flat = _held_index(xp, y, cl, ignore_index, a.shape[1], scratch)
         target = scratch.get(xp, y.shape, dt, 5)
         take_into(xp, a.reshape(-1), flat, target)
-        xp.copyto(target, zero_d(xp, 0, dt), where=tmp)  # held by another shard: 0
+        xp.copyto(target, zero_d(xp, 0, dt), where=away)  # held by another shard: 0
         out[:, 1] = target
 
     kernel = written_into(into, accumulation_dtype(dtype))
@@ -317,12 +326,7 @@ def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTenso
         xp.subtract(a, mx, out=out)
         xp.exp(out, out=out)
         out /= st[:, :1]
-        j = scratch.get(xp, y.shape, np.int64, 1)
-        here, tmp = (scratch.get(xp, y.shape, np.bool_, i) for i in (2, 3))
-        _local_target(xp, y, cl, ignore_index, j, here, tmp)
-        xp.logical_not(here, out=tmp)
-        flat = scratch.get(xp, y.shape, np.intp, 4)
-        _flat_index_into(xp, j, tmp, a.shape[1], flat)
+        here, away, flat = _held_index(xp, y, cl, ignore_index, a.shape[1], scratch)
         picked, held = (scratch.get(xp, y.shape, dt, i) for i in (5, 6))
         p = out.reshape(-1)
         take_into(xp, p, flat, picked)  # minus the one-hot label where held
@@ -330,7 +334,7 @@ def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTenso
         picked -= held
         xp.put(p, flat, picked, mode="clip")
         valid = scratch.get(xp, y.shape, np.bool_, 7)
-        _valid_into(xp, y, c, ignore_index, valid, tmp)
+        _valid_into(xp, y, c, ignore_index, valid, away)  # away is free again
         w = scratch.get(xp, (a.shape[0], 1), dt, 8)
         _row_weights(xp, valid, gl, scale, w, scratch.get(xp, (), dt, 9))
         out *= w

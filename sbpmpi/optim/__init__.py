@@ -45,6 +45,19 @@ def _number(owner: str, name: str, value: Any, low: float = 0.0, high: float = m
     return v
 
 
+def recorded_step(step: Any, run: Any, params: list[GlobalTensor],
+                  state: list[dict[str, GlobalTensor]]) -> None:
+    """``run()``, an optimizer's update; while a step is captured as a graph
+    (``sm.graph``), recorded as the host call ``step()``, which updates ``params`` and
+    ``state`` in place at every replay."""
+    if RECORDERS:
+        mutated = [(t, t._local) for i, p in enumerate(params) for t in (p, *state[i].values())]
+        with RECORDERS[0].host_call(step, (), mutated):
+            run()
+        return
+    run()
+
+
 class Optimizer:
     """Base class: checked parameters in parameter groups, per-parameter state tensors,
     ``zero_grad``, flat ``state_dict`` of GlobalTensors (saved with ``sm.save_state``).
@@ -162,14 +175,7 @@ class Optimizer:
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local to each rank's shards)."""
-        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call,
-            # which updates the parameters and buffers in place
-            mutated = [(t, t._local) for i, p in enumerate(self.params)
-                       for t in (p, *self.state[i].values())]
-            with RECORDERS[0].host_call(self.step, (), mutated):
-                self._step()
-            return
-        self._step()
+        recorded_step(self.step, self._step, self.params, self.state)
 
     def _step(self) -> None:
         with no_grad():

@@ -59,14 +59,19 @@ def make(kind: str, optim: str):
     model = MLP(lay)
     opt = (sm.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optim == "sgd"
            else sm.optim.Adam(model.parameters(), lr=0.01))
+    return lay, model, step_of(model, opt)
 
+
+def step_of(model, opt):
+    """The training step of ``model`` with ``opt``: forward, cross-entropy, backward,
+    update."""
     def step(x, y):
         opt.zero_grad()
         loss = sm.nn.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         return loss
-    return lay, model, step
+    return step
 
 
 def run(kind: str, optim: str, captured: bool, batches):
@@ -258,13 +263,7 @@ def test_data_parallel_buckets_are_captured_bit_identical(caps):
 def _zero_step(stage: int, captured: bool):
     lay, model, _ = make("dp", "adam")
     model, opt = sm.nn.shard(model, sm.optim.Adam(model.parameters(), lr=0.01), stage=stage)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = sm.nn.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = step_of(model, opt)
     return lay, model, (sm.graph(step) if captured else step)
 
 

@@ -12,7 +12,7 @@ from ... import backend
 from ...core.layout import Layout
 from ...core.sbp import SBP, partial_sum
 from ...grad_mode import no_grad
-from ...runtime.recording import RECORDERS
+from ...optim import recorded_step
 from ...tensor import GlobalTensor
 from .layouts import owned, split_sbp
 from .stage2 import ZeroStage2
@@ -103,15 +103,9 @@ class ShardedOptimizer:
     def step(self) -> None:
         """Reduce-scatter each gradient into this rank's slice, update the parameter's
         slice with it and the state slice, then all-gather the parameter."""
-        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call,
-            # which updates the parameters and the state slices in place
-            opt = self.optimizer
-            mutated = [(t, t._local) for i, p in enumerate(opt.params)
-                       for t in (p, *opt.state[i].values())]
-            with RECORDERS[0].host_call(self.step, (), mutated):
-                self._step()
-            return
-        self._step()
+        # captured as a graph: replayed as a call that updates the parameters and the
+        # state slices in place
+        recorded_step(self.step, self._step, self.optimizer.params, self.optimizer.state)
 
     def _step(self) -> None:
         opt = self.optimizer
