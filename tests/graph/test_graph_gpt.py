@@ -85,9 +85,10 @@ def test_captured_gpt_float32_is_bit_identical():
 @pytest.mark.parametrize("how", ["bfloat16", "float16", "recompute-full",
                                  "recompute-selective"])
 def test_captured_mixed_precision_and_recomputation_are_bit_identical(how, layout):
-    """The example's half-width forward (float32 masters under ``sm.autocast``; float16
-    with its gradient scaler) and its blocks under ``sm.nn.checkpoint``, captured: the
-    eager step's losses and parameters, bit for bit, over 8 steps."""
+    """The example's half-width forward (float32 masters under ``sm.autocast``; the
+    step without a loss scaler, whose check for infinities reads the host) and its
+    blocks under ``sm.nn.checkpoint``, captured: the eager step's losses and parameters,
+    bit for bit, over 8 steps."""
     if layout not in fitting_layouts():
         pytest.skip(f"{layout} does not fit {size} ranks")
     if how.startswith("recompute"):
