@@ -64,7 +64,8 @@ class Call:
 
     ``kind``: "kernel", "conversion" or "tensor"; ``key``: what must be equal in two
     recordings (op, kernel, layouts, dtype); ``where``: the step's line; ``into``: the
-    call's form that writes into a given array (``into(args, out, scratch)``, its temporaries from ``scratch``), if it has one."""
+    call's form that writes into a given array (``into(args, out, scratch)``, its
+    temporaries from ``scratch``), if it has one."""
 
     kind: str
     name: str
@@ -75,8 +76,8 @@ class Call:
     out: int
     where: str
     free: tuple[int, ...] = ()  # slots dead after this call (set by the plan)
-    # ``into(args, out, scratch)``: the call writing its result into ``out`` (None: it has no such
-    # form); the plan gives such a call a buffer, and ``iconsts`` its scalar arguments as
+    # ``into(args, out, scratch)``: the call writing its result into ``out`` (None: it has
+    # no such form); the plan gives such a call a buffer, and ``iconsts`` its scalar arguments as
     # 0-d arrays (a Python scalar would be made into a new array by every call)
     into: Callable[[list[Any], Any, Any], None] | None = None
     iconsts: list[Any] = field(default_factory=list)

@@ -16,10 +16,11 @@ writes into a given array (``ops.kernel.with_into``) writes its value into its b
 shared with values whose lifetimes do not overlap, taking its temporaries from the
 plan's :class:`~sbpmpi.ops.kernel.Scratch` (made at the first replay, kept), and a
 conversion's program gets the arrays of its first replay again (``backend.Reuse``), so
-the steady state allocates only in the kernels without that form and in host calls. Parameters and optimizer buffers are the model's own
-arrays, updated in place; a ``.grad`` is its gradient's buffer, overwritten in place by
-the next replay; the returned tensors are new each call (detached: the step's backward
-is in the graph), so a loss kept from one call stays as it was.
+the steady state allocates only in the kernels without that form and in host calls.
+Parameters and optimizer buffers are the model's own arrays, updated in place; a
+``.grad`` is its gradient's buffer, overwritten in place by the next replay; the
+returned tensors are new each call (detached: the step's backward is in the graph), so
+a loss kept from one call stays as it was.
 Replacing a parameter's array (``_set_data``: a ZeRO stage, a checkpoint loaded into a
 new array) makes the next call capture again.
 

@@ -32,7 +32,7 @@ from ..tensor import GlobalTensor
 from .call import OpCall
 from .kernel import Scratch, take_into, written_into, zero_d
 from .op import GlobalOp
-from .reduction import max_, reduced
+from .reduction import max_, reduced, softmax_into
 from .signature import S_D, AnySplit, B, DimMatch, P, S, Signature
 from .triangle import global_index
 
@@ -73,20 +73,6 @@ VOCAB_GRAD = (
 # with its own number), their constants 0-d arrays made once: the eager kernels are these
 # forms with new arrays (``written_into``), so eager and replayed results are
 # bit-identical, and a replay of a captured step allocates nothing here.
-def _log_softmax_rows(xp: ModuleType, a: Any, z: Any, scratch: Scratch) -> None:
-    """``log_softmax(a, axis=1)`` written into ``z`` (temporaries 0, 1, 2)."""
-    rows, dt = (a.shape[0], 1), z.dtype
-    m = scratch.get(xp, rows, dt, 0)
-    xp.max(a, axis=1, keepdims=True, out=m)
-    xp.subtract(a, m, out=z)
-    e = scratch.get(xp, a.shape, dt, 1)
-    xp.exp(z, out=e)
-    s = scratch.get(xp, rows, dt, 2)
-    xp.sum(e, axis=1, keepdims=True, out=s)
-    xp.log(s, out=s)
-    z -= s
-
-
 def _valid_into(xp: ModuleType, y: Any, n_classes: int, ignore_index: int, valid: Any,
                 invalid: Any) -> None:
     """Whether each row counts, ``0 <= y < C`` and ``y != ignore_index``, written into
@@ -159,7 +145,7 @@ def _build(logits: GlobalTensor, labels: GlobalTensor, ignore_index: int = -100,
             out[...] = zero_d(xp, 0, dt)
             return
         logp = scratch.get(xp, a.shape, dt, 3)
-        _log_softmax_rows(xp, a, logp, scratch)
+        softmax_into(xp, a, 1, logp, scratch, log=True)
         valid, invalid = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
         _valid_into(xp, y, c, ignore_index, valid, invalid)
         flat = scratch.get(xp, y.shape, np.intp, 6)
@@ -189,7 +175,7 @@ def _build_grad(logits: GlobalTensor, labels: GlobalTensor, g: GlobalTensor,
         if out.size == 0:
             return
         dt = out.dtype
-        _log_softmax_rows(xp, a, out, scratch)
+        softmax_into(xp, a, 1, out, scratch, log=True)
         xp.exp(out, out=out)
         valid, invalid = (scratch.get(xp, y.shape, np.bool_, i) for i in (4, 5))
         _valid_into(xp, y, c, ignore_index, valid, invalid)

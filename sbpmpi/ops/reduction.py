@@ -28,7 +28,8 @@ from .op import GlobalOp
 from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
 __all__ = ["SUM", "MEAN", "MAX", "MIN", "VAR", "SOFTMAX", "SUM_EXP", "SOFTMAX_FINISH", "sum_", "mean",
-           "max_", "min_", "var", "softmax", "log_softmax", "sum_exp", "softmax_finish",
+           "max_", "min_", "var", "softmax", "log_softmax", "softmax_into", "sum_exp",
+           "softmax_finish",
            "reduced"]
 
 S_R = AnySplit("r")  # a reduced dim; S_D is a kept dim
@@ -306,6 +307,28 @@ class _Softmax(GlobalOp):
         return super().__call__(*args, **kwargs)
 
 
+def softmax_into(xp: ModuleType, a: Any, d: int, out: Any, scratch: Scratch,
+                 log: bool) -> None:
+    """``softmax(a)`` (``log``: ``log_softmax(a)``) along dim ``d`` written into ``out``
+    (``a``'s shape and dtype), with the max and the sum along ``d`` (and log_softmax's
+    exponentials) as temporaries 0 to 2 from ``scratch``."""
+    red = a.shape[:d] + (1,) + a.shape[d + 1:]
+    m = scratch.get(xp, red, out.dtype, 0)
+    xp.max(a, axis=d, keepdims=True, out=m)
+    xp.subtract(a, m, out=out)
+    s = scratch.get(xp, red, out.dtype, 1)
+    if log:
+        e = scratch.get(xp, a.shape, out.dtype, 2)
+        xp.exp(out, out=e)
+        xp.sum(e, axis=d, keepdims=True, out=s)
+        xp.log(s, out=s)
+        out -= s
+        return
+    xp.exp(out, out=out)  # in place: the scores are the largest arrays of attention
+    xp.sum(out, axis=d, keepdims=True, out=s)
+    out /= s
+
+
 def _softmax(name: str, log: bool) -> GlobalOp:
     def build(x: Any, dim: Any = -1) -> OpCall:
         x = tensor_arg(name, x)
@@ -314,29 +337,13 @@ def _softmax(name: str, log: bool) -> GlobalOp:
             raise ValueError(f"{name}: dim {d} of a tensor of shape {x.shape} is empty")
         dtype = probe_dtype(name, lambda z: np.exp(z), x)
 
-        # written into its result, with the row max and sum (and log_softmax's exp) as
-        # temporaries from ``scratch``; the eager kernel is this form with new arrays, so
-        # eager and replayed results are bit-identical
+        # the eager kernel is this form with new arrays, so eager and replayed results
+        # are bit-identical
         def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
                  scratch: Scratch) -> None:
             a = local[0]
-            if a.dtype != dtype:
-                a = a.astype(dtype)
-            red = shape[:d] + (1,) + shape[d + 1:]
-            m = scratch.get(xp, red, dtype, 0)
-            xp.max(a, axis=d, keepdims=True, out=m)
-            xp.subtract(a, m, out=out)
-            s = scratch.get(xp, red, dtype, 1)
-            if log:
-                e = scratch.get(xp, shape, dtype, 2)
-                xp.exp(out, out=e)
-                xp.sum(e, axis=d, keepdims=True, out=s)
-                xp.log(s, out=s)
-                out -= s
-                return
-            xp.exp(out, out=out)  # in place: the scores are the largest arrays of attention
-            xp.sum(out, axis=d, keepdims=True, out=s)
-            out /= s
+            softmax_into(xp, a if a.dtype == dtype else a.astype(dtype), d, out, scratch,
+                         log)
 
         kernel = written_into(into, dtype)
 

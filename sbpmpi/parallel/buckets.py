@@ -59,7 +59,7 @@ class BucketSlot:
     # this rank's shard of ``extra``, kept across rounds (a step makes no array for it), and
     # the arrays of the conversion that brings such a gradient to the parameter's layout
     extra_buf: Any = None
-    extra_reuse: Any = None
+    extra_reuse: backend.Reuse = field(default_factory=backend.Reuse)
 
 
 class SlotSpan(NamedTuple):
@@ -94,8 +94,8 @@ class GradientBucket:
     agreed: SlotSpan | None = None  # the span the ranks last agreed on
     reduce_dtype: np.dtype | None = None  # the half width it is reduced in (None: dtype)
     # the arrays of its half-width reduction, made by the first one and used again by the
-    # next (backend.Reuse): a reduction reads them into the bucket before it returns
-    reuse: Any = None
+    # next: a reduction reads them into the bucket before it returns
+    reuse: backend.Reuse = field(default_factory=backend.Reuse)
 
 
 def reduce_dtype_of(dtype: np.dtype, reduce_dtype: np.dtype | None) -> np.dtype | None:

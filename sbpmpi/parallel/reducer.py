@@ -97,7 +97,7 @@ from ..autograd.hooks import (
     register_poll_hook,
 )
 from ..comm.collective_work import CollectiveWork, all_done
-from ..core.dtypes import bfloat16, float16
+from ..core.dtypes import bfloat16
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step
 from ..runtime.half_width import HalfWidthReduction
@@ -251,7 +251,8 @@ class Reducer:
     def _write(self, slot: BucketSlot, g: GlobalTensor) -> None:
         """Add the gradient ``g`` (one contribution) to ``slot``."""
         p = slot.param
-        if g.dtype != p.dtype and not (g.layout == slot.partial and _widens(g.dtype, p.dtype)):
+        if g.dtype != p.dtype and not (g.layout == slot.partial
+                                       and np.can_cast(g.dtype, p.dtype, "safe")):
             g = ops.astype(g, p.dtype)
         local = None
         if g.layout == slot.partial:
@@ -264,8 +265,6 @@ class Reducer:
             # the rules already reduced it on the data axis (moving the inputs was cheaper
             # than reducing the product): reducing it again in the bucket would send it
             # twice, so it takes the unbucketed road, summed in the slot's own buffer
-            if slot.extra_reuse is None:
-                slot.extra_reuse = backend.Reuse()
             with slot.extra_reuse:  # its arrays are read into extra_buf below, then dead
                 g = g.to_global(placement=p.placement, sbp=p.sbp)
             _add_extra(slot, g)
@@ -453,17 +452,6 @@ class Reducer:
                 self._reset(b)
 
 
-#: Float casts that only widen (every value of the first is exactly one of the second).
-_WIDENING = frozenset((np.dtype(a), np.dtype(b)) for a, b in (
-    (float16, np.float32), (bfloat16, np.float32), (float16, np.float64),
-    (bfloat16, np.float64), (np.float32, np.float64)))
-
-
-def _widens(src: np.dtype, dst: np.dtype) -> bool:
-    """Whether casting ``src`` to ``dst`` only widens (:data:`_WIDENING`)."""
-    return (np.dtype(src), np.dtype(dst)) in _WIDENING
-
-
 def _add_extra(slot: BucketSlot, g: GlobalTensor) -> None:
     """Add ``g`` (in the parameter's layout and dtype) to ``slot.extra``, in the slot's
     buffer kept across rounds: the same sum as ``ops.add``, without a new array."""
@@ -497,15 +485,9 @@ def _narrowed(b: GradientBucket, part: Any) -> Any:
     return low
 
 
-def _reuse(b: GradientBucket) -> backend.Reuse:
-    if b.reuse is None:
-        b.reuse = backend.Reuse()
-    return b.reuse  # type: ignore[no-any-return]
-
-
 def _round_to(b: GradientBucket, part: Any) -> None:
     """Round ``part`` to ``b.reduce_dtype`` in place (its dtype is wider)."""
-    with _reuse(b):
+    with b.reuse:
         part[...] = _narrowed(b, part)
 
 
@@ -515,7 +497,7 @@ def _half_width_all_reduce(b: GradientBucket, part: Any) -> None:
     sums come back into ``part`` (an exact widening)."""
     assert b.group is not None and b.reduce_dtype is not None
     xp = backend.get_xp(b.placement.type)
-    with _reuse(b):
+    with b.reuse:
         part[...] = HalfWidthReduction(xp, b.group, b.group.size, b.group.rank,
                                        "sum").all_reduce(_narrowed(b, part))
 
