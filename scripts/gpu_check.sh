@@ -12,6 +12,10 @@
 #       steps anyway, on "cpu" placements (the tests skip their cuda cases), to try the
 #       script's own plumbing before the device time is spent
 #
+# The setup (installing the carried wheels) comes first; when `import sbpmpi` then fails the
+# script stops at once (exit 3) with the error's last line and what to check, in its output
+# and in OUTDIR/summary.md.
+#
 # Where CuPy sees no GPU every GPU step reports SKIP (a CPU machine runs the whole script in
 # well under 4 minutes: tests/tools/test_gpu_check_script.py). docs/gpu.md has the exact run command
 # for the device tool, with the wheels that travel (../shared/gpu/wheels.sh pytest-timeout).
@@ -143,6 +147,29 @@ setup() {
   export -f versions bench table gpt aware
 }
 
+check_import() {  # stop at once when the project does not import: every step would fail
+  local log="$OUTDIR/import.log" last rc wheels pyv
+  timeout -k 5 60 "$PY" -c "import sbpmpi" >"$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && return 0
+  last=$(grep -v '^[[:space:]]*$' "$log" | tail -n 1)
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && last="(no answer within 60 s) ${last}"
+  wheels="none were carried (.whl/ holds no wheel)"
+  compgen -G ".whl/*.whl" >/dev/null && wheels="installed here, their install log: $OUTDIR/setup.log"
+  pyv=$("$PY" -c 'import platform; print(platform.python_version())' 2>&1 | tail -n 1)
+  {
+    echo "gpu_check.sh: stopped before any step: \`$PY -c \"import sbpmpi\"\` failed after the setup:"
+    echo "  ${last:-(no output, exit $rc)}"
+    echo "  (the whole traceback: $log; PYTHONPATH=$PYTHONPATH)"
+    echo "Check:"
+    echo "  - the wheels in .whl/ (mpi4py >= 4, pytest-mpi, pytest-timeout: fetched with"
+    echo "    \`bash ../shared/gpu/wheels.sh pytest-timeout\`, sent with carry=[\".whl\"]): $wheels;"
+    echo "  - that they were fetched for this machine's Python ($pyv);"
+    echo "  - that the script runs from the checkout's root (here: $PWD)."
+  } | tee "$OUTDIR/summary.md" >&2
+  exit 3
+}
+
 have() {  # have NEEDS: "" when this machine has it, else why not
   case "$1" in
     any) echo "";;
@@ -219,6 +246,7 @@ fi
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 setup
+check_import
 GPU=$("$PY" -c 'import cupy; n = cupy.cuda.runtime.getDeviceCount(); assert n > 0
 name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
 print(name.decode() if isinstance(name, bytes) else name, "x", n)' 2>/dev/null)

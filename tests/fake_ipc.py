@@ -15,12 +15,15 @@ It keeps CUDA's rules, so that a protocol that breaks them fails here as on a GP
   reading a result before synchronising sees the old bytes, and closing a mapping while a
   queued copy still reads or writes it is recorded in :attr:`FakeIpcDevice.violations`
   (the copy is dropped: on a GPU it would fault or read freed memory);
-- a process cannot open the same handle twice while the first mapping is open
-  (``cudaIpcOpenMemHandle`` refuses it), nor open a handle of its own allocations, nor a
-  handle made on another host (``host``: a test gives each pseudo-node its own);
-- closing a mapping that is not open (e.g. twice) fails (``cudaIpcCloseMemHandle``);
-  :attr:`FakeIpcDevice.failing_closes` makes the next closes fail *without* closing, as a
-  close that returns an error leaves the mapping open;
+- a second open of a handle that is open in this process returns the same mapping and
+  adds a reference, and each close drops one: the mapping goes at the last
+  (``cudaIpcOpenMemHandle`` / ``cudaIpcCloseMemHandle`` in one context);
+  :attr:`FakeIpcDevice.most_refs` is the most references one mapping has held;
+- a process cannot open a handle of its own allocations, nor a handle made on another
+  host (``host``: a test gives each pseudo-node its own);
+- closing a mapping that is not open (e.g. once more than it was opened) fails
+  (``cudaIpcCloseMemHandle``); :attr:`FakeIpcDevice.failing_closes` makes the next closes
+  fail *without* closing, as a close that returns an error leaves its reference open;
 - freeing an allocation that a peer still maps (CUDA leaves it undefined; in practice
   the memory stays with the peer, out of reach of ``free_all_blocks``) is recorded in
   :attr:`FakeIpcDevice.violations`: each open leaves a marker file beside the exporter's
@@ -117,7 +120,9 @@ class FakeIpcDevice:
         self.allocs: list[_Alloc] = []
         self.free_blocks: list[_Block] = []
         self.opened: dict[int, _Opened] = {}  # by its base here
-        self.open_paths: dict[str, int] = {}  # handle (path) -> base: one open per handle
+        self.open_paths: dict[str, int] = {}  # handle (path) -> base: one mapping per handle
+        self.refs: dict[int, int] = {}  # base -> the opens not closed yet
+        self.most_refs = 0
         self.violations: list[str] = []  # CUDA rules broken by this process or its peers
         self.token = f"{os.getpid()}-{id(self):x}"  # this "process" in marker names
         self.log: list[tuple[Any, ...]] = []
@@ -201,7 +206,8 @@ class FakeIpcDevice:
         self.queue.clear()
         self.failing_closes = 0
         for base in list(self.opened):
-            self.close(base)
+            while base in self.opened:
+                self.close(base)
         for a in self.allocs:
             if os.path.exists(a.path):
                 os.unlink(a.path)
@@ -246,16 +252,20 @@ class FakeIpcDevice:
         if os.path.dirname(path) == self.dir:
             raise RuntimeError(f"cudaIpcOpenMemHandle: {os.path.basename(path)} is this "
                                "process's own allocation (stand-in of CUDA's rule)")
-        if path in self.open_paths:
-            raise RuntimeError(f"cudaIpcOpenMemHandle: the handle of {os.path.basename(path)} "
-                               "is already open in this process (CUDA refuses a second open; "
-                               "stand-in)")
+        base = self.open_paths.get(path)
+        if base is not None:  # CUDA: the same pointer, one more reference
+            self.refs[base] += 1
+            self.most_refs = max(self.most_refs, self.refs[base])
+            self.log.append(("open", os.path.basename(path)))
+            return base
         with open(path, "r+b") as f:
             mm = mmap.mmap(f.fileno(), 0)
         arr = np.frombuffer(mm, dtype=np.uint8)
         base = int(arr.ctypes.data)
         self.opened[base] = _Opened(mm, arr, path)
         self.open_paths[path] = base
+        self.refs[base] = 1
+        self.most_refs = max(self.most_refs, 1)
         open(f"{path}.map-{self.token}", "w").close()
         self.log.append(("open", os.path.basename(path)))
         return base
@@ -268,6 +278,11 @@ class FakeIpcDevice:
             self.failing_closes -= 1
             self.log.append(("close-failed", mapped))
             raise RuntimeError("cudaIpcCloseMemHandle failed (injected): the mapping stays open")
+        self.log.append(("close", mapped))
+        self.refs[mapped] -= 1
+        if self.refs[mapped]:  # other opens still hold it: nothing is unmapped
+            return
+        del self.refs[mapped]
         m = self.opened.pop(mapped)
         size = m.bytes.nbytes
         in_flight = [q for q in self.queue if q.touches(mapped, size)]
@@ -280,7 +295,6 @@ class FakeIpcDevice:
             os.unlink(f"{m.path}.map-{self.token}")
         except FileNotFoundError:  # the exporter's cleanup already removed it
             pass
-        self.log.append(("close", mapped))
         mm = m.mm
         del m  # the view of the bytes goes with it, so that the map can close
         try:

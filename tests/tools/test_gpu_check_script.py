@@ -22,7 +22,7 @@ PRIORITY = ["env", "gpu-n2-staged", "gpu-n2-ipc", "cuda-core-n2", "bench-n2", "g
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHON=sys.executable, **extra)
+    env = {**os.environ, "PYTHON": sys.executable, **extra}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
@@ -80,6 +80,35 @@ def test_every_path_it_names_exists():
 def test_an_unknown_step_is_refused():
     out = _gpu_check("no-such-step")
     assert out.returncode == 2 and "no step named 'no-such-step'" in out.stderr
+
+
+def test_it_stops_at_once_when_sbpmpi_does_not_import(tmp_path):
+    """After the setup, ``import sbpmpi`` failing (here an mpi4py that does not import, as
+    where the carried wheels did not install) stops the script before any step (exit 3),
+    saying what failed, the error's last line and what to check, in its output and in
+    summary.md (it went on to fail or skip every step)."""
+    broken = tmp_path / "broken" / "mpi4py"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("no mpi4py here (stand-in)")\n')
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={broken.parent}${{PYTHONPATH:+:$PYTHONPATH}} "
+                  f'exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    out_dir = tmp_path / "out"
+    t0 = time.monotonic()
+    out = _gpu_check(timeout=120, OUT=str(out_dir), PYTHON=str(py), LOGS=str(tmp_path / "logs"))
+    took = time.monotonic() - t0
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
+    assert took < 60, took
+    said = out.stderr
+    assert 'import sbpmpi"` failed after the setup' in said, said
+    assert "ImportError: no mpi4py here (stand-in)" in said, said  # the traceback's last line
+    assert "Check:\n  - the wheels in .whl/" in said, said
+    carried = any(ROOT.glob(".whl/*.whl"))  # a developer's checkout may hold them
+    assert ("their install log" if carried else "none were carried") in said, said
+    assert (out_dir / "summary.md").read_text() in said + "\n"
+    assert "Traceback" in (out_dir / "import.log").read_text()
+    assert not list(out_dir.glob("env*.log")) and "== env" not in out.stdout  # no step ran
 
 
 def _summary(out_dir: Path) -> dict[str, tuple[str, str]]:

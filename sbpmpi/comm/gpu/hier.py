@@ -10,7 +10,8 @@ the *cross* communicator, whose leg goes through pinned host buffers (MPI, stage
   IPC all-gather on the node;
 - all-gather(v): the cross all-gather of the blocks of the ranks with local index ``l``
   (written to their places in ``out``), then IPC copies of the other local indices' blocks
-  from the node peers that hold them.
+  from the node peers that hold them, read at the places each peer wrote them (its own
+  displacements, gathered with the node's records).
 
 With ``m >= 2`` this moves ``m`` times fewer bytes through host memory and MPI than the
 flat staged call, and the node legs run at device speed, so it is the cheaper plan under
@@ -95,15 +96,18 @@ def node_all_reduce_schedules(m: int, local: int, count: int, itemsize: int) -> 
 
 
 def node_all_gather_schedule(members: Sequence[Sequence[int]], local: int,
-                             nbytes: Sequence[int], displs: Sequence[int]) -> S.Schedule:
+                             nbytes: Sequence[int], displs: Sequence[int],
+                             peer_displs: Sequence[Sequence[int]]) -> S.Schedule:
     """Node rank ``local`` copies, from each node peer k, the blocks of the group ranks with
-    local index k (``members[node][k]``), which the peer's cross leg wrote into its ``out``.
-    One phase on every rank, empty where there is nothing to copy."""
+    local index k (``members[node][k]``), which the peer's cross leg wrote into its ``out``
+    at the peer's displacements: ``peer_displs[k][node]`` (each rank passes its own
+    ``displs``, which may differ by rank), to this rank's ``displs``. One phase on every
+    rank, empty where there is nothing to copy."""
     m = len(members[0])
-    moves = tuple(S.Move(S.COPY, k, "out", displs[row[k]], "out", displs[row[k]],
+    moves = tuple(S.Move(S.COPY, k, "out", peer_displs[k][j], "out", displs[row[k]],
                          nbytes[row[k]])
                   for k in [(local + i) % m for i in range(1, m)]
-                  for row in members if nbytes[row[k]])
+                  for j, row in enumerate(members) if nbytes[row[k]])
     return S.Schedule((moves,), exports=("out",))
 
 
@@ -259,6 +263,11 @@ class Hierarchical:
                 if h is not None:
                     PINNED_POOL.release(h)
 
-        node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs)
-        sched = S.Schedule(((),) + node_moves.phases, ("out",))
-        return self.node.run(name, offer, lambda _: sched, (), None, None, {0: cross_leg})
+        def make(peer_displs: np.ndarray) -> S.Schedule:
+            node_moves = node_all_gather_schedule(rows, self.local, nbytes, displs,
+                                                  peer_displs.tolist())
+            return S.Schedule(((),) + node_moves.phases, ("out",))
+
+        # where this rank's cross leg writes (its own displacements), for its node peers
+        return self.node.run(name, offer, make, [displs[r] for r in mine], None, None,
+                             {0: cross_leg})

@@ -27,7 +27,8 @@ On every rank of the node (:meth:`IpcTransport.run`, one :class:`_Call`):
    them for the call).
 5. Run the schedule phase by phase; between phases, and after the last, ``synchronize``
    and a node barrier: no rank reads a buffer before it is written, nor overwrites (or
-   frees, by returning) one that a peer still reads. At the first barrier after which this
+   frees, by returning) one that a peer still reads, and a failure in any phase, the
+   last included, raises on every rank. At the first barrier after which this
    rank reads no peer, it releases its lease *before* meeting the others, so when a call
    returns no peer maps this rank's allocations and they may be freed (the release
    protocol: :mod:`.mappings`).
@@ -235,7 +236,9 @@ class IpcTransport:
         :mod:`.route`).
 
         ``meta``: int64 call metadata gathered from every rank and handed to
-        ``make_schedule`` (an array of shape (ranks, len(meta))); ``hooks[n]``: called with
+        ``make_schedule`` (an array of shape (ranks, len(meta))), which may raise: it sees
+        the same array on every rank, so every rank raises alike, before any move (the
+        ranks' arguments disagree: all-to-all-v's counts); ``hooks[n]``: called with
         this rank's buffer pointers and None after the barrier that opens phase n, before
         its moves (the inter-node leg of a hierarchical collective); once the call has
         failed on this rank or its node, called with the failure instead, so that it only
@@ -248,9 +251,9 @@ class IpcTransport:
             if not offer.ready:
                 self.last_error = offer.reason
             return False
-        self.stats["calls"] += 1
         self.stats["exports"] += sum(e.fresh for e in offer.exports.values())
         sched = make_schedule(recs["meta"][:, :meta_arr.size])
+        self.stats["calls"] += 1
         _Call(self, op, offer, recs, sched, dtype, reduce_op, hooks or {}).execute()
         return True
 
@@ -301,12 +304,10 @@ class _Call:
         self.raise_if_failed()
 
     def finish(self) -> None:
-        """After the last phase: the final barrier (the same on every rank), or, when the
-        last phase was local, this rank's own work only."""
-        if self.sched.final_barrier:
-            self.meet(release=True)
-        elif self.causes is None and self.err is None:
-            self.settle()
+        """After the last phase: the final barrier, the same on every rank, even where the
+        last phase reads no peer (all-reduce's local copy back), so that a failure there
+        raises on every rank too."""
+        self.meet(release=True)
 
     def _scratch(self) -> None:
         # inside the protocol: a rank that cannot allocate fails every rank at a barrier

@@ -2,11 +2,15 @@
 
 One :class:`MappingCache` per device, so one per process (:meth:`MappingCache.of`), shared
 by the transports of every group: boxing on a 2x2 mesh calls collectives on the groups
-{0,1}, {2,3}, {0,2}, {1,3} and WORLD over the same pool allocations, and CUDA refuses to
-open a handle a second time in a process while it is open (``cudaIpcOpenMemHandle``), so
-the mappings cannot belong to the groups. Entries are keyed by the exporting process (a
-token each process puts in its records) and the allocation's process-unique buffer id (the
-handle itself where the driver gives none), and are reference-counted.
+{0,1}, {2,3}, {0,2}, {1,3} and WORLD over the same pool allocations, and CUDA keeps one
+mapping of a handle per process (a second ``cudaIpcOpenMemHandle`` in one context returns
+the same pointer and adds a reference; each ``cudaIpcCloseMemHandle`` drops one, the last
+unmaps). So the mappings belong to the process: one open and one close per allocation,
+however many groups and buffers of a call read it, and one place that knows whether a
+close still owes CUDA a reference. Entries are keyed by the exporting process (a token each
+process puts in its records) and the allocation's process-unique buffer id (the handle
+itself where the driver gives none), and are reference-counted here (CUDA's count stays
+at one).
 
 Release protocol: **a mapping lives for one collective call.** Every call maps what it
 reads through a :class:`Lease`, and releases the lease after the device work that reads the
@@ -31,11 +35,12 @@ wrapper that every rank calls), with the references counted per group here.
 Exported handles are kept per allocation id (``cudaIpcGetMemHandle`` is cheap, but each
 export is a driver call); a new allocation overlapping a kept one means that one was freed.
 
-A close that fails (``cudaIpcCloseMemHandle`` returning an error) leaves the mapping open
-in CUDA, which then refuses every later open of that handle in this process. So a mapping
-is forgotten only once its close succeeded: until then it stays in the cache with no
-reference, the next call that reads that allocation uses it as it is, and its next release
-tries the close again.
+A close that fails (``cudaIpcCloseMemHandle`` returning an error) leaves the mapping's
+reference open in CUDA. Forgotten here, it would never be closed: a later open of that
+handle would only add a reference to it, and the mapping would outlive every call (and the
+allocation it maps). So a mapping is forgotten only once its close succeeded: until then it
+stays in the cache with no reference, the next call that reads that allocation uses it as
+it is (no second reference), and its next release tries the close again.
 """
 
 from __future__ import annotations

@@ -68,9 +68,9 @@ __all__ = ["ENABLED", "Agree", "Role", "IpcCall", "set_device", "get_device", "t
 
 # On when the GPU transport is ipc (.select decides; kept here for the collectives' test).
 ENABLED: bool = ipc_chosen()
-# all-reduce reads every peer's whole buffer (2 synchronisations) up to this size, or at
-# 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (3). To tune
-# on a GPU.
+# all-reduce reads every peer's whole buffer (p + 1 device operations) up to this size, or
+# at 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (2p
+# operations, 2(p-1)/p of the bytes); both hold two node barriers. To tune on a GPU.
 DIRECT_ALL_REDUCE_BYTES = 256 << 10
 _device: Device | None = None
 _device_reason = ""
@@ -335,6 +335,10 @@ def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: A
 def all_to_all_v(agree: Agree, device: bool, out: Any, oc: Sequence[int], od: Sequence[int],
                  oneed: int, arr: Any, ic: Sequence[int], idd: Sequence[int], m: ArrayMeta,
                  g: Group, comm: MPI.Intracomm) -> bool:
+    """Rank i's ``arr[idd[j]:][:ic[j]]`` to ``out[od[i]:][:oc[i]]`` of rank j. Every rank's
+    counts ride in the records, so every rank checks that what each rank sends is what its
+    receiver expects, alike, before any copy (a copy of the sender's count would write past
+    the receiver's block, even past ``out``)."""
     if _no_path(g, False):
         return False
     if not device:
@@ -343,11 +347,28 @@ def all_to_all_v(agree: Agree, device: bool, out: Any, oc: Sequence[int], od: Se
     arr = _contig(arr, m)
 
     def make(meta: np.ndarray) -> S.Schedule:
-        return S.all_to_all_v(p, me, (meta[:, :p] * it).tolist(), (meta[:, p:] * it).tolist(),
+        sent, placed, expected = meta[:, :p], meta[:, p:2 * p], meta[:, 2 * p:]
+        wrong = _count_mismatch(sent, expected)
+        if wrong:
+            raise ValueError(f"all_to_all_v: {wrong}")
+        return S.all_to_all_v(p, me, (sent * it).tolist(), (placed * it).tolist(),
                               [d * it for d in od])
     return _run(agree, g, comm, m, IpcCall(
         "all_to_all_v", {"in": Role(arr, m.size * it), "out": Role(out, oneed * it)}, make,
-        meta=list(ic) + list(idd), traced=sum(ic) * it))
+        meta=[*ic, *idd, *oc], traced=sum(ic) * it))
+
+
+def _count_mismatch(sent: np.ndarray, expected: np.ndarray) -> str:
+    """The first pair of ranks (in row order) whose all-to-all-v counts disagree, in the
+    words of comm's checked mode; ``""`` when none. ``sent[i, j]``: the elements group rank
+    i sends to j (its ``in_counts[j]``); ``expected[j, i]``: those j expects from i (its
+    ``out_counts[i]``)."""
+    bad = np.argwhere(sent != expected.T)
+    if not bad.size:
+        return ""
+    i, j = (int(v) for v in bad[0])
+    return (f"group rank {i} sends in_counts[{j}] = {int(sent[i, j])} elements to group rank "
+            f"{j}, which expects out_counts[{i}] = {int(expected[j, i])}")
 
 
 def broadcast(agree: Agree, device: bool, arr: Any, m: ArrayMeta, root: int, g: Group,

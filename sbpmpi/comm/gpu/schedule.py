@@ -10,7 +10,7 @@ peer). Offsets and sizes are in bytes.
 A :class:`Schedule` is a sequence of phases. The executor makes every rank's device work
 finish and meet at a node barrier *before* each phase (so no rank reads a buffer before it
 is written) and once more after the last (so no rank overwrites or frees a buffer a peer
-still reads). Within a phase the moves of one rank run in order (one CUDA stream); a
+still reads, and a failure in the last phase, even a local one, raises on every rank). Within a phase the moves of one rank run in order (one CUDA stream); a
 schedule never reads, in a phase, bytes that *another* rank writes in that phase.
 
 Every rank meets every barrier, so **the number of phases is a function of what all ranks
@@ -53,22 +53,14 @@ class Schedule:
     phases: tuple[tuple[Move, ...], ...]
     exports: tuple[str, ...] = ("in",)
     tmp_bytes: int = 0
-    # False when the last phase reads nothing from peers on every rank: the barrier
-    # before it already tells each rank that the peers are done with its buffers
-    final_barrier: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.final_barrier and len(self.phases) < 2:
-            raise ValueError("a schedule without a final barrier needs two phases or more "
-                             f"(the barrier between them), got {len(self.phases)}")
 
     def moves(self) -> list[Move]:
         return [m for ph in self.phases for m in ph]
 
     def barriers(self) -> int:
         """The node barriers the executor holds for this schedule: one between phases and
-        one after the last (when ``final_barrier``); at least one (the call's end)."""
-        return max(len(self.phases) - 1 + self.final_barrier, 1)
+        one after the last; at least one (the call's end)."""
+        return max(len(self.phases), 1)
 
     def peer_reads(self, me: int) -> int:
         """Bytes this rank reads from other ranks' memory."""
@@ -147,8 +139,10 @@ def all_reduce_direct(p: int, me: int, count: int, itemsize: int) -> Schedule:
     """In place, for latency-bound sizes: every rank reduces all the buffers (rank order)
     into ``tmp``; after a barrier (no rank reads a peer any more) it copies ``tmp`` back.
 
-    Two synchronisations instead of the three of :func:`all_reduce`; each rank reads
-    (p-1) whole buffers instead of 2(p-1)/p of one (the same bytes at p = 2).
+    The copy back reads no peer, but the call still closes with a barrier: it is where a
+    failure of that copy on one rank reaches the others. The same barriers as
+    :func:`all_reduce`, with p + 1 device operations instead of 2p; each rank reads (p-1)
+    whole buffers instead of 2(p-1)/p of one (the same bytes at p = 2).
     """
     _check(p, me)
     n = count * itemsize
@@ -157,7 +151,7 @@ def all_reduce_direct(p: int, me: int, count: int, itemsize: int) -> Schedule:
     ph0 = (Move(COPY, 0, "out", 0, "tmp", 0, n),) + tuple(
         Move(REDUCE, k, "out", 0, "tmp", 0, n) for k in range(1, p))
     ph1 = (Move(COPY, me, "tmp", 0, "out", 0, n),)
-    return Schedule((ph0, ph1), exports=("out",), tmp_bytes=n, final_barrier=False)
+    return Schedule((ph0, ph1), exports=("out",), tmp_bytes=n)
 
 
 def all_to_all_v(p: int, me: int, send_nbytes: Sequence[Sequence[int]],

@@ -21,11 +21,12 @@ measured there.
 
 ``ipc`` stays off where device pointers go to MPI (the library is CUDA-aware, or the
 setting ``cuda_aware`` says so): such a library maps its peers' GPU buffers with CUDA IPC
-itself (Open MPI's smcuda and UCX keep those mappings open in a cache), and CUDA refuses a
-second open of one handle in a process, so the two would trip on each other's mappings
-of the same pool allocations. That has not been measured to work, so the transport is
-``mpi`` there, with the reason; ``SBPMPI_CUDA_AWARE=0`` keeps ``ipc`` and stages what it
-does not carry, so that MPI never sees a device pointer.
+itself (Open MPI's smcuda and UCX keep those mappings open in a cache), and CUDA keeps one
+mapping of a handle per process (a second open adds a reference to the first), so the two
+would share mappings of the same pool allocations, each with its own idea of when they
+close. That has not been measured to work, so the transport is ``mpi`` there, with the
+reason; ``SBPMPI_CUDA_AWARE=0`` keeps ``ipc`` and stages what it does not carry, so that
+MPI never sees a device pointer.
 
 The decision is made once, on first use (only a setting of ``ipc`` asks the library
 anything), again after either setting changes, and must be the same on every rank (it
@@ -74,8 +75,8 @@ def detect() -> GpuTransport:
                 return GpuTransport("mpi", (
                     f"{reason} of ipc, which stays off: device pointers go to MPI "
                     f"({aware.reason}), and a CUDA-aware MPI maps its peers' GPU buffers "
-                    "with CUDA IPC itself, which CUDA refuses to do twice for one handle "
-                    "in a process; GPU arrays go to MPI directly "
+                    "with CUDA IPC itself, and CUDA keeps one mapping of a handle per "
+                    "process, which the two would share; GPU arrays go to MPI directly "
                     f"({config.cuda_aware.env}=0 keeps ipc and stages the other calls)"),
                     True)
             reason += "; calls that cannot use CUDA IPC (e.g. across nodes) go staged"

@@ -251,8 +251,9 @@ def test_hierarchical_ipc_then_mpi(chk, pseudo_nodes):
 
 
 # ----------------------------------------------------------------------------- CUDA's IPC rules
-# The stand-in refuses what CUDA refuses (a second open of a handle in one process, a second
-# close) and records an allocation freed while a peer maps it. These tests run the calls
+# The stand-in keeps CUDA's rules (a second open of a handle in one process adds a reference,
+# a close more than the opens is refused) and records an allocation freed while a peer maps
+# it. These tests run the calls
 # boxing makes on a mesh (the 2x2 mesh's rows {0,1}, {2,3}, columns {0,2}, {1,3}, WORLD)
 # over arrays packed in the same allocations, flat and across pseudo-nodes.
 
@@ -297,8 +298,9 @@ def _boxing_calls(chk, dev: FakeIpcDevice, g: C.Group, rnd: int) -> None:
 
 
 def test_mesh_groups_share_the_peer_allocations(chk, rules_dev):
-    """Every group maps the same peer allocations: each is opened once at a time in a
-    process, never closed twice, and no allocation is freed while a peer maps it."""
+    """Every group maps the same peer allocations: each holds one reference at a time in a
+    process (the cache opens it once), is closed as often as it was opened, and no
+    allocation is freed while a peer maps it."""
     dev = rules_dev
     groups = _mesh_groups(size)
     for rnd in range(3):
@@ -312,6 +314,7 @@ def test_mesh_groups_share_the_peer_allocations(chk, rules_dev):
         dev.free()  # the arrays are gone: the pool gives their memory back (free_all_blocks)
         chk.true(not dev.violations, f"round {rnd}: {dev.violations}")
         chk.true(not dev.opened, f"round {rnd}: mappings left open: {len(dev.opened)}")
+        chk.true(dev.most_refs <= 1, f"round {rnd}: a mapping held {dev.most_refs} references")
     ipc = [t.stats for t in route.transports().values() if not isinstance(t, str)]
     opens, closes = sum(s["opens"] for s in ipc), sum(s["closes"] for s in ipc)
     chk.true(opens == closes and sum(s["calls"] for s in ipc) > 0, f"IPC counters: {ipc}")
@@ -583,7 +586,8 @@ def test_copies_out_of_peer_mappings_complete_before_the_mappings_close(rules_de
 def test_a_failed_close_is_remembered(chk, rules_dev):
     """A close that fails leaves the mapping open in CUDA: the call raises on every rank of
     the node, and the next call that reads that allocation uses the open mapping instead of
-    opening its handle again (which CUDA refuses), then closes it."""
+    opening its handle again (which would add a reference the cache never closes), then
+    closes it."""
     dev = rules_dev
     xs = [data(r, 7, np.float64, 57) for r in range(size)]
     x = dev.array(xs[rank])
@@ -631,3 +635,105 @@ def test_arrays_carved_from_one_pool_allocation(chk, rules_dev):
     again = world.allgather(sum(1 for e in dev.log if e == ("export", aid)))
     chk.true(again == exports, f"the allocation's handle was made once: {exports} {again}")
     chk.true(not dev.violations and not dev.opened, str(dev.violations))
+
+
+# ----------------------------------------------------------------------------- every rank alike
+# Arguments that differ by rank, and failures in the last phase, as MPI and the staged path
+# see them: right values, or an error on every rank (issue 41).
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra", [2, -1], ids=["sends-more", "sends-fewer"])
+def test_all_to_all_v_counts_that_disagree_raise_on_every_rank(dev, extra):
+    """Group rank 0 sends the last rank ``extra`` elements more than that rank's
+    ``out_counts[0]``, whose block is the last of its ``out``: every rank raises checked
+    mode's ValueError, before any copy (the IPC copy took the sender's count and wrote past
+    ``out``, into the next array of the allocation, and every rank returned)."""
+    p = size
+    sent = [[i + j + 1 for j in range(p)] for i in range(p)]  # what i sends j, as j expects
+    ic = list(sent[rank])
+    if rank == 0:
+        ic[p - 1] += extra
+    oc = [sent[i][rank] for i in range(p)]
+    width = 32  # 256 bytes: `out` fills its pool slot, `guard` is the next one
+    od = [width - oc[0]] + [sum(oc[1:i]) for i in range(1, p)]  # rank 0's block last
+    arr = dev.array(np.arange(sum(ic), dtype=np.float64) + 100 * rank)
+    out = dev.array(np.full(width, -1.0))
+    guard = dev.array(np.full(8, -2.0))
+    assert dev.pointer(guard) == dev.pointer(out) + 256  # adjacent in one allocation
+    with sm.config.override(comm_check=False):  # the IPC path's own check, not checked mode
+        got = _raised_everywhere(lambda: C.all_to_all_v(out, oc, arr, ic, out_displs=od))
+    want = (f"all_to_all_v: group rank 0 sends in_counts[{p - 1}] = {sent[0][p - 1] + extra} "
+            f"elements to group rank {p - 1}, which expects out_counts[0] = {sent[0][p - 1]}")
+    assert got == [("ValueError", want)] * p, got
+    np.testing.assert_array_equal(out.get(), np.full(width, -1.0))  # nothing copied
+    np.testing.assert_array_equal(guard.get(), np.full(8, -2.0))
+    assert not dev.opened and not dev.violations
+    ic[p - 1] -= extra * (rank == 0)  # the counts agree again: the call goes through IPC
+    arr = dev.array(np.arange(sum(ic), dtype=np.float64) + 100 * rank)
+    calls = stats()["calls"]
+    C.all_to_all_v(out, oc, arr, ic, out_displs=od)
+    starts = [sum(sent[i][:rank]) for i in range(p)]  # where i's block for this rank starts
+    for i in range(p):
+        np.testing.assert_array_equal(out.get()[od[i]:od[i] + oc[i]],
+                                      np.arange(starts[i], starts[i] + oc[i]) + 100.0 * i)
+    assert stats()["calls"] == calls + 1
+
+
+@pytest.mark.timeout(60)
+def test_all_gather_v_with_displacements_that_differ_by_rank(chk, rules_dev):
+    """Each rank places the blocks in an order of its own (its rotation of the ranks, with
+    a gap after each block), as MPI's Allgatherv allows: every rank gets every block at its
+    own places, flat and across pseudo-nodes (whose node leg read a peer's blocks at this
+    rank's displacements, where the peer had written them at its own)."""
+    dev, p = rules_dev, size
+    counts = [r % 3 + 1 for r in range(p)]
+    displs, end = [0] * p, 0
+    for r in [(rank + k) % p for k in range(p)]:
+        displs[r], end = end, end + counts[r] + 1
+    v = [data(r, counts[r], np.float64, 61) for r in range(p)]
+    want = np.full(end, -1.0)
+    for r in range(p):
+        want[displs[r]:displs[r] + counts[r]] = v[r]
+    for rnd in range(2):  # the first call builds the transport
+        out = dev.array(np.full(end, -1.0))
+        C.all_gather_v(out, dev.array(v[rank]), counts, displs)
+        chk.same(out.get(), want, f"all_gather_v with this rank's displacements, round {rnd}")
+    t = _ipc_group()
+    pseudo = config.ipc_node_size.value == 2
+    if pseudo and p == 4:  # two pseudo-nodes of two: hierarchical
+        chk.true(isinstance(t, Hierarchical) and t.stats["calls"] >= 2, str(t))
+    elif not pseudo or p <= 2:  # one node, or one pseudo-node: flat IPC
+        chk.true(isinstance(t, IpcTransport) and t.stats["calls"] >= 2, str(t))
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_in_the_last_local_phase_raises_on_every_rank(dev, monkeypatch):
+    """The direct all-reduce's last phase is local (each rank copies its reduction back into
+    its buffer): that copy failing on the last rank raises on every rank of the node, with
+    the cause (it raised on the failing rank only; the others returned)."""
+    xs = [data(r, 9, np.float64, 62) for r in range(size)]
+    w = dev.array(xs[rank])
+    C.all_reduce(w)  # builds the transport
+    np.testing.assert_array_equal(w.get(), np.add.reduce(np.stack(xs), axis=0))
+    t = _ipc_group()
+    x = dev.array(xs[rank])
+    if rank == size - 1:
+        copy = dev.copy
+
+        def failing_copy(dst: int, src: int, nbytes: int) -> None:
+            if dst == dev.pointer(x):  # into the buffer: the copy back from scratch
+                raise RuntimeError("cudaMemcpyAsync failed (injected)")
+            copy(dst, src, nbytes)
+        monkeypatch.setattr(dev, "copy", failing_copy)
+    got = _raised_everywhere(lambda: C.all_reduce(x))
+    violations = world.allgather(dev.violations)
+    assert not any(violations), violations
+    if size == 1:  # nothing to copy
+        assert got == [("no error", "")], got
+        np.testing.assert_array_equal(x.get(), np.add.reduce(np.stack(xs), axis=0))
+    else:
+        assert all(kind == "IpcError" and f"rank {size - 1}" in msg
+                   and "RuntimeError: cudaMemcpyAsync failed (injected)" in msg
+                   for kind, msg in got), got
+        assert isinstance(t, IpcTransport) and not t.mapped and not dev.opened

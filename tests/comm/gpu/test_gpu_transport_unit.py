@@ -115,8 +115,8 @@ def test_reduce_scatter_v_and_all_reduce_schedules(p, dtype, op):
                 np.testing.assert_array_equal(bufs[r], want, err_msg=f"{fn.__name__} rank {r}")
                 if fn is S.all_reduce:  # reads (p-1)/p of the buffer twice, not p-1 buffers
                     assert sch[r].peer_reads(r) <= 2 * (count // p + 1) * (p - 1) * dt.itemsize
-                elif sch[r].phases:  # the last phase is local: no final barrier
-                    assert not sch[r].final_barrier
+                elif sch[r].phases:  # the last phase is local, closed by a barrier too
+                    assert sch[r].barriers() == len(sch[r].phases) == 2
                     assert all(mv.src == r for mv in sch[r].phases[-1])
 
 
@@ -150,6 +150,40 @@ def test_all_to_all_v_and_broadcast_schedules(p):
             np.testing.assert_array_equal(b, data(root, 7, np.float32, 5))
 
 
+@pytest.mark.parametrize("nodes,m", [(2, 2), (2, 3), (3, 2)])
+def test_the_node_leg_of_all_gather_v_reads_each_peer_at_its_own_displacements(nodes, m):
+    """After the cross leg, node rank k holds the blocks of the group ranks with local index
+    k at *its* displacements; each rank places the blocks in an order of its own (a
+    rotation, with gaps). The node leg leaves every rank with every block at its places."""
+    from sbpmpi.comm.gpu.hier import node_all_gather_schedule
+
+    p = nodes * m
+    members = [[j * m + k for k in range(m)] for j in range(nodes)]
+    counts = [(r % 3 + 1) * 8 for r in range(p)]  # bytes
+    displs = []
+    for me in range(p):
+        d, end = [0] * p, 0
+        for r in [(me + i) % p for i in range(p)]:
+            d[r], end = end, end + counts[r] + 8
+        displs.append(d)
+    blocks = [data(r, counts[r], np.uint8, 63) + np.uint8(10 * r + 10) for r in range(p)]
+    for j in range(nodes):  # one node: its ranks' outs after the cross leg
+        ranks = members[j]
+        outs = [np.zeros(max(displs[g]) + max(counts) + 8, np.uint8) for g in ranks]
+        for k, g in enumerate(ranks):
+            for row in members:  # the cross leg wrote the blocks of local index k
+                outs[k][displs[g][row[k]]:][:counts[row[k]]] = blocks[row[k]]
+        mem = [{"out": o} for o in outs]
+        sch = [node_all_gather_schedule(members, k, counts, displs[g],
+                                        [[displs[ranks[q]][row[q]] for row in members]
+                                         for q in range(m)]) for k, g in enumerate(ranks)]
+        _simulate(m, sch, mem, np.dtype(np.uint8))
+        for k, g in enumerate(ranks):
+            for r in range(p):
+                np.testing.assert_array_equal(outs[k][displs[g][r]:][:counts[r]], blocks[r],
+                                              err_msg=f"group rank {g}, block of {r}")
+
+
 COUNTS = [[0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 2], [0, 3, 0, 3, 0], [2, 1, 0, 1, 2]]
 
 
@@ -174,7 +208,7 @@ def test_every_rank_has_the_same_phases_and_barriers(p, counts):
         m = p // 2
         members = [list(range(m)), list(range(m, p))]
         builders["node_all_gather"] = lambda me: node_all_gather_schedule(
-            members, me % m, c, displs)
+            members, me % m, c, displs, [[displs[row[k]] for row in members] for k in range(m)])
         builders["node_all_reduce"] = lambda me: S.Schedule(
             tuple(ph for half in node_all_reduce_schedules(m, me % m, sum(c), 4)
                   for ph in half.phases))
@@ -189,8 +223,6 @@ def test_schedule_arguments_are_checked():
         S.all_gather_v(2, 3, [1, 1], [0, 1])
     with pytest.raises(ValueError, match="root 2 is not in a group of 2"):
         S.broadcast(2, 0, 2, 8)
-    with pytest.raises(ValueError, match="without a final barrier needs two phases"):
-        S.Schedule(((),), final_barrier=False)
     assert S.blocks(5, 3) == [(0, 2), (2, 4), (4, 5)]
     assert S.all_reduce(1, 0, 10, 4).phases == ()
 
@@ -336,11 +368,12 @@ def test_ipc_all_reduce_phases_are_separated_by_barriers():
 
     for got, kinds in _threads(p, body_of(S.all_reduce_direct)):
         np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
-        # reads, unmapping, then one barrier, then the local copy back and no final barrier
-        assert kinds.count("barrier") == 1 and kinds.count("allgather") == 1
+        # reads, unmapping, then a barrier, then the local copy back and the final barrier
+        # (where a failure of that copy reaches every rank)
+        assert kinds.count("barrier") == 2 and kinds.count("allgather") == 1
         mid = kinds.index("barrier")
         assert kinds[mid - 2:mid] == ["sync", "close"] and "reduce" in kinds[:mid]
-        assert kinds[mid + 1:] == ["copy", "sync"], kinds
+        assert kinds[mid + 1:] == ["copy", "sync", "barrier"], kinds
 
 
 def test_ipc_falls_back_together_and_fails_together():
@@ -394,6 +427,32 @@ def test_ipc_scratch_failing_on_one_rank_raises_on_every_rank_with_the_cause():
     assert all("node rank 1: MemoryError: cudaErrorMemoryAllocation" in str(e) for e in res), res
 
 
+def test_a_failure_in_the_local_last_phase_raises_on_every_rank():
+    """The direct all-reduce's copy back (its last phase, local) fails on rank 1: every rank
+    raises with that cause at the final barrier, instead of rank 1 alone."""
+    p = 3
+
+    def body(r: int, dev: FakeIpcDevice, t: IpcTransport) -> Any:
+        x = dev.array(np.arange(4.0) + r)
+        b = Buffer(dev.pointer(x), 32)
+        if r == 1:
+            copy = dev.copy
+
+            def failing(dst: int, src: int, nbytes: int) -> None:
+                if dst == b.ptr:  # the copy back into the buffer
+                    raise RuntimeError("cudaMemcpyAsync failed (injected)")
+                copy(dst, src, nbytes)
+            dev.copy = failing  # type: ignore[method-assign]
+        return _call(t, dev, "all_reduce", {"in": b, "out": b}, True,
+                     lambda _: S.all_reduce_direct(p, r, 4, 8), ("out",), np.float64,
+                     ReduceOp.SUM)
+
+    res = _threads(p, body)
+    assert all(isinstance(e, IpcError) for e in res), res
+    assert all("node rank 1: RuntimeError: cudaMemcpyAsync failed (injected)" in str(e)
+               for e in res), res
+
+
 def test_the_pieces_of_one_ipc_call():
     """The named pieces of IpcTransport.run, each alone: when a rank stops reading peers
     (its lease goes at that barrier), how many barriers a schedule holds, and where a
@@ -401,7 +460,7 @@ def test_the_pieces_of_one_ipc_call():
     from sbpmpi.comm.gpu.ipc import Sources, reads_peers_from
 
     direct = S.all_reduce_direct(3, 1, 10, 4)
-    assert reads_peers_from(direct, 1) == [True, False, False] and direct.barriers() == 1
+    assert reads_peers_from(direct, 1) == [True, False, False] and direct.barriers() == 2
     two_step = S.all_reduce(3, 1, 10, 4)
     assert reads_peers_from(two_step, 1) == [True, True, False] and two_step.barriers() == 2
     assert S.broadcast(3, 0, 0, 8).barriers() == S.broadcast(3, 1, 0, 8).barriers() == 1
@@ -444,8 +503,8 @@ def test_schedules_that_disagree_raise_on_every_rank_instead_of_hanging():
 def test_the_stand_in_queues_work_and_keeps_a_failed_close_open():
     """The stand-in's stream: copies happen at synchronize; closing a mapping that queued
     copies still read is a violation; a failing close leaves the mapping open (a second
-    open of its handle is refused until it closes); memory made with ipc=False, like
-    stream-ordered memory, cannot be shared; blocks given back are carved again."""
+    open of its handle adds a reference to it, closed in turn); memory made with ipc=False,
+    like stream-ordered memory, cannot be shared; blocks given back are carved again."""
     exporter, peer = FakeIpcDevice("exq"), FakeIpcDevice("peq")
     try:
         x = exporter.array(np.arange(4.0))
@@ -461,8 +520,9 @@ def test_the_stand_in_queues_work_and_keeps_a_failed_close_open():
         peer.failing_closes = 1
         with pytest.raises(RuntimeError, match="injected"):
             peer.close(base)
-        with pytest.raises(RuntimeError, match="already open"):  # still open
-            peer.open(handle)
+        assert peer.open(handle) == base  # still open: one more reference
+        peer.close(base)  # that reference: the mapping stays, the copy still queued
+        assert not peer.violations and base in peer.opened
         peer.close(base)  # closed with the copy still queued
         assert len(peer.violations) == 1 and "queued copies" in peer.violations[0]
         assert not peer.queue
@@ -501,12 +561,15 @@ def test_the_stand_in_keeps_cuda_ipc_rules():
         with pytest.raises(RuntimeError, match="own allocation"):
             exporter.open(handle)
         base = peer.open(handle)
-        with pytest.raises(RuntimeError, match="already open in this process"):
-            peer.open(handle)
+        # as cudaIpcOpenMemHandle in one context: the same pointer, one more reference
+        assert peer.open(handle) == base and peer.most_refs == 2
         assert exporter.mapped_by_peers() == [f"a{exporter.allocs[0].id}.map-{peer.token}"]
+        peer.close(base)  # one reference left: still mapped
+        assert base in peer.opened and len(exporter.mapped_by_peers()) == 1
         exporter.free()
         assert len(exporter.violations) == 1 and peer.token in exporter.violations[0]
-        peer.close(base)
+        peer.close(base)  # the last reference: unmapped
+        assert base not in peer.opened
         with pytest.raises(RuntimeError, match="closed twice"):
             peer.close(base)
         y = exporter.array(np.arange(3.0))  # a new allocation, opened and closed before free
@@ -640,9 +703,10 @@ def test_forced_mpi_and_staged_decide_the_staging(env):
 
 
 def test_ipc_stays_off_where_device_pointers_go_to_mpi(env):
-    """A CUDA-aware MPI maps its peers' GPU buffers with CUDA IPC itself (and CUDA refuses
-    a second open of a handle): with the setting ipc, the transport is mpi there, and the
-    route is off; told that MPI takes no device pointers, ipc is on."""
+    """A CUDA-aware MPI maps its peers' GPU buffers with CUDA IPC itself (and CUDA keeps one
+    mapping of a handle per process, which the two would share): with the setting ipc, the
+    transport is mpi there, and the route is off; told that MPI takes no device pointers,
+    ipc is on."""
     sm.config.update(gpu_transport="ipc", cuda_aware=True)
     assert select.gpu_transport().name == "mpi" and not route.ENABLED
     assert "stays off" in sm.comm.info()["gpu_transport_reason"]
