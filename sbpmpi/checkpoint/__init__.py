@@ -27,8 +27,10 @@ directory.
 All of them are collective over the world: every rank calls them with the same
 arguments.
 
-Every error is raised on every rank alike and names the file: each I/O step agrees
-across the ranks before the next (:mod:`sbpmpi.comm.file_io`), and a failed save removes
+Every error is raised on every rank alike and names the file: every rank makes its part
+of a file's I/O (its block's bytes, its buffer, its file view) before the file is opened,
+and the ranks agree on everything each did before each collective MPI-IO call
+(:mod:`sbpmpi.comm.file_io`), so that no rank is left inside one; a failed save removes
 what it created. The state index records each file's CRC-32, which ``sm.load_state``
 verifies (``verify=False`` skips it).
 

@@ -64,26 +64,20 @@ def write_tensor(x: GlobalTensor, path: str, what: str = "sm.save", crc32: bool 
     y = _reduced(x)
     layout = y.layout
     me = get_rank()
-    local = None
-    starts: Sequence[int] = ()
-    error: Exception | None = None
-    try:
-        if _writes(layout, me):
-            ranges = layout.local_ranges(me)
-            assert ranges is not None
-            starts = [a for a, _ in ranges]
-            local = np.asarray(backend.asnumpy(y.to_local()))
-    except Exception as e:  # a device copy: the ranks agree before the file is opened
-        error = e
-    if y.placement.type != "cpu":  # on the host nothing above can fail on one rank only
-        agreement.raise_if_any(error, f"{what} {path!r}")
-    elif error is not None:
-        raise error
+    writes = _writes(layout, me)
+    ranges = layout.local_ranges(me) if writes else None
+    starts: Sequence[int] = () if ranges is None else [a for a, _ in ranges]
+
+    def block() -> np.ndarray | None:
+        # a device-to-host copy, which can fail on one rank: file_io makes it with the rest
+        # of every rank's part and agrees on them all before the file is opened
+        return np.asarray(backend.asnumpy(y.to_local())) if writes else None
+
     header = npy_header(y.dtype, y.shape)
     crc: list[int] = []
 
     def write(tmp: str) -> None:
-        file_io.write_blocks(tmp, header, local, y.shape, starts, y.dtype,
+        file_io.write_blocks(tmp, header, block, y.shape, starts, y.dtype,
                              what=f"{what} {path!r}")
         if crc32:
             crc.append(checksum.file_crc32(tmp, len(header) + element_count(y.shape)

@@ -10,18 +10,24 @@ move still joins the collective with zero elements.
 Elements are moved as opaque runs of ``itemsize`` bytes: any NumPy dtype works and
 bytes land on disk exactly as in memory.
 
-The ranks fail together. Every step (open, header, view, data, sync, close) ends with
-one small all-reduce on whether it succeeded on every rank
-(:func:`sbpmpi.comm.agreement.raise_if_any`), before any rank goes on to the next
-collective call: a rank whose step failed would otherwise skip a collective that the
-others wait in forever. A failure on any rank then raises, on every rank, the same
-``OSError`` subclass (MPI's errors are turned into ``OSError`` with the matching errno)
-naming the step, the path and the failing rank; the file is closed on every rank that
-holds it, and the datatypes freed, first.
+The ranks fail together. Everything a rank can fail at happens before the collective
+call it feeds, then one agreement, then the call: first each rank makes all it will
+need (the bytes of its block: a device-to-host copy or a contiguous copy of a large shard
+may not fit; the file view's datatypes; rank 0's header), and the ranks agree on that
+before the file is opened; after that, each collective call (open, view, data, sync,
+close) is preceded by one small all-reduce on whether everything since the previous one
+succeeded on every rank, rank 0's header write included
+(:func:`sbpmpi.comm.agreement.raise_if_any`), and one more follows the close. A rank
+whose work failed would otherwise skip a collective that the others wait in forever. A
+failure on any rank then raises, on every rank, the same ``OSError`` subclass (MPI's
+errors are turned into ``OSError`` with the matching errno; a ``MemoryError`` stays one)
+``"<what>: rank R: MPI-IO <step> (<what the step does> '<path>'): <cause>"``; the file is
+closed on every rank that holds it, and the datatypes freed, first.
 
-:func:`set_fault_hook` is the seam of the fault tests: a hook that raises after a step
-on one rank stands for that step failing there (the I/O itself is done, so the
-collective calls all complete as they would on a real failure).
+:func:`set_fault_hook` is the seam of the fault tests: a hook that raises on one rank at
+a step stands for that step failing there: after the step (the I/O itself is done, so the
+collective calls all complete as they would on a real failure), or before its call
+(``"before <step>"``: where the rank makes what the call needs).
 """
 
 from __future__ import annotations
@@ -39,13 +45,23 @@ from .call import call
 from .group import Group
 
 __all__ = ["write_blocks", "read_blocks", "bytes_view", "FaultHook", "set_fault_hook",
-           "fault_point", "STEPS", "STEP_LABEL", "os_error"]
+           "fault_point", "FILE_STEPS", "STEPS", "BEFORE_STEPS", "FAULT_POINTS", "STEP_LABEL",
+           "os_error"]
 
-#: The steps a fault hook sees: those of this module, then the checkpoint's own
-#: (renaming the temporary file into place, writing a state directory's index).
-STEPS = ("open", "header", "view", "data", "sync", "close", "rename", "index")
+#: The MPI-IO steps of a file, in their order (the header: rank 0 alone, when writing).
+FILE_STEPS = ("open", "header", "view", "data", "sync", "close")
+#: The steps a fault hook sees once they are done: those of this module, then the
+#: checkpoint's own (renaming the temporary file into place, writing a state directory's
+#: index).
+STEPS = FILE_STEPS + ("rename", "index")
+#: The points a fault hook sees before each call of this module: where a rank makes what
+#: the call needs (open, header, view, data: before the first agreement), or for a call
+#: that needs nothing made (sync, close), just before the agreement that precedes it.
+BEFORE_STEPS = tuple(f"before {step}" for step in FILE_STEPS)
+#: Every point a fault hook sees.
+FAULT_POINTS = STEPS + BEFORE_STEPS
 
-#: The watch label of the agreement that ends each step.
+#: The watch label of the agreement before each collective call (and after the close).
 STEP_LABEL = "MPI-IO step agreement"
 
 FaultHook = Callable[[str, str], None]
@@ -63,9 +79,11 @@ _ERRNO = {
 
 
 def set_fault_hook(hook: FaultHook | None) -> FaultHook | None:
-    """For fault tests: call ``hook(step, path)`` on each rank after each step of
-    :data:`STEPS` it performs; an exception it raises is that step failing on that rank.
-    None removes it. Returns the hook it replaces."""
+    """For fault tests: call ``hook(point, path)`` on each rank at each point of
+    :data:`FAULT_POINTS` it reaches: after each step of :data:`STEPS` it performs, and
+    before each call of :data:`FILE_STEPS` it makes (``"before <step>"``). An exception it
+    raises is that step failing on that rank. None removes it. Returns the hook it
+    replaces."""
     global _fault_hook
     previous, _fault_hook = _fault_hook, hook
     return previous
@@ -101,7 +119,13 @@ def os_error(e: BaseException) -> BaseException:
 
 
 class _Session:
-    """One collectively opened file: runs each step, then agrees on it across the ranks."""
+    """One collectively opened file: runs each rank's part of its steps and agrees once
+    before each collective call on everything since the previous one.
+
+    ``error`` holds this rank's first failure since the last agreement; a rank that has
+    one does no further work of its own until then, but still enters every watch and
+    every agreement, as the others do.
+    """
 
     def __init__(self, name: str, group: Group | None, path: str, what: str) -> None:
         self.c = call(name, group)
@@ -110,25 +134,48 @@ class _Session:
         self.what = what
         self.fh: Any = MPI.FILE_NULL
         self.types: list[Any] = []
+        self.error: BaseException | None = None
+        self.prepared: set[str] = set()  # steps whose "before" point has been passed
 
-    def step(self, step: str, fn: Callable[[], Any], label: str, mine: bool = True) -> None:
-        """Run ``fn`` (this rank's part of ``step``), then agree: raise on every rank,
-        after the cleanup, if it failed on any. ``mine``: this rank performs the step
-        (its fault point follows ``fn``)."""
-        error: BaseException | None = None
-        try:
-            # every rank enters the watch, also one with nothing to do: the exit watch
-            # numbers a group's watched calls alike on every rank
-            with watchdog.watch(f"MPI-IO {label} {self.path!r}", self.c.ranks):
-                if mine:
-                    fn()
+    def prepare(self, step: str, label: str, fn: Callable[[], Any] | None = None) -> None:
+        """Make what ``step``'s call needs (``fn``: local work, no MPI-IO call), before the
+        agreement that precedes the first collective call."""
+        self.prepared.add(step)
+        self._attempt(step, f"preparing to {label}", fn, f"before {step}")
+
+    def run(self, step: str, label: str, fn: Callable[[], Any], mine: bool = True,
+            collective: bool = True) -> None:
+        """This rank's part of ``step`` (``mine``: it performs the step): when the step is
+        ``collective``, after the agreement on everything since the previous one (raised on
+        every rank, after the cleanup, if anything failed on any rank)."""
+        if mine and step not in self.prepared:
+            self._attempt(step, f"preparing to {label}", None, f"before {step}")
+        if collective:
+            self.agree()
+        # every rank enters the watch, also one with nothing to do: the exit watch
+        # numbers a group's watched calls alike on every rank
+        with watchdog.watch(f"MPI-IO {label} {self.path!r}", self.c.ranks):
             if mine:
-                fault_point(step, self.path)
-        except Exception as e:
-            error = os_error(e)
+                self._attempt(step, label, fn, step)
+
+    def _attempt(self, step: str, label: str, fn: Callable[[], Any] | None, point: str) -> None:
+        """Run ``fn`` then the fault point ``point``, unless an earlier part failed here;
+        keep a failure, named ``MPI-IO <step> (<label> '<path>')``, for the agreement."""
+        if self.error is not None:
+            return
         try:
-            agreement.raise_if_any(error, f"{self.what}: MPI-IO {step} ({label} "
-                                          f"{self.path!r})", self.group, label=STEP_LABEL)
+            if fn is not None:
+                fn()
+            fault_point(point, self.path)
+        except Exception as e:
+            self.error = _labelled(os_error(e), f"MPI-IO {step} ({label} {self.path!r})")
+
+    def agree(self) -> None:
+        """Collective: raise on every rank, after the cleanup, if any rank failed since the
+        previous agreement."""
+        error, self.error = self.error, None
+        try:
+            agreement.raise_if_any(error, self.what, self.group, label=STEP_LABEL)
         except Exception:
             self.cleanup()
             raise
@@ -144,6 +191,15 @@ class _Session:
                 pass
         _free(*self.types)
         self.types.clear()
+
+
+def _labelled(e: BaseException, text: str) -> BaseException:
+    """An error of ``e``'s type (where one can be built from a message) saying
+    ``"<text>: <e>"``, caused by ``e``: what the other ranks will raise names the step."""
+    cause = str(e) or type(e).__name__  # a bare MemoryError() says nothing
+    out = agreement.build_error(type(e).__module__, type(e).__qualname__, f"{text}: {cause}")
+    out.__cause__ = e
+    return out
 
 
 def _types(itemsize: int, global_shape: Sequence[int], local_shape: Sequence[int],
@@ -187,7 +243,8 @@ def bytes_view(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, order="A").view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
-def write_blocks(path: str, header: bytes, local: np.ndarray | None,
+def write_blocks(path: str, header: bytes,
+                 local: np.ndarray | Callable[[], np.ndarray | None] | None,
                  global_shape: Sequence[int], starts: Sequence[int], dtype: Any,
                  group: Group | None = None, what: str = "write") -> None:
     """Collective: write ``header`` then each rank's block of a C-order array to ``path``.
@@ -198,8 +255,10 @@ def write_blocks(path: str, header: bytes, local: np.ndarray | None,
         A new file (an existing one is overwritten but not truncated).
     header : bytes
         Written by the group's first rank at offset 0 (other ranks' headers are ignored).
-    local : ndarray or None
-        This rank's block (host memory); None or empty to write nothing.
+    local : ndarray, callable or None
+        This rank's block (host memory), or a function that makes it (a device-to-host
+        copy, say: it runs with the rest of the preparation, so that its failure on one
+        rank is agreed on like theirs); None or empty to write nothing.
     global_shape, starts : sequence of int
         The whole array's shape and where ``local`` starts in it.
     dtype : numpy dtype
@@ -213,34 +272,59 @@ def write_blocks(path: str, header: bytes, local: np.ndarray | None,
     ------
     OSError
         On every rank of the group alike (the type of the lowest failing rank), when a
-        step fails on any: ``"<what>: MPI-IO <step> of '<path>': rank R: <cause>"``.
+        step fails on any: ``"<what>: rank R: MPI-IO <step> (<label> '<path>'): <cause>"``.
+        A failure to make a rank's part (``MemoryError``, a block of the wrong dtype)
+        raises the same way, before the file is opened.
     """
     dt = np.dtype(dtype)
-    if local is None:
-        local = np.empty((0,) * max(len(global_shape), 1), dtype=dt)
-    local = _c_order(local)
-    if local.dtype != dt:
-        raise TypeError(f"block dtype {local.dtype} differs from the file dtype {dt}")
     nbytes = _count(global_shape) * dt.itemsize
     s = _Session("write_blocks", group, path, what)
+    root = s.c.comm.Get_rank() == 0
+    head = np.empty(0, np.uint8)
+    data = np.empty(0, np.uint8)
+    count = 0
+    shape: tuple[int, ...] = ()  # the block's, once made
     amode = MPI.MODE_WRONLY | MPI.MODE_CREATE
+
+    def make_header() -> None:
+        nonlocal head
+        head = np.frombuffer(header, dtype=np.uint8)
+
+    def make_types() -> None:
+        s.types += _types(dt.itemsize, global_shape, shape, starts, False)
+
+    def make_block() -> None:
+        nonlocal data, count, shape
+        block = local() if callable(local) else local
+        if block is None:
+            block = np.empty((0,) * max(len(global_shape), 1), dtype=dt)
+        block = _c_order(block)  # a copy when it is not C-contiguous: may not fit
+        if block.dtype != dt:
+            raise TypeError(f"block dtype {block.dtype} differs from the file dtype {dt}")
+        shape = block.shape
+        data, count = bytes_view(block), block.size
+
+    s.prepare("open", "open for writing")
+    if root:
+        s.prepare("header", "write the header of", make_header)
+    if nbytes:
+        s.prepare("data", "write", make_block)  # the block's shape feeds the view
+        s.prepare("view", "set the view of", make_types)
 
     def open_() -> None:
         s.fh = MPI.File.Open(s.c.comm, path, amode)
 
-    s.step("open", open_, "open for writing")
-    s.step("header", lambda: s.fh.Write_at(0, np.frombuffer(header, dtype=np.uint8)),
-           "write the header of", mine=s.c.comm.Get_rank() == 0)
+    s.run("open", "open for writing", open_)
+    # rank 0 alone, independent: agreed on together with the open, before the view
+    s.run("header", "write the header of", lambda: s.fh.Write_at(0, head), mine=root,
+          collective=False)
     if nbytes:
-        def view() -> None:
-            s.types += _types(dt.itemsize, global_shape, local.shape, starts, False)
-            s.fh.Set_view(len(header), s.types[0], s.types[1])
-
-        s.step("view", view, "set the view of")
-        s.step("data", lambda: s.fh.Write_at_all(0, [bytes_view(local), local.size,
-                                                     s.types[0]]), "write")
-    s.step("sync", lambda: s.fh.Sync(), "sync")
-    s.step("close", lambda: s.fh.Close(), "close")
+        s.run("view", "set the view of", lambda: s.fh.Set_view(len(header), s.types[0],
+                                                               s.types[1]))
+        s.run("data", "write", lambda: s.fh.Write_at_all(0, [data, count, s.types[0]]))
+    s.run("sync", "sync", lambda: s.fh.Sync())
+    s.run("close", "close", lambda: s.fh.Close())
+    s.agree()
     _free(*s.types)
 
 
@@ -252,36 +336,50 @@ def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
 
     ``starts`` None (or an empty ``local_shape``) reads nothing: the rank only joins the
     collective. Returns a C-contiguous array of ``local_shape`` and ``dtype``. Errors
-    are raised on every rank alike, as by :func:`write_blocks`.
+    are raised on every rank alike, as by :func:`write_blocks`; the buffer the block is
+    read into is allocated before the file is opened, and a failure there (a
+    ``MemoryError``) is agreed on in the same way.
     """
     dt = np.dtype(dtype)
     lshape = tuple(int(n) for n in local_shape)
     count = _count(lshape) if starts is not None else 0
-    buf = np.empty(lshape if count else (0,), dtype=dt, order="F" if fortran_order else "C")
     total = _count(global_shape)
     s = _Session("read_blocks", group, path, what)
+    buf = np.empty(0, dtype=dt)
+    data = np.empty(0, np.uint8)
+
+    def make_buffer() -> None:
+        nonlocal buf, data
+        buf = np.empty(lshape if count else (0,), dtype=dt,
+                       order="F" if fortran_order else "C")
+        data = bytes_view(buf)
+
+    def make_types() -> None:
+        s.types += _types(dt.itemsize, global_shape, lshape if count else (0,),
+                          starts or (), fortran_order)
 
     def open_() -> None:
         s.fh = MPI.File.Open(s.c.comm, path, MPI.MODE_RDONLY)
 
-    s.step("open", open_, "open for reading")
+    def read() -> None:
+        status = MPI.Status()
+        s.fh.Read_at_all(0, [data, count, s.types[0]], status)
+        got = status.Get_count(s.types[0])
+        if got != count:
+            raise OSError(errno.EIO, f"read {got} of {count} elements: the file is "
+                                     f"shorter than its header says")
+
+    s.prepare("open", "open for reading")
     if total:
-        def view() -> None:
-            s.types += _types(dt.itemsize, global_shape, lshape if count else (0,),
-                              starts or (), fortran_order)
-            s.fh.Set_view(int(offset), s.types[0], s.types[1])
-
-        def data() -> None:
-            status = MPI.Status()
-            s.fh.Read_at_all(0, [bytes_view(buf), count, s.types[0]], status)
-            got = status.Get_count(s.types[0])
-            if got != count:
-                raise OSError(errno.EIO, f"read {got} of {count} elements: the file is "
-                                         f"shorter than its header says")
-
-        s.step("view", view, "set the view of")
-        s.step("data", data, "read")
-    s.step("close", lambda: s.fh.Close(), "close")
+        s.prepare("view", "set the view of", make_types)
+        s.prepare("data", "read", make_buffer)
+    s.run("open", "open for reading", open_)
+    if total:
+        s.run("view", "set the view of", lambda: s.fh.Set_view(int(offset), s.types[0],
+                                                               s.types[1]))
+        s.run("data", "read", read)
+    s.run("close", "close", lambda: s.fh.Close())
+    s.agree()
     _free(*s.types)
     if not count:
         return np.empty(lshape, dtype=dt)

@@ -1,10 +1,11 @@
 """Checkpoints where jobs meet the world: I/O that fails on one rank, odd and damaged files.
 
 Serial tests run the fault programs (tests/fault_programs/io_faults.py) under their own
-mpiexec at n = 2 and 3, with a time limit and the default settings: a write failing on
-one rank at each I/O step (through file_io's fault hook), a real one (RLIMIT_FSIZE: a
-write past the limit fails with EFBIG, as on a full disk), a FIFO at the load path, and
-files of zero-size dtypes. MPI tests (n = 1..4) check the state directory's defences:
+mpiexec at n = 2 and 3, with a time limit and the default settings: a save or a load
+failing on one rank after each I/O step and before each MPI-IO call (through file_io's
+fault hook), a rank that cannot make its block's bytes (a MemoryError), a real fault
+(RLIMIT_FSIZE: a write past the limit fails with EFBIG, as on a full disk), a FIFO at
+the load path, and files of zero-size dtypes. MPI tests (n = 1..4) check the state directory's defences:
 damaged indexes, permission bits, a failed index write, load errors that name the file,
 and the CRC-32 of each tensor file.
 """
@@ -58,26 +59,66 @@ def leftovers(root) -> list[str]:
     return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files if TMP_TAG in f]
 
 
-# -- one rank's write fails at each step (fault hook) ---------------------------------------------
+# -- one rank fails at each step, or before each call (fault hook) -------------------------------
+
+FILE_STEPS = ("open", "header", "view", "data", "sync", "close")  # a write's MPI-IO steps
+READ_STEPS = ("open", "view", "data", "close")  # those of sm.load
+BEFORE = tuple(f"before {step}" for step in FILE_STEPS)  # the points before each call
+
 
 @needs_mpiexec
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_write_failing_on_one_rank_at_any_step_fails_on_every_rank(tmp_path, n):
-    res = run_mpi(n, "io_faults.py", "inject", str(tmp_path), timeout=240)
+@pytest.mark.parametrize("points", ["after", "before"])
+def test_a_rank_failing_at_any_step_fails_on_every_rank(tmp_path, n, points):
+    """``after``: a step fails on one rank once done (the I/O itself completed).
+    ``before``: a rank fails before a collective call (making its buffer, its view's
+    datatypes; before the sync and the close: just before their agreement): the others
+    went on into the call and waited there for ever (the hook had no such point; the
+    job hung with the failure while making the buffer of ``Write_at_all``)."""
+    group = file_io.STEPS if points == "after" else BEFORE
+    res = run_mpi(n, "io_faults.py", "inject", str(tmp_path), *group, timeout=240)
     assert res.rc == 0, res
-    for step in file_io.STEPS:
-        who = 0 if step in ("header", "rename", "index") else n - 1
-        for call in ("sm.save", "sm.save_state"):
-            if step == "index" and call == "sm.save":
-                continue
+    for step in group:
+        base = step.removeprefix("before ")
+        who = 0 if base in ("header", "rename", "index") else n - 1
+        calls = [c for c, skip in (("sm.save", base == "index"), ("sm.save_state", False),
+                                   ("sm.load", base not in READ_STEPS)) if not skip]
+        for call in calls:
             err = one_error(res, n, call, step)
             assert err["type"] == "OSError", err  # ENOSPC: the same subclass everywhere
-            target = tmp_path / step / ("x.npy" if call == "sm.save" else "state")
+            name = {"sm.save": "x.npy", "sm.load": "x.npy"}.get(call, "state")
+            target = tmp_path / step.replace(" ", "-") / name
             assert err["message"].startswith(f"{call} '{target}"), err
             assert f"rank {who}: " in err["message"], err
+            if base in FILE_STEPS:
+                assert f": MPI-IO {base} (" in err["message"], err
             assert f"injected at {step}: No space left on device" in err["message"], err
         for r in range(n):  # the previous files, byte for byte, and they load
             assert f"INTACT rank {r} step {step}" in res.out, res
+    assert leftovers(tmp_path) == []
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_cannot_make_its_block_fails_on_every_rank(tmp_path, n):
+    """Rank 1 cannot make the bytes of its block (``MemoryError``: the contiguous copy of
+    a large shard, the buffer a load reads into) while the others can: they went on
+    into Write_at_all / Read_at_all and the job hung (at n = 3 for ever; here until the
+    time limit), leaving the temporary file behind."""
+    res = run_mpi(n, "io_faults.py", "prepare", str(tmp_path), timeout=90)
+    assert res.rc == 0, res
+    d = tmp_path / "prepare"
+    for call, target, verb in (("sm.save", d / "x.npy", "write"),
+                               ("sm.save_state", d / "state", "write"),
+                               ("sm.load", d / "x.npy", "read")):
+        err = one_error(res, n, call, "prepare")
+        assert err["type"] == "MemoryError", err
+        assert err["message"].startswith(f"{call} '{target}"), err
+        assert f"rank 1: MPI-IO data (preparing to {verb} '" in err["message"], err
+        nbytes = (n + 1) * (6 // n) * 8  # rank 1's columns of the (n + 1, 6) float64 "w"
+        assert err["message"].endswith(f"simulated: cannot allocate {nbytes} bytes for the "
+                                       f"block"), err
+    assert all(f"INTACT rank {r} step prepare" in res.out for r in range(n)), res
     assert leftovers(tmp_path) == []
 
 
@@ -94,7 +135,7 @@ def test_a_real_write_error_on_rank_0_fails_on_every_rank(tmp_path, n, where):
     err = one_error(res, n, "sm.save", f"fsize-{where}")
     assert err["type"] == "OSError" and "File too large" in err["message"], err
     assert err["message"].startswith(f"sm.save '{tmp_path / 'x.npy'}'"), err
-    assert f"MPI-IO {where} (" in err["message"] and "rank 0: [Errno 27]" in err["message"]
+    assert f"rank 0: MPI-IO {where} (" in err["message"] and "[Errno 27]" in err["message"]
     assert all(f"INTACT rank {r} step fsize-{where}" in res.out for r in range(n)), res
     assert sorted(os.listdir(tmp_path)) == ["x.npy"]
 
@@ -344,7 +385,7 @@ def test_mpi_io_errors_reach_users_as_os_errors(shared_dir):
     got = errors_of(lambda: file_io.write_blocks(path, b"", np.zeros(3), (3 * size,),
                                                  (3 * rank,), np.float64, what="test"))
     assert got[0] == "FileNotFoundError", got
-    assert got[1].startswith(f"test: MPI-IO open (open for writing {path!r}): rank 0: "), got
+    assert got[1].startswith(f"test: rank 0: MPI-IO open (open for writing {path!r}): "), got
     assert "(MPI error class" in got[1], got
 
 

@@ -326,10 +326,15 @@ def test_one_exchange_per_decision(shared_dir, monkeypatch, checked_and_watched)
     per tensor (the third: verifying the CRC-32; there were 11 and 8: each tensor checked
     the arguments the state call had checked already).
 
-    Besides these, every MPI-IO step ends with one 16-byte all-reduce on whether it
-    succeeded everywhere (file_io.STEP_LABEL), so that a rank whose step failed never
-    leaves the others in the next collective: 6 per file written (open, header, view,
-    data, sync, close), 4 per file read (open, view, data, close)."""
+    Besides these, every MPI-IO call is preceded by one 16-byte all-reduce on whether
+    everything since the previous one succeeded everywhere (file_io.STEP_LABEL), and one
+    follows the close, so that a rank whose part failed never leaves the others in the
+    next collective: 6 per file written (before the open: every rank's block, view and
+    header made; before the view: the open and the header; before the data, the sync and
+    the close; after the close), 5 per file read (before the open: every rank's buffer
+    and view made; before the view, the data, the close; after the close; there were 4:
+    nothing before the open, and a rank that could not make its buffer hung the
+    others)."""
     pl = sm.placement("cpu", list(range(size)))
     x = sm.tensor(np.arange(4.0 * size).reshape(2 * size, 2), placement=pl, sbp=sm.sbp.split(0))
     b = sm.tensor(np.arange(5), placement=pl, sbp=sm.sbp.broadcast)
@@ -344,12 +349,12 @@ def test_one_exchange_per_decision(shared_dir, monkeypatch, checked_and_watched)
         return len(got), got
 
     assert count(lambda: checkpoint.save(x, path), 6)[0] == 4
-    assert count(lambda: checkpoint.load(path, placement=pl, sbp=sm.sbp.broadcast), 4)[0] == 3
+    assert count(lambda: checkpoint.load(path, placement=pl, sbp=sm.sbp.broadcast), 5)[0] == 3
     state = os.path.join(shared_dir, "state")
     n, labels = count(lambda: checkpoint.save_state({"x": x, "b": b}, state), 6 * 2)
     assert n == 3 + 4 * 2 and labels.count("consistency check before sm.save_state") == 1, labels
     assert "consistency check before sm.save" not in labels, labels
-    n, labels = count(lambda: checkpoint.load_state(state), 4 * 2)
+    n, labels = count(lambda: checkpoint.load_state(state), 5 * 2)
     assert n == 2 + 3 * 2 and "consistency check before sm.load" not in labels, labels
     with monkeypatch.context() as m:
         m.setattr(file_io, "write_blocks", failing_on_rank_1(file_io.write_blocks))

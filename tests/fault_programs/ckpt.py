@@ -79,15 +79,12 @@ def main() -> None:
         pl = sm.placement("cpu", list(range(size)))
         x = sm.tensor(value(SHAPE, 5), placement=pl, sbp=sm.sbp.split(1))
         if mode == "crash-during":
-            orig = file_io.bytes_view
-
-            def dying(arr: np.ndarray) -> np.ndarray:
-                # called by every rank just before its part of Write_at_all
-                if rank == size - 1:
+            def dying(step: str, path: str) -> None:
+                # right after this rank's part of Write_at_all, before the ranks agree on it
+                if step == "data" and rank == size - 1:
                     os._exit(9)
-                return orig(arr)
 
-            file_io.bytes_view = dying  # type: ignore[assignment]
+            file_io.set_fault_hook(dying)
         else:
             def dying_commit(tmp: str, path: str, mode: int | None = None) -> None:
                 assert os.path.getsize(tmp) > 0

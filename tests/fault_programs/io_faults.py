@@ -1,19 +1,27 @@
 """One rank's checkpoint write fails at one I/O step, under the default settings.
 
     mpiexec -n N python io_faults.py inject DIR [STEP ...]   # the fault hook, each step
+    mpiexec -n N python io_faults.py prepare DIR              # a rank's block copy fails
     mpiexec -n N python io_faults.py fsize DIR WHERE          # a real fault: RLIMIT_FSIZE
     mpiexec -n N python io_faults.py odd DIR CASE             # fifo, fifo-index, dtypes
 
-``inject``: for each step (all of ``file_io.STEPS`` by default) a previous checkpoint is
-saved (``x.npy`` and a state directory of two tensors), then the fault hook
+``inject``: for each fault point (all of ``file_io.FAULT_POINTS`` by default: after each
+step, and ``"before <step>"``, where a rank makes what the step's call needs) a previous
+checkpoint is saved (``x.npy`` and a state directory of two tensors), then the fault hook
 (``file_io.set_fault_hook``, the module's seam for tests) makes the step fail on one rank
 (rank 0 for the steps only it performs: the header, the renames, the index; the last
-rank otherwise), once in ``sm.save`` and once in ``sm.save_state`` (at the second tensor,
-so that the first one's file is already in place). Each rank prints one ``RESULT`` line
-(JSON: the call, the step, the error's type and message, the seconds from the call to
-the raise); then the hook is removed and every rank checks that the directory holds
+rank otherwise), once in ``sm.save``, once in ``sm.save_state`` (at the second tensor,
+so that the first one's file is already in place) and, for the steps of a read (open,
+view, data, close), once in ``sm.load`` of ``x.npy``. Each rank prints one ``RESULT``
+line (JSON: the call, the step, the error's type and message, the seconds from the call
+to the raise); then the hook is removed and every rank checks that the directory holds
 exactly the previous files, byte for byte, and that they load bit-identically
 (``INTACT``).
+
+``prepare``: the same three calls, with rank 1 failing (``MemoryError``) to make the
+bytes of its block (``file_io.bytes_view``, the module's other seam: the contiguous copy
+of a large shard that does not fit) while the others go on to the collective data call;
+that left them inside ``Write_at_all`` / ``Read_at_all`` for ever.
 
 ``fsize``: the same save with no hook, rank 0 limited by ``RLIMIT_FSIZE`` (SIGXFSZ
 ignored, so a write past the limit fails with EFBIG as on a full disk): ``header`` at 0
@@ -48,6 +56,7 @@ from sbpmpi.comm import file_io
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 ONLY_ROOT = ("header", "rename", "index")  # steps only rank 0 performs
+READ_STEPS = ("open", "view", "data", "close")  # the steps of a read (sm.load)
 
 
 def values(salt: float) -> dict[str, np.ndarray]:
@@ -118,11 +127,11 @@ def failing(step: str, who: int, nth: int):
 
 def inject(d0: str, steps: list[str]) -> None:
     for step in steps:
-        inject_one(os.path.join(d0, step), step)
+        inject_one(os.path.join(d0, step.replace(" ", "-")), step)
 
 
-def inject_one(d: str, step: str) -> None:
-    """Save a previous checkpoint in ``d``, fail ``step`` on one rank, check it is intact."""
+def previous(d: str) -> dict[str, str]:
+    """Save the previous checkpoint in the new directory ``d``; its files' digests."""
     if rank == 0:
         os.makedirs(d)
     comm.Barrier()
@@ -130,17 +139,54 @@ def inject_one(d: str, step: str) -> None:
     checkpoint.save_state(tensors(0.0), os.path.join(d, "state"))
     comm.Barrier()
     before = snapshot(d) if rank == 0 else None
-    before = comm.bcast(before, root=0)
-    who = 0 if step in ONLY_ROOT else size - 1
+    return comm.bcast(before, root=0)  # type: ignore[no-any-return]
+
+
+def load_x(d: str) -> sm.GlobalTensor:
+    """``x.npy`` read by every rank: each its own columns."""
+    return checkpoint.load(os.path.join(d, "x.npy"),
+                           placement=sm.placement("cpu", list(range(size))), sbp=sm.sbp.split(1))
+
+
+def inject_one(d: str, step: str) -> None:
+    """Save a previous checkpoint in ``d``, fail ``step`` on one rank, check it is intact."""
+    before = previous(d)
+    base = step.removeprefix("before ")
+    who = 0 if base in ONLY_ROOT else size - 1
     new = tensors(100.0)
-    if step != "index":
+    if base != "index":
         file_io.set_fault_hook(failing(step, who, 1))
         result("sm.save", step, lambda: checkpoint.save(new["w"], os.path.join(d, "x.npy")))
-    file_io.set_fault_hook(failing(step, who, 1 if step == "index" else 2))
+    file_io.set_fault_hook(failing(step, who, 1 if base == "index" else 2))
     result("sm.save_state", step,
            lambda: checkpoint.save_state(new, os.path.join(d, "state")))
+    if base in READ_STEPS:
+        file_io.set_fault_hook(failing(step, who, 1))
+        result("sm.load", step, lambda: load_x(d))
     file_io.set_fault_hook(None)
     check_intact(d, before, step)
+
+
+def prepare(d: str) -> None:
+    """Rank 1 cannot make the bytes of its block (the copy of a large shard, say) in each
+    of sm.save, sm.save_state and sm.load; the others could."""
+    d = os.path.join(d, "prepare")
+    before = previous(d)
+    orig = file_io.bytes_view
+
+    def short_of_memory(a: np.ndarray) -> np.ndarray:
+        if rank == 1:
+            raise MemoryError(f"simulated: cannot allocate {a.nbytes} bytes for the block")
+        return orig(a)
+
+    new = tensors(100.0)
+    file_io.bytes_view = short_of_memory  # type: ignore[assignment]
+    result("sm.save", "prepare", lambda: checkpoint.save(new["w"], os.path.join(d, "x.npy")))
+    result("sm.save_state", "prepare",
+           lambda: checkpoint.save_state(new, os.path.join(d, "state")))
+    result("sm.load", "prepare", lambda: load_x(d))
+    file_io.bytes_view = orig  # type: ignore[assignment]
+    check_intact(d, before, "prepare")
 
 
 def fsize(d: str, where: str) -> None:
@@ -226,7 +272,9 @@ def odd(d: str, case: str) -> None:
 def main() -> None:
     mode, d = sys.argv[1], sys.argv[2]
     if mode == "inject":
-        inject(d, sys.argv[3:] or list(file_io.STEPS))
+        inject(d, sys.argv[3:] or list(file_io.FAULT_POINTS))
+    elif mode == "prepare":
+        prepare(d)
     elif mode == "fsize":
         fsize(d, sys.argv[3])
     elif mode == "odd":
