@@ -22,9 +22,21 @@ def size_text(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError):  # closed
+        return False
+
+
 class Progress:
     """Rank 0's per-tensor report for ``verbose=True``: a line per tensor on stderr, or a
-    tqdm bar (by bytes) when stderr is a terminal and tqdm is installed."""
+    tqdm bar (by bytes) when stderr is a terminal and tqdm is installed.
+
+    The report is best effort: rank 0 alone writes it, so a write that fails (stderr
+    closed or full) turns the report off instead of failing rank 0 alone in the middle
+    of a collective save or load, where the other ranks would wait for it.
+    """
 
     def __init__(self, what: str, total_bytes: int, count: int, on: bool) -> None:
         self.what, self.count, self.done = what, count, 0
@@ -33,7 +45,7 @@ class Progress:
         self.t0 = time.perf_counter()
         if not self.on:
             return
-        if sys.stderr.isatty():
+        if _is_terminal(sys.stderr):
             try:
                 from tqdm import tqdm
 
@@ -42,8 +54,13 @@ class Progress:
             except ImportError:
                 self.bar = None
         if self.bar is None:
-            print(f"{what}: {count} tensor(s), {size_text(total_bytes)}", file=sys.stderr,
-                  flush=True)
+            self._say(f"{what}: {count} tensor(s), {size_text(total_bytes)}")
+
+    def _say(self, line: str) -> None:
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # ValueError: I/O operation on closed file
+            self.on = False
 
     def tensor(self, name: str, shape: Sequence[int], dtype: np.dtype, seconds: float) -> None:
         """One tensor done: ``shape`` of ``dtype`` in ``seconds``."""
@@ -52,19 +69,24 @@ class Progress:
         self.done += 1
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if self.bar is not None:
-            self.bar.set_postfix_str(name, refresh=False)
-            self.bar.update(nbytes)
+            try:
+                self.bar.set_postfix_str(name, refresh=False)
+                self.bar.update(nbytes)
+            except (OSError, ValueError):
+                self.on = False
             return
         rate = f", {nbytes / seconds / 1e6:.0f} MB/s" if seconds > 0 and nbytes else ""
-        print(f"{self.what}: [{self.done}/{self.count}] {name!r} {tuple(shape)} {dtype} "
-              f"{size_text(nbytes)} in {seconds:.2f} s{rate}", file=sys.stderr, flush=True)
+        self._say(f"{self.what}: [{self.done}/{self.count}] {name!r} {tuple(shape)} {dtype} "
+                  f"{size_text(nbytes)} in {seconds:.2f} s{rate}")
 
     def close(self) -> None:
         """All done: close the bar, or print the total time."""
         if not self.on:
             return
         if self.bar is not None:
-            self.bar.close()
+            try:
+                self.bar.close()
+            except (OSError, ValueError):
+                self.on = False
         else:
-            print(f"{self.what}: done in {time.perf_counter() - self.t0:.2f} s", file=sys.stderr,
-                  flush=True)
+            self._say(f"{self.what}: done in {time.perf_counter() - self.t0:.2f} s")

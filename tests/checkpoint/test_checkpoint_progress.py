@@ -84,3 +84,22 @@ def test_progress_bar_when_stderr_is_a_terminal(monkeypatch):
     assert p.bar.n == 1000
     p.close()
     assert "sm.save_state d" in out.getvalue()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_closed_stderr_on_rank_0_does_not_fail_the_save(shared_dir, monkeypatch):
+    """Rank 0 alone writes the report: a write that fails there (stderr closed) must not
+    fail rank 0 alone inside a collective save, where the other ranks would wait for it.
+    The save and the load go on, quietly, and the state round-trips."""
+    import io
+
+    tensors, ref = state()
+    if rank == 0:
+        closed = io.StringIO()
+        closed.close()
+        monkeypatch.setattr(sys, "stderr", closed)
+    checkpoint.save_state(tensors, shared_dir, verbose=True)
+    loaded = checkpoint.load_state(shared_dir, verbose=True)
+    monkeypatch.undo()
+    for name, value in ref.items():
+        np.testing.assert_array_equal(loaded[name].numpy(), value)
