@@ -14,8 +14,8 @@ registry (:mod:`.registry`) makes every door of an op from that row.
 
 Kernels are NumPy's (CuPy's) ufuncs on the local shards; where the array API standard
 fixes a special case NumPy computes otherwise (``+-inf // finite``, complex ``expm1`` and
-``tanh`` at infinities), the kernel gives the standard's value, whichever door the op
-is called by.
+``tanh`` at infinities, complex ``expm1`` of ``-0 + 0j``), the kernel gives the standard's
+value, whichever door the op is called by.
 """
 
 from __future__ import annotations
@@ -258,10 +258,17 @@ def _pos_zero(v: Any) -> Any:
 
 def _expm1(xp: ModuleType, a: Any) -> Any:
     """NumPy's expm1, with the standard's complex special cases (NumPy's complex kernel
-    gives other values for infinite and NaN parts)."""
+    gives other values for infinite and NaN parts, and ``-0 + 0j`` for ``-0 + 0j``,
+    where the standard gives ``+0 + 0j`` for either zero: ``+-0 + 0j`` and, by its
+    conjugate symmetry, ``+-0 - 0j`` give a real part of ``+0``, the imaginary part
+    keeping the sign of the operand's)."""
     out = xp.expm1(a)
     if a.dtype.kind != "c":
         return out
+    zero = xp.empty_like(out)
+    zero.real = 0.0
+    zero.imag = a.imag  # a signed zero where it is used
+    out = xp.where((a.real == 0) & (a.imag == 0), zero, out)
     inf, nan = np.inf, np.nan
     return _complex_cases(xp, a, out, (
         (lambda r, i: (r == inf) & _pos_zero(i), complex(inf, 0.0)),

@@ -7,7 +7,8 @@ split over every rank, uneven at 3 and 4 ranks) for the global run. ``client_pro
 runs both and compares. Imported only by that program (under ``mpiexec``, with
 ``SCIPY_ARRAY_API=1`` set before SciPy's first import).
 
-A case whose global run must raise is listed in :data:`REFUSED` with its reason (and in
+A case whose global run must raise is listed in :data:`REFUSED` with its reason, one
+whose result is NumPy's array by design in :data:`NUMPY_RESULTS` (both in
 docs/array_api.md, "Clients").
 """
 
@@ -35,6 +36,15 @@ class Case(NamedTuple):
 
 #: Cases whose global run raises by design: name -> reason (docs/array_api.md, "Clients").
 REFUSED: dict[str, str] = {}
+
+#: Cases given global arrays whose result is NumPy's array by design (the client converts
+#: with ``np.asarray``: the value gathered on every rank), name -> reason; any other case
+#: given global arrays must return global ones where NumPy's run returns arrays.
+NUMPY_RESULTS: dict[str, str] = {
+    "cluster.contingency_matrix": "scikit-learn has no array-API path for it: np.unique, "
+    "then scipy.sparse.coo_array, which converts its operands with np.asarray (as it does "
+    "PyTorch's tensors), and its toarray()",
+}
 
 R = np.random.default_rng(7)
 N = 7  # rows: uneven shards at 2, 3 and 4 ranks
@@ -132,6 +142,8 @@ def _metrics() -> list[Case]:
                  "sigmoid_kernel", "pairwise_kernels", "pairwise_distances",
                  "pairwise_distances_argmin"):
         add(name, getattr(pw, name), X, Y)
+    import sklearn.metrics.cluster as mc
+    add("cluster.contingency_matrix", mc.contingency_matrix, y_mc, p_mc)
     add("pairwise_distances_argmin_min", pw.pairwise_distances_argmin_min, X, Y)
     for name in ("paired_cosine_distances", "paired_euclidean_distances",
                  "paired_manhattan_distances"):
@@ -320,6 +332,7 @@ def _xpx() -> list[Case]:
     M = R.uniform(-1.0, 1.0, size=(N, 3))
     nanM = M.copy()
     nanM[1, 2] = nanM[4, 0] = np.nan
+    b7 = R.uniform(-1.0, 1.0, size=N)
 
     def add(name: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
         out.append(Case("array-api-extra", name, lambda to: fn(
@@ -361,6 +374,13 @@ def _xpx() -> list[Case]:
     add("at.set", lambda x: xpx.at(x)[1:3].set(5.0), a)
     add("at.add", lambda x: xpx.at(x)[x > 0].add(1.0), a)
     add("at.multiply", lambda x: xpx.at(x, (slice(None), 1)).multiply(2.0), M)
+    add("at.add[mask,v]", lambda x, v: xpx.at(x)[x > 0].add(v[x > 0]), a, b7)
+    add("at.add[mask 2d]", lambda x: xpx.at(x)[x > 0].add(1.0), M)
+    add("at.add[row mask]", lambda x, m: xpx.at(x)[m].add(1.0), M, M[:, 0] > 0)
+    add("lazy_apply[as_numpy]", lambda x: xpx.lazy_apply(
+        lambda v: np.cumsum(v, axis=0), x, as_numpy=True), M)
+    add("lazy_apply[as_numpy,shape]", lambda x: xpx.lazy_apply(
+        lambda v: v.T @ v, x, shape=(3, 3), dtype=x.dtype, as_numpy=True), M)
     add("broadcast_shapes", lambda: xpx.broadcast_shapes((N, 1), (1, 3)))
     out.append(Case("array-api-extra", "tril_indices",
                     lambda to: xpx.tril_indices(4, xp=ns(to))))

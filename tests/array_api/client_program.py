@@ -4,11 +4,11 @@ tensors, compared on every rank.
     SCIPY_ARRAY_API=1 mpiexec -n 3 python tests/array_api/client_program.py [--only TEXT]
 
 Prints one line per case, ``CASE <library> | <name> | <result> | <output kind> | <time>``:
-``ok``
-(NumPy's values), ``refused`` (a case of ``client_cases.REFUSED`` that raised), or
-``FAIL: ...`` (another error, or other values). Exits 1 when any case fails or when the
-ranks disagree on a case's result, after printing ``CLIENTS DONE passed=N refused=N
-failed=N``.
+``ok`` (NumPy's values, in global arrays where the case was given global arrays, unless
+it is one of ``client_cases.NUMPY_RESULTS``), ``refused`` (a case of
+``client_cases.REFUSED`` that raised), or ``FAIL: ...`` (another error, other values, or
+NumPy arrays where global ones were due). Exits 1 when any case fails or when the ranks
+disagree on a case's result, after printing ``CLIENTS DONE passed=N refused=N failed=N``.
 """
 
 from __future__ import annotations
@@ -106,12 +106,18 @@ def run_case(case: client_cases.Case) -> tuple[str, str]:
         warnings.simplefilter("ignore")
         try:
             with sklearn.config_context(array_api_dispatch=False):
-                _, want = plain(case.run(lambda a: np.array(a, copy=True)))
+                want_kind, want = plain(case.run(lambda a: np.array(a, copy=True)))
         except Exception as e:  # the reference itself fails: the case is wrong
             return f"FAIL: NumPy reference raised {type(e).__name__}: {e}", "-"
+        given: list[bool] = []
+
+        def to(a: Any) -> Any:
+            given.append(True)
+            return xp.asarray(a)
+
         try:
             with sklearn.config_context(array_api_dispatch=True):
-                kind, got = plain(case.run(xp.asarray))
+                kind, got = plain(case.run(to))
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             if case.name in client_cases.REFUSED:
@@ -120,6 +126,10 @@ def run_case(case: client_cases.Case) -> tuple[str, str]:
     diff = compare(got, want, case.rtol, case.atol)
     if diff:
         return f"FAIL: {diff}", kind
+    numpy_by_design = case.name in client_cases.NUMPY_RESULTS
+    if given and want_kind != "scalar" and (kind == "numpy") != numpy_by_design:
+        return ("FAIL: listed as a NumPy result but returned global arrays" if numpy_by_design
+                else "FAIL: NumPy arrays returned for global arrays (not a global result)"), kind
     if case.name in client_cases.REFUSED:
         return "FAIL: listed as refused but passed", kind
     return "ok", kind

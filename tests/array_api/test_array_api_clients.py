@@ -5,7 +5,9 @@ NumPy's values, at n = 1..4 (7 rows: uneven splits at 3 and 4 ranks).
 Each size runs ``client_program.py`` under ``mpiexec`` with ``SCIPY_ARRAY_API=1`` (SciPy
 reads it at its first import, so a program of its own), with a time limit. The cases are
 ``client_cases.cases()``; a case whose global run must raise is listed in
-``client_cases.REFUSED`` with its reason (and in docs/array_api.md, "Clients").
+``client_cases.REFUSED`` with its reason, one that returns NumPy's arrays for global ones
+by design in ``client_cases.NUMPY_RESULTS`` (both in docs/array_api.md, "Clients"); any
+other case given global arrays must return global ones.
 """
 
 from __future__ import annotations
