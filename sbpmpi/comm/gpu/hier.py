@@ -22,8 +22,16 @@ The inter-node leg runs as a hook inside the node protocol (:mod:`.ipc`). Before
 exchange the ranks of each cross communicator agree on one error flag, so that a rank
 whose local part failed (a host buffer, a device copy) does not leave its partners on the
 other nodes waiting: they all raise, naming the cause, and the node barriers carry it to
-every rank. MAX and MIN of floats go through :func:`sbpmpi.comm.nan_reduction.nan_safe`,
-as on the flat MPI path: NaN propagates as in NumPy, whatever node holds it. The setting
+every rank. A failure *after* that exchange (the copy back from host memory, the node
+all-gather) reaches the failing node only, through its final barrier; so every call
+closes with one more agreement between nodes (:meth:`Hierarchical.closing`): the node
+protocol's outcome is the same on every rank of a node, and one 8-byte
+``Allreduce(MAX)`` of it over each cross communicator tells every node. Where a node
+failed, one all-gather of the nodes' errors follows and every rank raises the same
+:class:`.ipc.IpcError`, naming each failing node's ranks and causes; else the call
+returns on every rank. MAX and MIN of floats go through
+:func:`sbpmpi.comm.nan_reduction.nan_safe`, as on the flat MPI path: NaN propagates as in
+NumPy, whatever node holds it. The setting
 :data:`sbpmpi.config.ipc_node_size` (``SBPMPI_IPC_NODE_SIZE=k``) splits each node into
 pseudo-nodes of ``k`` ranks, so that one machine exercises this path. A pseudo-node is a
 property of the process, as a machine is: ranks with machine-local ranks ``0..k-1`` form
@@ -38,7 +46,7 @@ of phases (an empty one where it has nothing to copy).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -186,6 +194,38 @@ class Hierarchical:
             causes = "; ".join(c for c in self.cross.allgather(mine) if c)
             raise IpcError(f"the inter-node leg failed on {causes}") from err
 
+    def closing(self, name: str, run: Callable[[], bool]) -> bool:
+        """Collective over the group: ``run`` (the node protocol, with the inter-node leg
+        inside), then one agreement on its outcome across nodes, so that a failure on any
+        rank, in any phase, raises the same error on every rank.
+
+        The node protocol's barriers make its outcome (returned, or the error naming every
+        failing node rank) the same on every rank of a node, the final barrier included; so
+        one 8-byte ``Allreduce(MAX)`` over ``cross``, which holds one rank of every node,
+        tells every rank, each cross communicator in parallel."""
+        err: Exception | None = None
+        done = False
+        try:
+            done = run()
+        except Exception as e:  # the ranks on the other nodes must hear of it
+            err = e
+        flag = np.array([int(err is not None)], dtype=np.int64)
+        self.cross.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)  # >= 2 nodes: see build
+        if flag[0]:
+            raise IpcError(f"{name}: hierarchical CUDA IPC failed on "
+                           f"{self._node_causes(err)}") from err
+        return done
+
+    def _node_causes(self, err: BaseException | None) -> str:
+        """Collective over ``cross``, after the closing agreement reported a failure: each
+        failing node's error (the same on each of its ranks), in the same words on every
+        rank of the group."""
+        mine = "" if err is None else (str(err) if isinstance(err, IpcError)
+                                       else f"{type(err).__name__}: {err}")
+        return "; ".join(
+            f"the node of group ranks {', '.join(map(str, row))}: {c}"
+            for row, c in zip(self.members, self.cross.allgather(mine)) if c)
+
     def all_reduce(self, name: str, offer: Offer, count: int, dtype: np.dtype,
                    op: ReduceOp) -> bool:
         """In place on the offer's ``out`` buffer (``count`` elements)."""
@@ -225,8 +265,8 @@ class Hierarchical:
         sched = S.Schedule(rs.phases + ((),) + ag.phases if count else (), ("out",),
                            rs.tmp_bytes)
         hook_at = len(rs.phases)
-        return self.node.run(name, offer, lambda _: sched, (), dtype, op,
-                             {hook_at: cross_leg} if count else None)
+        return self.closing(name, lambda: self.node.run(
+            name, offer, lambda _: sched, (), dtype, op, {hook_at: cross_leg} if count else None))
 
     def all_gather_v(self, name: str, offer: Offer, nbytes: Sequence[int],
                      displs: Sequence[int]) -> bool:
@@ -269,5 +309,5 @@ class Hierarchical:
             return S.Schedule(((),) + node_moves.phases, ("out",))
 
         # where this rank's cross leg writes (its own displacements), for its node peers
-        return self.node.run(name, offer, make, [displs[r] for r in mine], None, None,
-                             {0: cross_leg})
+        return self.closing(name, lambda: self.node.run(
+            name, offer, make, [displs[r] for r in mine], None, None, {0: cross_leg}))

@@ -737,3 +737,82 @@ def test_a_failure_in_the_last_local_phase_raises_on_every_rank(dev, monkeypatch
                    and "RuntimeError: cudaMemcpyAsync failed (injected)" in msg
                    for kind, msg in got), got
         assert isinstance(t, IpcTransport) and not t.mapped and not dev.opened
+
+
+def _source_of(dev: FakeIpcDevice, ptr: int, staged: list[np.ndarray]) -> str:
+    """Where a copy reads: a node peer's mapping, one of the inter-node leg's pinned host
+    buffers (``staged``), or this rank's own memory (device memory, scratch)."""
+    if any(b <= ptr < b + o.bytes.nbytes for b, o in dev.opened.items()):
+        return "peer"
+    if any(h.ctypes.data <= ptr < h.ctypes.data + h.nbytes for h in staged):
+        return "host"
+    return "own"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", ["peer", "host"])
+@pytest.mark.parametrize("call", ["all_reduce", "all_gather_v"])
+def test_a_failure_after_the_inter_node_leg_raises_on_every_rank(pseudo_nodes, monkeypatch,
+                                                                 call, source):
+    """On the last rank, the first copy into the result after the inter-node exchange fails:
+    the copy back from host memory (``source="host"``) or of a node peer's block in the last
+    node phase (``"peer"``). Every rank of the group, on both nodes, raises the same error,
+    naming the failing node's ranks and the cause (the other node returned)."""
+    from sbpmpi.comm.buffers import PINNED_POOL
+
+    dev, p = pseudo_nodes, size
+    counts = [2 * r + 3 for r in range(p)]  # every block non-empty, uneven
+    displs = [sum(counts[:r]) + r for r in range(p)]
+    n = sum(counts) + p
+    xs = [data(r, 2 * p + 1 if call == "all_reduce" else counts[r], np.float64, 63)
+          for r in range(p)]
+    if call == "all_reduce":
+        want = np.add.reduce(np.stack(xs), axis=0)
+    else:
+        want = np.full(n, -1.0)
+        for r in range(p):
+            want[displs[r]:displs[r] + counts[r]] = xs[r]
+    into = [0, 0]  # the result's device bytes in the current call
+
+    def run() -> np.ndarray:
+        x = dev.array(xs[rank])
+        res = x if call == "all_reduce" else dev.array(np.full(n, -1.0))
+        into[:] = [dev.pointer(res), dev.pointer(res) + res.size * res.dtype.itemsize]
+        if call == "all_reduce":
+            C.all_reduce(x)
+        else:
+            C.all_gather_v(res, x, counts, displs)
+        return res.get()
+
+    np.testing.assert_array_equal(run(), want)  # builds the transport
+    t = route.transports()[C.WORLD.ranks]
+    if not isinstance(t, Hierarchical):  # one (pseudo-)node, or nodes of 2 and 1
+        pytest.skip(f"no hierarchical path at {p} ranks on pseudo-nodes of 2 ({t})")
+    fired: list[int] = []
+    if rank == p - 1:
+        copy, acquire = dev.copy, PINNED_POOL.acquire
+        staged: list[np.ndarray] = []
+
+        def recorded_acquire(nbytes: int) -> np.ndarray:
+            staged.append(acquire(nbytes))
+            return staged[-1]
+
+        def failing_copy(dst: int, src: int, nbytes: int) -> None:
+            if (not fired and into[0] <= dst < into[1]
+                    and _source_of(dev, src, staged) == source):
+                fired.append(src)
+                raise RuntimeError(f"cudaMemcpyAsync from {source} failed (injected)")
+            copy(dst, src, nbytes)
+        monkeypatch.setattr(dev, "copy", failing_copy)
+        monkeypatch.setattr(PINNED_POOL, "acquire", recorded_acquire)
+    got = _raised_everywhere(run)
+    assert world.allgather(bool(fired)) == [False] * (p - 1) + [True]
+    violations = world.allgather(dev.violations)
+    assert not any(violations), violations
+    kind, msg = got[-1]
+    assert kind == "IpcError" and f"the node of group ranks {p - 2}, {p - 1}: " in msg, got
+    assert f"RuntimeError: cudaMemcpyAsync from {source} failed (injected)" in msg, got
+    assert all(g == got[-1] for g in got), got  # the same error on every rank
+    assert not t.mapped and not dev.opened, (t.mapped, dev.opened)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(run(), want)  # the transport still works
