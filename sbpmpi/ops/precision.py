@@ -22,7 +22,8 @@ __all__ = ["FLOAT32_KERNELS", "needs_widening", "widen", "widened"]
 #: on half-width operands.
 FLOAT32_KERNELS: frozenset[str] = frozenset({
     "matmul", "matmul_tn", "matmul_nt",            # dot products
-    "sum", "mean", "var",                          # reductions
+    "sum", "mean", "var", "std", "prod",           # reductions
+    "cumulative_sum", "cumulative_prod",           # running sums and products
     "softmax", "log_softmax", "sum_exp", "softmax_finish",
     "normalize", "normalize_backward",             # layer norm's mean and variance
     "cross_entropy", "cross_entropy_grad", "vocab_stats", "vocab_loss", "vocab_grad",
