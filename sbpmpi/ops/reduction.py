@@ -153,7 +153,8 @@ class _Mean(GlobalOp):
         if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
-        if isinstance(x, GlobalTensor) and is_half(x.dtype):
+        if isinstance(x, GlobalTensor) and is_half(x.dtype) \
+                and any(isinstance(s, Split) for s in x.sbp):  # else: no build here
             call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
             axes = tuple(d for m in call.dims["r"] if (d := m.inputs[0]) is not None)
             if _splits_any(x, axes):
