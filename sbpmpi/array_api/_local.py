@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import float32, is_half
 from ..ops import OpCall, run_call
 from ..ops.call import shape_of, tensor_arg
 from ..ops.elementwise import broadcast_matches
@@ -46,6 +47,8 @@ def run_local(name: str, operands: Sequence[Any], kernel: Callable[..., Any],
             res = xp.asarray(kernel(xp, *local))
             if res.shape != shape:  # a kernel may leave broadcasting to the output to here
                 res = xp.broadcast_to(res, shape)
+            if is_half(dtype) and res.dtype == float32:
+                return res  # computed from widened operands: local_result rounds it once
             return res.astype(dtype, copy=True)
 
     call = OpCall(name, ops_, _table(len(ops_)), {"d": carried}, tuple(out_shape),

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..core.dtypes import accumulation_dtype, is_floating
 from ..tensor import GlobalTensor
 from ._dtypes import dtype_arg
 from ._local import array_arg, axis_op, norm_axes
@@ -34,6 +35,11 @@ def _accumulator(name: str, x: GlobalTensor, dtype: Any) -> np.dtype:
     if k == "u":
         return np.dtype(np.uint64)
     return x.dtype
+
+
+def _floating_or_complex(dt: np.dtype) -> bool:
+    """Whether ``dt`` is floating (bfloat16 included: sbpmpi's half width) or complex."""
+    return dt.kind == "c" or is_floating(dt)
 
 
 def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool
@@ -71,14 +77,15 @@ def prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
     """Product over ``axis``; integers multiply in (u)int64 by default."""
     array_arg("prod", x)
     acc = _accumulator("prod", x, dtype)
+    work = accumulation_dtype(acc)  # float32 for a half-width result, rounded once
     return _numpy_reduction("prod", x, axis, keepdims, acc,
-                            lambda xp, a, ax, k: xp.prod(a, axis=ax, keepdims=k, dtype=acc))
+                            lambda xp, a, ax, k: xp.prod(a, axis=ax, keepdims=k, dtype=work))
 
 
 def mean(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False) -> GlobalTensor:
     """Arithmetic mean over ``axis`` (floating dtypes); NaN over an empty axis."""
     array_arg("mean", x)
-    if x.dtype.kind not in "fc":
+    if not _floating_or_complex(x.dtype):
         raise TypeError(f"mean: x must have a floating dtype, got {x.dtype}")
     axes = norm_axes("mean", axis, x.ndim)
     if math.prod(x.shape[d] for d in axes) == 0:
@@ -90,7 +97,7 @@ def mean(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False) -> Glo
 def _moment(name: str, x: GlobalTensor, axis: Any, correction: Any, keepdims: bool,
             root: bool) -> GlobalTensor:
     array_arg(name, x)
-    if x.dtype.kind not in "fc":
+    if not _floating_or_complex(x.dtype):
         raise TypeError(f"{name}: x must have a floating dtype, got {x.dtype}")
     if isinstance(correction, bool) or not isinstance(correction, (int, float)):
         raise TypeError(f"{name}: correction must be a number, got {correction!r}")
@@ -156,14 +163,15 @@ def _cumulative(name: str, x: GlobalTensor, axis: Any, dtype: Any, include_initi
     acc = _accumulator(name, x, dtype)
     shape = tuple(n + 1 if k == d and include_initial else n for k, n in enumerate(x.shape))
     first = 0 if name == "cumulative_sum" else 1
+    work = accumulation_dtype(acc)  # float32 for a half-width result, rounded once
 
     def kernel(xp: ModuleType, a: Any) -> Any:
         f = xp.cumsum if name == "cumulative_sum" else xp.cumprod
-        out = f(a, axis=d, dtype=acc)
+        out = f(a, axis=d, dtype=work)
         if include_initial:
             pad = list(out.shape)
             pad[d] = 1
-            out = xp.concatenate([xp.full(pad, first, dtype=acc), out], axis=d)
+            out = xp.concatenate([xp.full(pad, first, dtype=work), out], axis=d)
         return out
 
     return axis_op(name, x, (d,), kernel, shape, acc, {k: k for k in range(x.ndim)})

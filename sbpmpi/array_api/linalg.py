@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import ops
+from ..core.dtypes import float32, is_floating, is_half
 from ..linalg import paths, tall
 from ..linalg.paths import explains
 from ..linalg.results import EighResult, QRResult, SlogdetResult, SVDResult
@@ -507,13 +509,18 @@ def vector_norm(x: GlobalTensor, /, *, axis: Any = None, keepdims: bool = False,
     largest magnitude, ``-inf`` the smallest, ``0`` the count of nonzeros, else
     ``sum(|x|**ord)**(1/ord)``; distributed reductions (a split axis sums partials)."""
     _array("vector_norm", x)
-    if x.dtype.kind not in "fc":
+    if x.dtype.kind != "c" and not is_floating(x.dtype):  # bfloat16 included
         raise TypeError(f"linalg.vector_norm: x must have a floating-point dtype, got "
                         f"{x.dtype}")
     if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.number)):
         raise TypeError(f"linalg.vector_norm: ord must be a number, got {ord!r}")
     axes = norm_axes("linalg.vector_norm", axis, x.ndim)
     keep = bool(keepdims)
+    if is_half(x.dtype) and ord not in (0, float("inf"), float("-inf")):
+        # a sum of powers: on x's float32 copy, the norm rounded once to x's dtype (the
+        # ops' astype: the namespace's knows no half-width dtype)
+        wide = vector_norm(ops.astype(x, float32), axis=axes, keepdims=keep, ord=ord)
+        return ops.astype(wide, x.dtype)  # type: ignore[no-any-return]
     mag = abs_(x)
     if ord == float("inf"):
         return _largest(mag, axes, keep)

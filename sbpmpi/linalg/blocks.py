@@ -2,10 +2,12 @@
 
 The kernels hold O(block) memory: on ``"cpu"`` with SciPy, LAPACK's ``geqrf`` and
 ``orgqr`` (``ungqr``) run in place on one Fortran-ordered copy of the block, which then
-holds Q, and :func:`times_in_place` writes ``Q @ W`` back into it row chunk by row chunk;
-the R factor alone (:func:`r_factor`) is made from row chunks stacked under the R of the
-chunks before them, so it never copies the whole block. Without SciPy, and with CuPy on
-``"cuda"``, the backend's ``linalg.qr`` does the work (one more copy of the block).
+holds Q, and :func:`times_in_place` writes ``Q @ W`` back into it row chunk by row chunk
+(without SciPy, NumPy's Householder factorization in a copy of the block, and Q made from
+its reflectors chunk by chunk: two blocks); the R factor alone (:func:`r_factor`) is made
+from row chunks stacked under the R of the chunks before them, so it never copies the
+whole block. With CuPy on ``"cuda"``, the
+backend's ``linalg.qr`` does the work (one more copy of the block).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def qr_block(xp: ModuleType, block: Any, overwrite: bool = False) -> BlockQR:
     rows, n = block.shape
     if rows == 0:
         return BlockQR(xp.zeros((0, 0), dtype=block.dtype), xp.zeros((0, n), dtype=block.dtype))
+    if xp is np and _LAPACK is None and rows >= n:
+        return _numpy_qr(block)
     if _LAPACK is None or xp is not np or rows < n:
         q, r = xp.linalg.qr(block, mode="reduced")
         return BlockQR(q, r)
@@ -69,6 +73,42 @@ def qr_block(xp: ModuleType, block: Any, overwrite: bool = False) -> BlockQR:
     if info != 0:
         raise np.linalg.LinAlgError(f"linalg: LAPACK orgqr failed (info {info})")
     return BlockQR(q, r)
+
+
+def _numpy_qr(block: Any) -> BlockQR:
+    """``qr_block`` with NumPy alone: its Householder factorization (``mode="raw"``: one
+    copy of the block, which holds the reflectors) and Q made from the reflectors row
+    chunk by row chunk, so at most two blocks are held (``mode="reduced"`` holds three:
+    NumPy's LAPACK wrapper copies the factored block again to make Q)."""
+    h_t, tau = np.linalg.qr(block, mode="raw")
+    h = h_t.T  # rows x n: R on and above the diagonal, the reflectors below it
+    n = h.shape[1]
+    r = np.triu(h[:n])
+    return BlockQR(_reflected_identity(h, tau), r)
+
+
+def _reflected_identity(h: Any, tau: Any) -> Any:
+    """``H_0 H_1 ... H_{n-1} [I; 0]`` (rows x n) for the Householder reflectors
+    ``H_j = I - tau_j v_j v_j^H`` stored below the diagonal of ``h`` as LAPACK's ``geqrf``
+    leaves them (``v_j`` is 1 at row j); LAPACK's ``orgqr`` (unblocked), applied backward
+    so that each reflector touches columns j and up only, row chunk by row chunk."""
+    rows, n = h.shape
+    complex_ = h.dtype.kind == "c"
+    q = np.zeros((rows, n), dtype=h.dtype)
+    q[np.arange(n), np.arange(n)] = 1
+    step = _chunk_rows(n, h.dtype.itemsize)
+    for j in range(n - 1, -1, -1):
+        if tau[j] == 0:
+            continue  # H_j is the identity
+        w = q[j, j:].copy()  # v_j^H Q[j:, j:], v_j's leading 1 first
+        for start in range(j + 1, rows, step):
+            v = h[start:start + step, j]
+            w += (np.conj(v) if complex_ else v) @ q[start:start + step, j:]
+        w *= tau[j]
+        q[j, j:] -= w
+        for start in range(j + 1, rows, step):
+            q[start:start + step, j:] -= np.multiply.outer(h[start:start + step, j], w)
+    return q
 
 
 def r_factor(xp: ModuleType, block: Any, extra: Any = None) -> Any:

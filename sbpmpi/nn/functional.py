@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..core.dtypes import is_floating
+from ..core.dtypes import float32, is_floating, is_half
 from ..core.sbp import Partial, Split, broadcast
 from ..creation import arange, rand, tensor
 from ..grad_mode import no_grad
@@ -147,19 +147,27 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
     if not any(isinstance(s, Split) and s.dim == last for s in x.sbp):
         y = ops.normalize(x, eps)
     else:
-        # the moments reduced here rather than left to inference: a partial mean could
-        # also be consumed by making x partial too (free), which would then box
-        # full-size tensors instead of the small moments
-        centered = ops.sub(x, reduced(ops.mean(x, -1, keepdim=True)))
-        var = reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
-        # the reciprocal on the small reduced shape, then a product: a full-size div
-        # costs more forward and three more full-size passes backward
-        y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, eps))))
+        y = _split_row_normalize(x, eps)
     if weight is not None:
         y = ops.mul(y, weight)
     if bias is not None:
         y = ops.add(y, bias)
     return y  # type: ignore[no-any-return]
+
+
+def _split_row_normalize(x: GlobalTensor, eps: float) -> GlobalTensor:
+    """``(x - mean) / sqrt(var + eps)`` over a split last dim, as global ops; a half-width
+    ``x`` on its float32 copy, rounded once (as :func:`sbpmpi.ops.normalize` computes)."""
+    xw = ops.astype(x, float32) if is_half(x.dtype) else x
+    # the moments reduced here rather than left to inference: a partial mean could
+    # also be consumed by making x partial too (free), which would then box
+    # full-size tensors instead of the small moments
+    centered = ops.sub(xw, reduced(ops.mean(xw, -1, keepdim=True)))
+    var = reduced(ops.mean(ops.mul(centered, centered), -1, keepdim=True))
+    # the reciprocal on the small reduced shape, then a product: a full-size div
+    # costs more forward and three more full-size passes backward
+    y = ops.mul(centered, ops.div(1.0, ops.sqrt(ops.add(var, eps))))
+    return y if xw is x else ops.astype(y, x.dtype)
 
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..backend.special import erf as _erf_of
 from ..core.sbp import PARTIALS
 from ..tensor import GlobalTensor
-from .call import OpCall, operand, probe_dtype, shape_of, tensor_arg
+from .call import OpCall, as_dtype, operand, probe_dtype, shape_of, tensor_arg
 from .kernel import with_into, zero_d
 from .op import GlobalOp
 from .signature import S_D, B, DimMatch, Signature
@@ -189,7 +189,7 @@ def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
             a = local[0]
             if cast and a.dtype != dtype:
-                a = a.astype(dtype)
+                a = as_dtype(a, dtype)  # float32 for a half dtype: widened, kept so
             return f(xp, a)
 
         if into is not None:
@@ -197,7 +197,7 @@ def _unary(name: str, table: tuple[Signature, ...], f: Callable[[ModuleType, Any
                             out: Any) -> None:
                 a = local[0]
                 if cast and a.dtype != dtype:
-                    a = a.astype(dtype)
+                    a = as_dtype(a, dtype)
                 into(xp, a, out=out)
 
             with_into(kernel, kernel_into)

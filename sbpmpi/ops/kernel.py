@@ -148,6 +148,13 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
     if widened is None:
         widened = needs_widening(name, args)
     res = xp.asarray(kernel(xp, widen(args) if widened else args, shape))
+    if widened and res.dtype in HALF:
+        # the one rounding to the half dtype is the astype below: a kernel that rounds
+        # its float32 work itself (casting back, or summing into a half-width out) has
+        # accumulated in half width somewhere
+        raise RuntimeError(f"{name}: internal error: its kernel computed a {res.dtype} "
+                           f"result from float32 operands (it must return its float32 "
+                           f"result, rounded once here)")
     into: Into | None = getattr(kernel, "into", None)
     computed = res.dtype
     if res.dtype != dtype:

@@ -6,7 +6,13 @@ layer norm, softmax's normaliser, the log-sum-exp of cross-entropy) loses the va
 kernels of the ops named here get their half-width operands widened to float32 and their
 result rounded once to the op's dtype (:func:`widened`, called by
 :func:`.kernel.local_result` on both the full path and the dispatch fast path), as
-cuBLAS and every mixed-precision stack accumulate.
+cuBLAS and every mixed-precision stack accumulate. Such a kernel computes in the dtype
+its operands come in (``accumulation_dtype`` of the op's: ``call.as_dtype``, a scratch
+``out`` from ``written_into(into, accumulation_dtype(dtype))``) and never casts back to
+the half dtype itself: ``local_result`` rounds once, and refuses a half-width result from
+widened operands as an internal error (a cast back had summed in half width: issue 41).
+Composite forms over a split reduced dim (``mean``, ``var``, layer norm, ``vector_norm``)
+run on a float32 copy and round their total once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ __all__ = ["FLOAT32_KERNELS", "needs_widening", "widen", "widened"]
 #: on half-width operands.
 FLOAT32_KERNELS: frozenset[str] = frozenset({
     "matmul", "matmul_tn", "matmul_nt",            # dot products
-    "sum", "mean", "var",                          # reductions
+    "sum", "mean", "var", "std", "prod",           # reductions
+    "cumulative_sum", "cumulative_prod",           # running sums and products
     "softmax", "log_softmax", "sum_exp", "softmax_finish",
     "normalize", "normalize_backward",             # layer norm's mean and variance
     "cross_entropy", "cross_entropy_grad", "vocab_stats", "vocab_loss", "vocab_grad",

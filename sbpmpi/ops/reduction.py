@@ -15,16 +15,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.dtypes import is_floating
+from ..core.dtypes import accumulation_dtype, float32, is_floating, is_half
 from ..core.reduction import REDUCTIONS, identity_value
 from ..core.sbp import PARTIALS, Broadcast, Partial, Split
 from ..grad_mode import no_grad
 from ..tape import record_op
 from ..tensor import GlobalTensor
-from .call import OpCall, norm_dim, norm_dims, probe_dtype, tensor_arg
+from . import autocast
+from .call import OpCall, as_dtype, norm_dim, norm_dims, probe_dtype, tensor_arg
 from .elementwise import broadcast_matches, mul, sub
 from .kernel import Scratch, with_into, written_into
 from .op import GlobalOp
+from .shape import astype
 from .signature import S_D, AnySplit, B, DimMatch, P, Signature
 
 __all__ = ["SUM", "MEAN", "MAX", "MIN", "VAR", "SOFTMAX", "SUM_EXP", "SOFTMAX_FINISH", "sum_", "mean",
@@ -86,7 +88,8 @@ def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool)
     return ReducedShape(kept, tuple(shape[d] for d in kept), {d: i for i, d in enumerate(kept)})
 
 
-def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
+def _reduction(name: str, table: tuple[Signature, ...], kind: str,
+               op_class: type[GlobalOp] = GlobalOp) -> GlobalOp:
     f = _NUMPY[kind]
 
     def build(x: Any, dim: Any = None, keepdim: bool = False) -> OpCall:
@@ -110,9 +113,11 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
         def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
             a = local[0]
             if kind == "mean":
-                acc = np.float32 if dtype == np.float16 else dtype
+                # float32 for a half-width x (its shard already widened by local_result,
+                # which rounds this once to the op's dtype)
+                acc = accumulation_dtype(dtype)
                 s = xp.sum(a, axis=axes, keepdims=keepdim, dtype=acc)
-                return (s / count).astype(dtype)
+                return s / count
             if kind in _NO_IDENTITY and any(a.shape[d] == 0 for d in axes):
                 # this rank holds none of a split dim: the partial's identity
                 return xp.full(shape, identity_value(kind, dtype), dtype=dtype)
@@ -133,14 +138,41 @@ def _reduction(name: str, table: tuple[Signature, ...], kind: str) -> GlobalOp:
                       labels=("x",))
 
     build.__doc__ = f"Build the OpCall of ``{name}``."
-    return GlobalOp(name, build, table, doc=(
+    return op_class(name, build, table, doc=(
         f"``{name}`` of a global tensor over ``dim`` (an int, a tuple of ints, or None for "
         f"all dims), keeping reduced dims as size 1 when ``keepdim`` (signatures: "
         f"``{name}.table``)."))
 
 
+class _Mean(GlobalOp):
+    """mean: one op; for a half-width ``x`` split along a reduced dim, the mean of its
+    float32 copy rounded once to ``x``'s dtype (the cross-rank sum of the partial means
+    then runs in float32 too, rather than on partials each rounded to the half dtype)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+            args, kwargs = autocast.cast_operands(self.name, args, kwargs)
+        x = args[0] if args else kwargs.get("x")
+        if isinstance(x, GlobalTensor) and is_half(x.dtype) \
+                and any(isinstance(s, Split) for s in x.sbp):  # else: no build here
+            call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
+            axes = tuple(d for m in call.dims["r"] if (d := m.inputs[0]) is not None)
+            if _splits_any(x, axes):
+                keepdim = len(call.out_shape) == x.ndim and bool(axes)
+                with no_grad():
+                    wide = astype(x, float32)
+                    out = astype(super().__call__(wide, axes, keepdim=keepdim), x.dtype)
+                return record_op(self.name, (x,), args, kwargs, out)
+        return super().__call__(*args, **kwargs)
+
+
+def _splits_any(x: GlobalTensor, dims: Sequence[int]) -> bool:
+    """Whether a mesh axis splits ``x`` along one of ``dims``."""
+    return any(isinstance(s, Split) and s.dim in dims for s in x.sbp)
+
+
 sum_ = _reduction("sum", SUM, "sum")
-mean = _reduction("mean", MEAN, "mean")
+mean = _reduction("mean", MEAN, "mean", _Mean)
 max_ = _reduction("max", MAX, "max")
 min_ = _reduction("min", MIN, "min")
 
@@ -194,6 +226,8 @@ class _Var(GlobalOp):
     and leaves the result a partial sum: nothing is gathered)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+            args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, GlobalTensor) and any(not isinstance(s, Broadcast) for s in x.sbp):
             call = self.build(*args, **kwargs)  # checks the arguments alike on every rank
@@ -217,9 +251,14 @@ def _var_params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any
 
 def _composed_var(x: GlobalTensor, axes: tuple[int, ...], keepdim: bool,
                   correction: float) -> GlobalTensor:
+    """var as global ops; a half-width ``x`` on its float32 copy, the result rounded once
+    (its mean rounded to the half dtype would shift every centred value by up to half an
+    ulp of the mean, which can be most of the spread)."""
     count = math.prod(x.shape[d] for d in axes)
-    centred = sub(x, mean(x, axes, keepdim=True))
-    return sum_(mul(centred, centred), axes, keepdim=keepdim) / max(count - correction, 0)
+    xw = astype(x, float32) if is_half(x.dtype) else x
+    centred = sub(xw, mean(xw, axes, keepdim=True))
+    out = sum_(mul(centred, centred), axes, keepdim=keepdim) / max(count - correction, 0)
+    return out if xw is x else astype(out, x.dtype)
 
 
 var = _Var("var", _var, VAR, doc=(
@@ -235,7 +274,9 @@ def _sum_exp(x: Any, m: Any, dim: int) -> OpCall:
     kshape = tuple(1 if k == d else n for k, n in enumerate(x.shape))
     if m.shape != kshape:
         raise ValueError(f"sum_exp: m has shape {m.shape}, expected {kshape}")
-    dtype = x.dtype
+    # float32 for a half-width x: the partial sums of the normaliser travel and are
+    # added up in float32, and softmax_finish rounds its result once
+    dtype = accumulation_dtype(x.dtype)
 
     def kernel(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...]) -> Any:
         a, mx = local
@@ -249,7 +290,7 @@ def _sum_exp(x: Any, m: Any, dim: int) -> OpCall:
 
 sum_exp = GlobalOp("sum_exp", _sum_exp, SUM_EXP, doc=(
     "``sum_exp(x, m, dim)``: ``sum(exp(x - m), dim, keepdim=True)`` for ``m`` of the "
-    "reduced shape (a step of softmax on a split dim)."))
+    "reduced shape (a step of softmax on a split dim; float32 for a half-width ``x``)."))
 
 
 def _softmax_finish(x: Any, m: Any, s: Any, log: bool) -> OpCall:
@@ -291,6 +332,8 @@ class _Softmax(GlobalOp):
         self.log = log
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+            args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         if isinstance(x, GlobalTensor) and isinstance(dim, (int, np.integer)) \
@@ -341,11 +384,10 @@ def _softmax(name: str, log: bool) -> GlobalOp:
         # are bit-identical
         def into(xp: ModuleType, local: Sequence[Any], shape: tuple[int, ...], out: Any,
                  scratch: Scratch) -> None:
-            a = local[0]
-            softmax_into(xp, a if a.dtype == dtype else a.astype(dtype), d, out, scratch,
-                         log)
+            softmax_into(xp, as_dtype(local[0], dtype), d, out, scratch, log)
 
-        kernel = written_into(into, dtype)
+        # a half-width x computes in float32 (rounded once by local_result)
+        kernel = written_into(into, accumulation_dtype(dtype))
 
         dims = {"d": tuple(DimMatch((k,), k) for k in range(x.ndim) if k != d)}
         return OpCall(name, (x,), SOFTMAX, dims, x.shape, dtype, kernel, params=f"dim={dim!r}",

@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi import array_api as xp
+from sbpmpi.linalg import blocks
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -58,6 +59,10 @@ def long_dim_split(t: sm.GlobalTensor, dim: int) -> None:
 @SOME
 @given(case=matrices())
 def test_qr_equals_numpy_up_to_signs_with_orthonormal_q(case):
+    check_qr(case)
+
+
+def check_qr(case):
     value, layout = case
     x = laid_out(value, layout)
     m, n = value.shape
@@ -91,6 +96,10 @@ def test_qr_equals_numpy_up_to_signs_with_orthonormal_q(case):
 @SOME
 @given(case=matrices())
 def test_svd_and_svdvals_equal_numpy_up_to_signs(case):
+    check_svd(case)
+
+
+def check_svd(case):
     value, layout = case
     x = laid_out(value, layout)
     m, n = value.shape
@@ -136,6 +145,47 @@ def test_matrix_rank_and_pinv_of_low_rank_matrices_equal_numpy(case, rank_, rtol
     got = xp.linalg.pinv(x, rtol=rtol)
     close(got, numpy(np.linalg.pinv, value, rcond=tol))
     long_dim_split(got, 1 if m > n else 0)
+
+
+@pytest.mark.mpi(min_size=1)
+@SOME
+@given(case=matrices())
+def test_without_scipy_qr_and_svd_equal_numpy(case):
+    # each block's Q made from NumPy's Householder reflectors (issue 41: two blocks held,
+    # not three)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(blocks, "_LAPACK", None)
+        check_qr(case)
+        check_svd(case)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("lapack", ["scipy", "numpy"])
+def test_a_zero_column_gives_q_times_r_equal_to_the_matrix(lapack):
+    # a zero column makes a reflector with tau = 0 (the identity); Q and R are not
+    # unique there, so the factors are checked by Q R = A and Q^T Q = I
+    value = np.random.default_rng(8).normal(size=(203, 6))
+    value[:, 2] = 0
+    with pytest.MonkeyPatch.context() as mp:
+        if lapack == "numpy":
+            mp.setattr(blocks, "_LAPACK", None)
+        res = xp.linalg.qr(laid_out(value, "rows"))
+        s = xp.linalg.svd(laid_out(value, "rows"), full_matrices=False).S.numpy()
+    q, r = res.Q.numpy(), res.R.numpy()
+
+    def check():
+        np.testing.assert_allclose(q @ r, value, atol=1e-13)
+        assert np.linalg.norm(q.T @ q - np.eye(6), 2) <= 60 * np.finfo(float).eps
+        np.testing.assert_allclose(s, np.linalg.svd(value, compute_uv=False), atol=1e-13)
+
+    agree(check)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_without_scipy_an_ill_conditioned_matrix_keeps_q_orthonormal():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(blocks, "_LAPACK", None)
+        test_an_ill_conditioned_matrix_keeps_q_orthonormal()
 
 
 # -- layouts, agreement, stability, errors -----------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import sbpmpi as sm  # noqa: E402
 from sbpmpi import array_api as xp  # noqa: E402
 from sbpmpi.core.layout import balanced_range  # noqa: E402
+from sbpmpi.linalg import blocks  # noqa: E402
 
 
 def status(field: str) -> int:
@@ -67,9 +68,21 @@ def main() -> None:
         local = (np.abs(x.to_local()[:, 0] * 7).astype(np.int64) % 3)
         return sm.to_global(local, placement=pl, sbp=sm.sbp.split(0))
 
+    def without_scipy(call):
+        """``call`` with each block factored by NumPy's LAPACK (as where SciPy is absent)."""
+        def run(a, b):
+            lapack, blocks._LAPACK = blocks._LAPACK, None
+            try:
+                return call(a, b)
+            finally:
+                blocks._LAPACK = lapack
+        return run
+
     calls = {
         "qr": lambda a, b: xp.linalg.qr(a),
         "svd": lambda a, b: xp.linalg.svd(a, full_matrices=False),
+        "qr(numpy)": without_scipy(lambda a, b: xp.linalg.qr(a)),
+        "svd(numpy)": without_scipy(lambda a, b: xp.linalg.svd(a, full_matrices=False)),
         "svdvals": lambda a, b: xp.linalg.svdvals(a),
         "matrix_norm(2)": lambda a, b: xp.linalg.matrix_norm(a, ord=2),
         "matrix_rank": lambda a, b: xp.linalg.matrix_rank(a),
