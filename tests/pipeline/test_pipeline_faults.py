@@ -35,3 +35,25 @@ def test_with_abort_off_every_rank_reports_the_failed_rank(where):
     assert f"RuntimeError: stage {where} failed on rank {failed}" in res.out, res
     assert res.out.count(f"rank {failed}: reached the end of the program") == 3, res
     assert "should not happen" not in res.out, res
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n, where, check", [(2, "forward", "1"), (2, "forward", "0"),
+                                             (3, "backward", "1"), (3, "backward", "0"),
+                                             (4, "forward", "0")])
+def test_every_rank_prints_the_failed_ranks_cause(n, where, check):
+    """The raising rank's abort tells the others its cause before ``MPI_Abort``: a rank
+    waiting for a transfer (point-to-point, ``SBPMPI_CHECK=0``) or in a check's exchange
+    raises ``PeerAbortedError`` with it, so every rank's output says why the job ended."""
+    res = run_mpi(n, "pipeline_raise.py", where, env={"SBPMPI_CHECK": check}, timeout=60)
+    failed = n - 1 if where == "forward" else 0
+    cause = f"RuntimeError: stage {where} failed on rank {failed}"
+    assert res.rc != 0 and res.seconds < 30, res
+    lines = res.out.splitlines()
+    for r in range(n):
+        assert any(line.startswith(f"sbpmpi: rank {r}: ") and cause in line
+                   for line in lines), (r, res)
+    for r in set(range(n)) - {failed}:
+        assert f"sbpmpi: rank {r}: uncaught PeerAbortedError: rank {failed} is aborting " \
+               f"the job: uncaught {cause}" in res.out, (r, res)
+    assert "should not happen" not in res.out, res
