@@ -17,6 +17,13 @@ The waiting ranks raise it as :class:`~sbpmpi.errors.CollectiveMismatchError`; t
 finished ranks print it and exit with code 1, so the job ends within seconds under
 the default settings.
 
+A rank that aborts the job (:func:`sbpmpi.comm.abort.abort`) sends its cause as an
+"aborted" notice first (:func:`announce_abort`) and waits up to :data:`ANNOUNCE_WAIT`
+seconds for the others to take it: a rank waiting in a check or for a point-to-point
+message raises :class:`~sbpmpi.errors.PeerAbortedError` with that cause, and one
+blocked in an ``sm.comm`` collective has the exit watch print it, so ``MPI_Abort`` does
+not end it without a word.
+
 The notices travel on a duplicate of the world communicator made at ``import sbpmpi``
 (collective), so they never match a user's messages. Every receive names its source:
 one 16-byte receive is posted per peer for the head of its next notice (kind, length),

@@ -150,7 +150,7 @@ class _Schedule:
         """
         if not is_grad_enabled():
             return self._forward_only("step", inputs, target, losses)
-        bounds, split, targets = self._prepare("step", inputs, target, losses)
+        split, targets = self._prepare("step", inputs, target, losses)
         try:
             mb_losses = self._run(split, targets)
         finally:
@@ -179,10 +179,9 @@ class _Schedule:
         return self._forward_only("eval", inputs, target, losses)
 
     def _prepare(self, what: str, inputs: tuple[Any, ...], target: Any,
-                 losses: list[Any] | None
-                 ) -> tuple[list[tuple[int, int]], list[tuple[Any, ...]], list[Any]]:
+                 losses: list[Any] | None) -> tuple[list[tuple[Any, ...]], list[Any]]:
         """Check the arguments of a step (the same on every rank, before any
-        communication); the micro-batches' bounds, inputs and targets."""
+        communication); the micro-batches' inputs and targets."""
         name = f"{type(self).__name__}.{what}"
         if RECORDERS:  # every rank of the capture: the same decision everywhere
             raise GraphBreak(f"sm.graph: {name} at {user_line()} cannot be captured: its "
@@ -213,12 +212,12 @@ class _Schedule:
         split = [split_microbatches(x, bounds) for x in inputs]
         for s in self.stages:
             s.reset()
-        return bounds, [tuple(col) for col in zip(*split)], split_microbatches(target, bounds)
+        return [tuple(col) for col in zip(*split)], split_microbatches(target, bounds)
 
     def _forward_only(self, what: str, inputs: tuple[Any, ...], target: Any,
                       losses: list[Any] | None) -> GlobalTensor:
         """:meth:`eval`: the forwards of the program, the outputs concatenated."""
-        _, split, targets = self._prepare(what, inputs, target, losses)
+        split, targets = self._prepare(what, inputs, target, losses)
         with no_grad():
             outs, mb_losses = self._run_forward(split, targets, losses is not None)
             if losses is not None:
@@ -255,8 +254,8 @@ class _Schedule:
                 else:
                     # a stage whose output needs no gradient (a first stage without
                     # parameters) was sent none: the same metadata on every rank
-                    needs = stage.is_last or stage.output_of(m).requires_grad
-                    g = flight.arrive("B", a, stage) if needs and not stage.is_last else None
+                    g = None if stage.is_last or not stage.output_of(m).requires_grad \
+                        else flight.arrive("B", a, stage)
                     gin = stage.backward_one(m, g)
                     if gin is not None:
                         out_prev = self.stages[a.stage - 1].output_of(m)
