@@ -6,7 +6,8 @@ SPMD program either handles it everywhere or aborts everywhere.
 
 from __future__ import annotations
 
-__all__ = ["SbpmpiError", "CollectiveMismatchError", "CheckpointError", "CopyWriteError"]
+__all__ = ["SbpmpiError", "CollectiveMismatchError", "PeerAbortedError", "CheckpointError",
+           "CopyWriteError"]
 
 
 class SbpmpiError(RuntimeError):
@@ -19,6 +20,12 @@ class CollectiveMismatchError(SbpmpiError):
     Also raised in debug mode (``SBPMPI_DEBUG=1``) when the shards of a broadcast
     mesh axis are not identical.
     """
+
+
+class PeerAbortedError(SbpmpiError):
+    """Another rank is aborting the job (an uncaught exception there): raised on a rank
+    that waits for a message or a check while the abort is under way, with the other
+    rank's cause, so that every rank's output says why the job ended."""
 
 
 class CheckpointError(SbpmpiError, ValueError):

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..comm.agreement import raise_if_any
 from ..comm.trace import Trace, trace
 from ..tensor import GlobalTensor
 
@@ -290,12 +291,14 @@ class StepRecorder:
                 RECORDERS.remove(self)  # type: ignore[arg-type]
                 self._trace = None
         inside = {i for a, b in self.rec.conversions for i in range(a, b)}
-        for i, r in enumerate(t.records):
-            if i not in inside:
-                raise GraphBreak(
-                    f"sm.graph: the step made a {r.op} outside a conversion or a host call "
-                    f"the graph can replay (clip_grad_norm_'s reduction, a ZeRO gather or "
-                    f"a direct sm.comm call): not capturable yet; run this step eagerly")
+        bad = next((r for i, r in enumerate(t.records) if i not in inside), None)
+        mine = None if bad is None else GraphBreak(
+            f"sm.graph: the step made a {bad.op} outside a conversion or a host call the "
+            f"graph can replay (clip_grad_norm_'s reduction, a ZeRO gather or a direct "
+            f"sm.comm call): not capturable yet; run this step eagerly")
+        # a collective or message made on some ranks only (a point-to-point transfer): the
+        # ranks without one must raise too, or they would replay alone
+        raise_if_any(mine, "sm.graph capture", label="sm.graph capture")
 
 
 def _reshaped(fn: Callable[[Any], Any], shape: tuple[int, ...]) -> Callable[[list[Any]], Any]:

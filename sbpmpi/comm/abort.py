@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -99,6 +99,7 @@ def abort(message: str, code: int = 1) -> NoReturn:
             sys.stdout.flush()
         except Exception:
             pass
+        _announce(message)
         # give the launcher's output forwarder a moment: MPI_Abort tears the job down at
         # once, and a message still in its pipe would be lost
         time.sleep(_PAUSE)
@@ -109,6 +110,25 @@ def abort(message: str, code: int = 1) -> NoReturn:
             MPI.COMM_WORLD.Abort(code)
     finally:
         os._exit(code)
+
+
+#: Called with the cause before ``MPI_Abort`` (the exit agreement registers the notice
+#: that tells the other ranks: :func:`.exit_agreement.announce_abort`).
+ANNOUNCERS: list[Callable[[str], None]] = []
+
+
+def _announce(message: str) -> None:
+    """Hand the cause (the message's first line, without its ``sbpmpi: rank R:``) to the
+    :data:`ANNOUNCERS`: ``MPI_Abort`` would otherwise end a rank blocked in a receive
+    without a word."""
+    first = message.split("\n", 1)[0]
+    head = f"sbpmpi: rank {_world()[0]}: "
+    cause = first[len(head):] if first.startswith(head) else first
+    for announce in ANNOUNCERS:
+        try:
+            announce(cause)
+        except Exception:  # noqa: BLE001 - the abort goes on whatever the notice does
+            pass
 
 
 def aborting() -> bool:

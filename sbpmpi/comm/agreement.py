@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, PeerAbortedError
 from . import exit_agreement
 from .group import WORLD, Group
 from .trace import ACTIVE, CommRecord, record_agreement
@@ -160,7 +160,12 @@ def _agree(buf: np.ndarray, what: str, text: str, explain: Callable[[], Any],
     # (SBPMPI_TIMEOUT) needs a watch here
     with watch(f"{CHECK_LABEL} before {what}", ranks, watches_exits=True):
         # non-blocking, so that a peer that reached the end of the program is noticed
-        failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX), ranks, text)
+        try:
+            failed = exit_agreement.wait(comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX),
+                                         ranks, text)
+        except PeerAbortedError:
+            _PAIRS.buf = None  # as below: the exchange may still write into this one
+            raise
         if failed is not None:
             _PAIRS.buf = None  # the unfinished exchange may still write into this one
             raise CollectiveMismatchError(failed)

@@ -17,6 +17,13 @@ The waiting ranks raise it as :class:`~sbpmpi.errors.CollectiveMismatchError`; t
 finished ranks print it and exit with code 1, so the job ends within seconds under
 the default settings.
 
+A rank that aborts the job (:func:`sbpmpi.comm.abort.abort`) sends its cause as an
+"aborted" notice first (:func:`announce_abort`) and waits up to :data:`ANNOUNCE_WAIT`
+seconds for the others to take it: a rank waiting in a check or for a point-to-point
+message raises :class:`~sbpmpi.errors.PeerAbortedError` with that cause, and one
+blocked in an ``sm.comm`` collective has the exit watch print it, so ``MPI_Abort`` does
+not end it without a word.
+
 The notices travel on a duplicate of the world communicator made at ``import sbpmpi``
 (collective), so they never match a user's messages. Every receive names its source:
 one 16-byte receive is posted per peer for the head of its next notice (kind, length),
@@ -43,17 +50,19 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import PeerAbortedError
 from . import abort
 from .mismatch import SAME_CALLS, mismatch_message
 
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
-           "GRACE", "enter", "cannot_meet"]
+           "GRACE", "enter", "cannot_meet", "announce_abort", "aborted_peer",
+           "raise_if_aborted", "ANNOUNCE_WAIT"]
 
 FINISHED_TEXT = "reached the end of the program"
 GRACE = 3.0  # seconds a failing check waits to hear what the other ranks of its group do
 _TAG = 0x5BB1  # the head of a notice: int64 (kind, length of its text)
 _TEXT_TAG = 0x5BB2  # the text of a notice, from the same peer
-_KINDS = ("finished", "stuck", "verdict")  # a notice's kind, by its code in the head
+_KINDS = ("finished", "stuck", "verdict", "aborted")  # a notice's kind, by its code in the head
 
 _comm: Any = None  # the duplicate of the world communicator (None for one process)
 _states: dict[int, str] = {}  # world rank -> what it is doing for good (finished / stuck in X)
@@ -75,6 +84,8 @@ _verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before thi
 # check numbered above the finished rank's count for the group never can.
 _checks: dict[str, int] = {}
 _peer_checks: dict[int, dict[str, int] | None] = {}
+_aborted: dict[int, str] = {}  # world rank -> the cause it is aborting the job with
+ANNOUNCE_WAIT = 2.0  # seconds an aborting rank waits for its peers to receive its cause
 
 
 def init() -> None:
@@ -90,6 +101,7 @@ def init() -> None:
         if p != me:
             _post_head(p)
     atexit.register(_at_exit)
+    abort.ANNOUNCERS.append(announce_abort)
 
 
 def _post_head(peer: int) -> None:
@@ -120,6 +132,8 @@ def _take(src: int, kind: str, text: str) -> None:
     if kind == "verdict":
         if _verdict is None:
             _verdict = text
+    elif kind == "aborted":
+        _aborted.setdefault(src, text)
     elif kind == "finished":
         text, _, counts = text.partition("\0")
         try:
@@ -166,6 +180,48 @@ def poll() -> None:
         return
     with _lock:
         _arrived()
+
+
+def announce_abort(cause: str) -> None:
+    """Tell every other rank that this one is aborting the job with ``cause`` (called by
+    :func:`sbpmpi.comm.abort.abort` before ``MPI_Abort``), and wait up to
+    :data:`ANNOUNCE_WAIT` seconds until each has received it: a rank waiting for a
+    message or a check polls for it and raises :class:`~sbpmpi.errors.PeerAbortedError`
+    with the cause, so its output says why the job ended before ``MPI_Abort`` ends it.
+
+    Nothing is sent by a rank ending with an agreed failure (its peers have the verdict)
+    or aborting because a peer is (the peers have that one's cause).
+    """
+    if _comm is None or _broken:
+        return
+    with _lock:
+        _arrived()
+        if _aborted:
+            return
+        me = _comm.Get_rank()
+        reqs = _notify("aborted", cause, [r for r in range(_comm.Get_size()) if r != me],
+                       synchronous=True)
+    deadline = time.monotonic() + ANNOUNCE_WAIT
+    while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def aborted_peer() -> tuple[int, str] | None:
+    """``(rank, cause)`` of the lowest rank known to be aborting the job, else None."""
+    if not _aborted:
+        return None
+    r = min(_aborted)
+    return r, _aborted[r]
+
+
+def raise_if_aborted(doing: str) -> None:
+    """Raise :class:`~sbpmpi.errors.PeerAbortedError` if a rank's abort notice has come
+    (this rank ``doing`` something that rank will never answer). Call under ``_lock``
+    after :func:`_arrived`, or after :func:`poll`."""
+    if _aborted:
+        r, cause = min(_aborted.items())
+        raise PeerAbortedError(f"rank {r} is aborting the job: {cause} (this rank was "
+                               f"{doing})")
 
 
 def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = False) -> list[Any]:
@@ -265,6 +321,8 @@ def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
     while not request.Test():
         with _lock:
             _arrived()
+        if _aborted:
+            raise_if_aborted(f"in {text}")
         if _states and any(cannot_meet(r, key, seq) for r in ranks):
             if gone_since is None:
                 gone_since = time.monotonic()
@@ -321,6 +379,10 @@ def _at_exit() -> None:
         poll()
         if _verdict is not None:
             _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: {_verdict}")
+        if _aborted:
+            r, cause = min(_aborted.items())
+            _exit_failed(f"sbpmpi: rank {me}: PeerAbortedError: rank {r} is aborting the "
+                         f"job: {cause} (this rank had {FINISHED_TEXT})")
         stuck = [r for r, t in _states.items() if t != FINISHED_TEXT]
         if stuck:  # a peer's check failed because of us; its verdict is on the way
             if stuck_since is None:

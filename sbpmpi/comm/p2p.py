@@ -6,12 +6,14 @@ message travels on the group's communicator.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any
 
 from mpi4py import MPI
 
+from . import exit_agreement
 from .buffers import ArrayMeta, HostStager, array_meta, output_array_meta, stager
 from .call import Call, call
 from .dtypes import dtype_info
@@ -111,7 +113,7 @@ class Work:
                 if self._req is None:
                     self._post_matched(block=True)
                 assert self._req is not None
-                self._req.Wait(status)
+                _wait(self._req, status)
             self._complete(status)
         return True
 
@@ -138,6 +140,28 @@ class Work:
     def __repr__(self) -> str:
         kind = "irecv" if self._recv is not None else "isend"
         return f"<Work {kind} {'done' if self._done else 'pending'}>"
+
+
+def _wait(req: MPI.Request, status: MPI.Status) -> None:
+    """``req.Wait(status)``, polled so that a rank aborting the job meanwhile ends the
+    wait with its cause (:func:`.exit_agreement.raise_if_aborted`: ``PeerAbortedError``)
+    instead of ``MPI_Abort`` ending this rank without a word. Spins as ``MPI_Wait``
+    does, yielding the core after a few tries; the notices are looked at every
+    ``_NOTICE_EVERY`` tries (one ``MPI_Testsome``)."""
+    if not exit_agreement.active():
+        req.Wait(status)
+        return
+    tries = 0
+    while not req.Test(status):
+        tries += 1
+        if tries % _NOTICE_EVERY == 0:
+            exit_agreement.poll()
+            exit_agreement.raise_if_aborted("waiting for a point-to-point message")
+        if tries > 20:
+            os.sched_yield()
+
+
+_NOTICE_EVERY = 16
 
 
 def _prepare(op: str, arr: Any, rank: int | None, tag: Any, group: Group | None,

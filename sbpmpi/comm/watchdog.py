@@ -187,6 +187,9 @@ def _exit_run() -> None:
         if not late:
             continue
         exit_agreement.poll()
+        peer = exit_agreement.aborted_peer()
+        if peer is not None:  # a rank is aborting the job: say why before MPI_Abort comes
+            _fire_aborted(late[0], *peer)
         gone = set(exit_agreement.states())
         me = MPI.COMM_WORLD.Get_rank()
         for w in late:
@@ -208,6 +211,19 @@ def _fire_exit(w: _ExitWatch, peers: tuple[int, ...]) -> None:
     message = exit_agreement.fail(text, peers)
     abort(f"sbpmpi: rank {rank}: CollectiveMismatchError: {message}\nsbpmpi: rank {rank}: "
           f"aborting all {MPI.COMM_WORLD.Get_size()} ranks (MPI_Abort)", 1)
+
+
+def _fire_aborted(w: _ExitWatch, rank: int, cause: str) -> None:
+    """A blocking call that cannot poll, open while rank ``rank`` aborts the job: print
+    that rank's cause as this rank's and abort (the job is ending either way)."""
+    from mpi4py import MPI
+
+    from .abort import abort
+
+    me = MPI.COMM_WORLD.Get_rank()
+    abort(f"sbpmpi: rank {me}: PeerAbortedError: rank {rank} is aborting the job: {cause} "
+          f"(this rank was in {w.op} (sm.comm, waiting on ranks {list(w.peers)}))\n"
+          f"sbpmpi: rank {me}: aborting all {MPI.COMM_WORLD.Get_size()} ranks (MPI_Abort)", 1)
 
 
 def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = None,

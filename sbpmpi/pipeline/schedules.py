@@ -12,19 +12,24 @@ where it is used, so the placements work on different micro-batches at once.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..capture.recorder import GraphBreak, user_line
 from ..comm import trace as comm_trace
 from ..conversion import destination
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import broadcast
-from ..grad_mode import no_grad
+from ..errors import PeerAbortedError
+from ..grad_mode import is_grad_enabled, no_grad
+from ..ops import cat
 from ..runtime.consistency import check_step, conversion_check
+from ..runtime.recording import RECORDERS
 from ..runtime.redistribution import PendingConversion, start_redistribute
 from ..tensor import GlobalTensor
 from .microbatch import batch_size, microbatch_bounds, split_microbatches
@@ -136,38 +141,21 @@ class _Schedule:
         parameter's ``.grad`` in its own layout (zero them first, as in torch). Returns
         that mean, 0-d and broadcast on the whole job's placement; ``losses``, when a
         list, gets each micro-batch's loss (0-d, on the last stage's placement).
+
+        Under ``sm.no_grad()`` the step is forward-only, as :meth:`eval`.
+
+        A step that raises (on every rank alike, as a ``loss_fn`` given a mis-shaped
+        target does) first completes the transfers between stages it started, so that
+        no message is left posted on a buffer it frees and the next step starts clean.
         """
-        name = type(self).__name__
-        if not inputs:
-            raise TypeError(f"{name}.step: needs at least one input")
-        first, last = self.stages[0], self.stages[-1]
-        for i, x in enumerate(inputs):
-            if not isinstance(x, GlobalTensor) or x.placement != first.placement:
-                where = x.placement if isinstance(x, GlobalTensor) else type(x).__name__
-                raise ValueError(f"{name}.step: input {i} must be a GlobalTensor on stage "
-                                 f"0's placement {first.placement}, got {where}")
-        rows = {batch_size(x, f"input {i}") for i, x in enumerate(inputs)}
-        if target is not None:
-            rows.add(batch_size(target, "target"))
-            if isinstance(target, GlobalTensor) and target.placement != last.placement:
-                raise ValueError(f"{name}.step: target must live on the last stage's "
-                                 f"placement {last.placement}, got {target.placement}")
-        if len(rows) != 1:
-            raise ValueError(f"{name}.step: inputs and target must have the same batch "
-                             f"size along dim 0, got {sorted(rows)}")
-        if losses is not None and not isinstance(losses, list):
-            raise TypeError(f"{name}.step: losses must be a list or None, got "
-                            f"{type(losses).__name__}")
-        bounds = microbatch_bounds(rows.pop(), self.n_microbatches)
-        split = [split_microbatches(x, bounds) for x in inputs]
-        targets = split_microbatches(target, bounds)
-        for s in self.stages:
-            s.reset()
+        if not is_grad_enabled():
+            return self._forward_only("step", inputs, target, losses)
+        split, targets = self._prepare("step", inputs, target, losses)
         try:
-            mb_losses = self._run([tuple(col) for col in zip(*split)], targets)
+            mb_losses = self._run(split, targets)
         finally:
             for s in self.stages:
-                s._held.clear()
+                s.release()
         if losses is not None:
             losses.extend(mb_losses)
         with no_grad():
@@ -178,39 +166,187 @@ class _Schedule:
             return mean.to_global(placement=self.job_placement,
                                   sbp=(broadcast,) * self.job_placement.ndim)
 
+    def eval(self, *inputs: Any, target: Any = None,
+             losses: list[Any] | None = None) -> GlobalTensor:
+        """A forward-only step (torch's ``eval``; also ``step`` under ``sm.no_grad()``).
+
+        Runs each micro-batch's forwards in the schedule's order, under ``sm.no_grad()``
+        (nothing is held for a backward, no ``.grad`` changes), and returns the last
+        stage's outputs concatenated along dim 0 (a GlobalTensor on its placement), as
+        torch's ``step`` returns the merged outputs. ``losses``, when a list, gets each
+        micro-batch's ``loss_fn(output, target_m)``; without it ``loss_fn`` is not called.
+        """
+        return self._forward_only("eval", inputs, target, losses)
+
+    def _prepare(self, what: str, inputs: tuple[Any, ...], target: Any,
+                 losses: list[Any] | None) -> tuple[list[tuple[Any, ...]], list[Any]]:
+        """Check the arguments of a step (the same on every rank, before any
+        communication); the micro-batches' inputs and targets."""
+        name = f"{type(self).__name__}.{what}"
+        if RECORDERS:  # every rank of the capture: the same decision everywhere
+            raise GraphBreak(f"sm.graph: {name} at {user_line()} cannot be captured: its "
+                             f"transfers between stages are started and waited for apart "
+                             f"(runtime.start_redistribute), which a graph cannot replay; "
+                             f"call the step outside sm.graph")
+        if not inputs:
+            raise TypeError(f"{name}: needs at least one input")
+        first, last = self.stages[0], self.stages[-1]
+        for i, x in enumerate(inputs):
+            if not isinstance(x, GlobalTensor) or x.placement != first.placement:
+                where = x.placement if isinstance(x, GlobalTensor) else type(x).__name__
+                raise ValueError(f"{name}: input {i} must be a GlobalTensor on stage "
+                                 f"0's placement {first.placement}, got {where}")
+        rows = {batch_size(x, f"input {i}") for i, x in enumerate(inputs)}
+        if target is not None:
+            rows.add(batch_size(target, "target"))
+            if isinstance(target, GlobalTensor) and target.placement != last.placement:
+                raise ValueError(f"{name}: target must live on the last stage's "
+                                 f"placement {last.placement}, got {target.placement}")
+        if len(rows) != 1:
+            raise ValueError(f"{name}: inputs and target must have the same batch "
+                             f"size along dim 0, got {sorted(rows)}")
+        if losses is not None and not isinstance(losses, list):
+            raise TypeError(f"{name}: losses must be a list or None, got "
+                            f"{type(losses).__name__}")
+        bounds = microbatch_bounds(rows.pop(), self.n_microbatches)
+        split = [split_microbatches(x, bounds) for x in inputs]
+        for s in self.stages:
+            s.reset()
+        return [tuple(col) for col in zip(*split)], split_microbatches(target, bounds)
+
+    def _forward_only(self, what: str, inputs: tuple[Any, ...], target: Any,
+                      losses: list[Any] | None) -> GlobalTensor:
+        """:meth:`eval`: the forwards of the program, the outputs concatenated."""
+        split, targets = self._prepare(what, inputs, target, losses)
+        with no_grad():
+            outs, mb_losses = self._run_forward(split, targets, losses is not None)
+            if losses is not None:
+                losses.extend(mb_losses)
+            return outs[0] if len(outs) == 1 else cat(outs, dim=0)
+
+    def _loss(self, out: GlobalTensor, target: Any) -> GlobalTensor:
+        loss = self.loss_fn(out, target)
+        if not isinstance(loss, GlobalTensor) or loss.shape != ():
+            raise TypeError(f"{type(self).__name__}: loss_fn must return a 0-d "
+                            f"GlobalTensor, got {getattr(loss, 'shape', loss)!r}")
+        return loss
+
     def _run(self, inputs: list[tuple[Any, ...]], targets: list[Any]) -> list[GlobalTensor]:
         """Run the program; the micro-batches' losses (detached), in order."""
         scale = 1.0 / self.n_microbatches
-        acts: dict[tuple[int, int], _InFlight] = {}  # (stage, mb) -> its input in flight
-        grads: dict[tuple[int, int], _InFlight] = {}  # (stage, mb) -> its output's grad
+        flight = _Transfers()
         mb_losses: dict[int, GlobalTensor] = {}
-        for a in self.program:
-            stage = self.stages[a.stage]
-            m = a.microbatch
-            if a.kind == "F":
-                args = inputs[m] if a.stage == 0 else (acts.pop((a.stage, m)).wait(stage, m),)
-                out = stage.forward_one(m, args)
+        with flight.settled_on_error():
+            for a in self.program:
+                stage = self.stages[a.stage]
+                m = a.microbatch
+                if a.kind == "F":
+                    args = inputs[m] if a.stage == 0 else (flight.arrive("F", a, stage),)
+                    out = stage.forward_one(m, args)
+                    if stage.is_last:
+                        loss = self._loss(out, targets[m])
+                        stage.hold_root(m, loss * scale)
+                        mb_losses[m] = loss.detach()
+                    else:
+                        nxt = self.stages[a.stage + 1]
+                        flight.start("F", a.stage + 1, m, out.detach(), nxt.placement,
+                                     _input_sbp(out, nxt), stage)
+                else:
+                    # a stage whose output needs no gradient (a first stage without
+                    # parameters) was sent none: the same metadata on every rank
+                    g = None if stage.is_last or not stage.output_of(m).requires_grad \
+                        else flight.arrive("B", a, stage)
+                    gin = stage.backward_one(m, g)
+                    if gin is not None:
+                        out_prev = self.stages[a.stage - 1].output_of(m)
+                        if out_prev.requires_grad:
+                            flight.start("B", a.stage - 1, m, gin, out_prev.placement,
+                                         out_prev.sbp, stage)
+            flight.check_used()
+        return [mb_losses[m] for m in range(len(inputs))]
+
+    def _run_forward(self, inputs: list[tuple[Any, ...]], targets: list[Any],
+                     with_losses: bool) -> tuple[list[GlobalTensor], list[GlobalTensor]]:
+        """The forwards of the program (no_grad): the last stage's outputs and, when
+        ``with_losses``, their losses, per micro-batch in order."""
+        flight = _Transfers()
+        outs: dict[int, GlobalTensor] = {}
+        mb_losses: dict[int, GlobalTensor] = {}
+        with flight.settled_on_error():
+            for a in self.program:
+                if a.kind != "F":
+                    continue
+                stage = self.stages[a.stage]
+                m = a.microbatch
+                args = inputs[m] if a.stage == 0 else (flight.arrive("F", a, stage),)
+                out = stage.forward_only(m, args)
                 if stage.is_last:
-                    loss = self.loss_fn(out, targets[m])
-                    if not isinstance(loss, GlobalTensor) or loss.shape != ():
-                        raise TypeError(f"{type(self).__name__}: loss_fn must return a 0-d "
-                                        f"GlobalTensor, got {getattr(loss, 'shape', loss)!r}")
-                    stage.hold_root(m, loss * scale)
-                    mb_losses[m] = loss.detach()
+                    outs[m] = out
+                    if with_losses:
+                        mb_losses[m] = self._loss(out, targets[m])
                 else:
                     nxt = self.stages[a.stage + 1]
-                    acts[(a.stage + 1, m)] = _send(out.detach(), nxt.placement,
-                                                   _input_sbp(out, nxt), stage, m)
-            else:
-                g = None if stage.is_last else grads.pop((a.stage, m)).wait(stage, m)
-                gin = stage.backward_one(m, g)
-                if gin is not None:
-                    prev = self.stages[a.stage - 1]
-                    out_prev = prev.output_of(m)
-                    grads[(a.stage - 1, m)] = _send(gin, out_prev.placement, out_prev.sbp,
-                                                    stage, m)
-        assert not acts and not grads, "the program left transfers unused"
-        return [mb_losses[m] for m in range(len(inputs))]
+                    flight.start("F", a.stage + 1, m, out, nxt.placement,
+                                 _input_sbp(out, nxt), stage)
+            flight.check_used()
+        order = range(len(inputs))
+        return [outs[m] for m in order], [mb_losses[m] for m in order if m in mb_losses]
+
+
+class _Transfers:
+    """The transfers between stages a step started and has not waited for yet, by
+    direction (``"F"`` activations, ``"B"`` gradients), receiving stage and micro-batch.
+
+    :meth:`settled_on_error`: a step that raises completes every transfer still in flight
+    before the error leaves it. Every rank started the same transfers (the program is
+    the same everywhere), so each posted receive has its send posted and waiting ends;
+    cancelling instead would leave a message whose receive was cancelled (or the other
+    way round) to match a later step's transfer between the same ranks. Until then the
+    transfers hold their buffers: MPI still writes into them.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, int, int], _InFlight] = {}
+
+    def start(self, kind: str, stage: int, microbatch: int, x: GlobalTensor,
+              placement: Placement, sbp: Any, sender: PipelineStage) -> None:
+        self._open[(kind, stage, microbatch)] = _send(x, placement, sbp, sender, microbatch)
+
+    def arrive(self, kind: str, a: Action, stage: PipelineStage) -> GlobalTensor:
+        """The tensor of transfer ``kind`` into ``a``'s stage and micro-batch (waits)."""
+        return self._open.pop((kind, a.stage, a.microbatch)).wait(stage, a.microbatch)
+
+    def check_used(self) -> None:
+        assert not self._open, f"the program left transfers unused: {sorted(self._open)}"
+
+    @contextlib.contextmanager
+    def settled_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self._settle()
+            raise
+
+    def _settle(self) -> None:
+        """Wait for every open transfer (in the order they were started). A peer that
+        aborts the job meanwhile ends the wait: its buffers are kept, the job ends."""
+        while self._open:
+            key = next(iter(self._open))
+            t = self._open[key]
+            try:
+                t.pending.wait()
+            except PeerAbortedError:
+                _UNSETTLED.append(self._open)  # MPI may still write into them
+                self._open = {}
+                raise
+            except Exception:  # noqa: BLE001 - the step's own error is the one to raise
+                pass
+            del self._open[key]
+
+
+# the transfers of a step ended by a peer's abort before they completed: kept alive until
+# the abort ends this process, so that MPI never writes into freed memory
+_UNSETTLED: list[dict[Any, Any]] = []
 
 
 def _input_sbp(out: GlobalTensor, nxt: PipelineStage) -> Any:

@@ -105,6 +105,10 @@ class PipelineStage:
         self.peak_held = 0
         self.peak_held_bytes = 0
 
+    def release(self) -> None:
+        """Forget held micro-batches (the step ended), keeping the peaks."""
+        self._held.clear()
+
     def forward_one(self, microbatch: int, args: tuple[Any, ...]) -> GlobalTensor:
         """The stage's output for one micro-batch; its activations are held for backward.
         A non-first stage's input becomes a leaf whose gradient :meth:`backward_one`
@@ -125,6 +129,17 @@ class PipelineStage:
                                    sum(h.nbytes for h in self._held.values()))
         return out
 
+    def forward_only(self, microbatch: int, args: tuple[Any, ...]) -> GlobalTensor:
+        """The stage's output for one micro-batch of a forward-only step (run under
+        ``sm.no_grad()``): nothing is held."""
+        t0 = time.perf_counter()
+        out = self.module(*args)
+        if not isinstance(out, GlobalTensor):
+            raise TypeError(f"PipelineStage {self.stage_index}: forward must return one "
+                            f"GlobalTensor, got {type(out).__name__}")
+        self._record("forward", microbatch, t0)
+        return out
+
     def hold_root(self, microbatch: int, root: GlobalTensor) -> None:
         """Backward of ``microbatch`` starts from ``root`` (the last stage's scaled loss)."""
         self._held[microbatch].root = root
@@ -134,19 +149,24 @@ class PipelineStage:
 
     def backward_one(self, microbatch: int, gradient: GlobalTensor | None
                      ) -> GlobalTensor | None:
-        """Backward of one micro-batch, from its held loss (``gradient`` None) or from
-        its output with ``gradient``; the parameters' gradients accumulate into their
-        ``.grad``. Returns the gradient of the stage's input (None on the first stage)
-        and forgets the micro-batch."""
+        """Backward of one micro-batch, from its held loss (``gradient`` None on the last
+        stage) or from its output with ``gradient`` (None: its output needs no
+        gradient); the parameters' gradients accumulate into their ``.grad``. Returns
+        the gradient of the stage's input (None on the first stage) and forgets the
+        micro-batch."""
         held = self._held.pop(microbatch)
         t0 = time.perf_counter()
         if gradient is None:
-            if held.root is None:
+            if held.root is None and self.is_last:
                 raise RuntimeError(f"PipelineStage {self.stage_index}: backward of "
                                    f"micro-batch {microbatch} without a gradient or loss")
-            held.root.backward()
+            root = held.root if held.root is not None else held.output
         else:
-            held.output.backward(gradient)
+            root = held.output
+        # nothing to do where nothing needs a gradient (a first stage without parameters
+        # whose inputs do not require grad): its output was sent no gradient
+        if root.requires_grad:
+            root.backward(gradient)
         self._record("backward", microbatch, t0)
         if self.is_first:
             return None

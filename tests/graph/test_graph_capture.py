@@ -10,6 +10,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import errors_of
 from mpi4py import MPI
 
 import sbpmpi as sm
@@ -314,6 +315,28 @@ def test_a_collective_outside_a_conversion_raises():
 
     with pytest.raises(GraphBreak, match="all_reduce outside a conversion"):
         step(_inputs(lay)[0])
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_message_on_some_ranks_breaks_the_capture_on_every_rank():
+    """Ranks 0 and 1 exchange a message in the step, the others make none: every rank
+    raises the same GraphBreak (the ranks without a message would otherwise capture,
+    and a caller falling back to the eager step on the others would hang)."""
+    lay, model, _ = make("dp", "sgd")
+    rank = MPI.COMM_WORLD.Get_rank()
+
+    @sm.graph
+    def step(x):
+        buf = np.ones(3)
+        if rank == 0:
+            sm.comm.send(buf, 1)
+        elif rank == 1:
+            sm.comm.recv(buf, 0)
+        return model(x).sum()
+
+    kind, msg = errors_of(lambda: step(_inputs(lay)[0]))
+    assert kind == "GraphBreak" and "sm.graph capture: rank 0: " in msg, (kind, msg)
+    assert "send outside a conversion" in msg and "recv outside a conversion" in msg, msg
 
 
 @pytest.mark.mpi(min_size=1)

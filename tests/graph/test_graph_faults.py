@@ -23,6 +23,17 @@ def test_a_rank_raising_in_a_replay_ends_the_job():
 
 
 @needs_mpiexec
+def test_every_rank_prints_the_cause():
+    """The other ranks wait in a blocking collective of the replay, which cannot poll:
+    the exit watch's thread sees the raising rank's abort notice and prints its cause."""
+    res = run_mpi(3, "graph_raise.py", timeout=60)
+    assert res.rc != 0 and res.seconds < 30, res
+    for r in (0, 1):
+        assert f"sbpmpi: rank {r}: PeerAbortedError: rank 2 is aborting the job: " \
+               f"uncaught {CAUSE}" in res.out, (r, res)
+
+
+@needs_mpiexec
 def test_with_abort_off_every_rank_learns_that_the_failed_rank_ended():
     res = run_mpi(3, "graph_raise.py", env={"SBPMPI_ABORT_ON_ERROR": "0"}, timeout=60)
     assert res.rc != 0 and res.seconds < 30, res

@@ -43,12 +43,13 @@ class Layer(sm.nn.Module):
         return sm.tanh(self.lin(x)).to_global(sbp=self.out_sbp)
 
 
-def layers(placements: list[sm.Placement], tp: bool = False) -> list[Layer]:
-    """The four layers, layer i on ``placements[i % len]``, drawn from one seed (the same
-    weights wherever they live)."""
+def layers(placements: list[sm.Placement], tp: bool = False,
+           widths: tuple[int, ...] = WIDTHS) -> list[Layer]:
+    """The layers (four of ``WIDTHS``), layer i on ``placements[i % len]``, drawn from one
+    seed (the same weights wherever they live)."""
     sm.manual_seed(7)
-    return [Layer(WIDTHS[i], WIDTHS[i + 1], placements[i % len(placements)], tp)
-            for i in range(len(WIDTHS) - 1)]
+    return [Layer(widths[i], widths[i + 1], placements[i % len(placements)], tp)
+            for i in range(len(widths) - 1)]
 
 
 def mse(y: sm.GlobalTensor, t: sm.GlobalTensor) -> sm.GlobalTensor:
@@ -56,20 +57,23 @@ def mse(y: sm.GlobalTensor, t: sm.GlobalTensor) -> sm.GlobalTensor:
     return (d * d).mean()
 
 
-def data() -> tuple[np.ndarray, np.ndarray]:
+def data(widths: tuple[int, ...] = WIDTHS, batch: int = BATCH
+         ) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(3)
-    return rng.normal(size=(BATCH, WIDTHS[0])), rng.normal(size=(BATCH, WIDTHS[-1]))
+    return rng.normal(size=(batch, widths[0])), rng.normal(size=(batch, widths[-1]))
 
 
-def reference(m: int) -> tuple[float, list[np.ndarray]]:
-    """The unpipelined model on the whole world: the mean of the micro-batches' losses and
-    its gradients."""
+def reference(m: int, model: list[sm.nn.Module] | None = None,
+              xt: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[float, list[np.ndarray]]:
+    """The unpipelined model (default: ``layers`` on the whole world): the mean of the
+    micro-batches' losses and its gradients."""
     world = sm.placement("cpu", list(range(size)))
-    model = layers([world])
-    x, t = data()
+    model = layers([world]) if model is None else model
+    x, t = data() if xt is None else xt
     xs, ts = (sm.tensor(a, placement=world, sbp=B) for a in (x, t))
     total = None
-    for a, b in microbatch_bounds(BATCH, m):
+    for a, b in microbatch_bounds(len(x), m):
         h = xs[a:b]
         for layer in model:
             h = layer(h)
@@ -87,12 +91,18 @@ def lines(p: int) -> list[sm.Placement]:
     return [sm.placement("cpu", g.tolist()) for g in groups]
 
 
+def pipeline(schedule: type, model: list[sm.nn.Module], placements: list[sm.Placement],
+             m: int) -> tuple[object, list[PipelineStage]]:
+    """``model``'s modules as stages, stage i on ``placements[i % len]``."""
+    stages = [PipelineStage(mod, i, len(model), placements[i % len(placements)])
+              for i, mod in enumerate(model)]
+    return schedule(stages, m, mse), stages
+
+
 def run(schedule: type, placements: list[sm.Placement], m: int, tp: bool = False
         ) -> tuple[float, list[np.ndarray], list[PipelineStage], list]:
     model = layers(placements, tp)
-    stages = [PipelineStage(layer, i, len(model), layer.lin.weight.placement)
-              for i, layer in enumerate(model)]
-    sched = schedule(stages, m, mse)
+    sched, stages = pipeline(schedule, model, placements, m)
     x, t = data()
     xs = sm.tensor(x, placement=placements[0], sbp=(B,) * placements[0].ndim)
     last = stages[-1].placement
@@ -244,3 +254,133 @@ def test_a_transfer_between_placements_is_posted_then_waited(src_sbp, dst_sbp):
     np.testing.assert_array_equal(got, want)
     y = sm.GlobalTensor(got, dst, x.dtype)
     np.testing.assert_array_equal(y.numpy(), value)
+
+
+# ---- failed steps, parameter-free stages, forward-only steps, capture ------------------------
+
+class Act(sm.nn.Module):
+    """A stage without parameters."""
+
+    def forward(self, x: sm.GlobalTensor) -> sm.GlobalTensor:
+        return sm.tanh(x)
+
+
+def inputs_of(sched, xt: tuple[np.ndarray, np.ndarray]) -> tuple[sm.GlobalTensor, ...]:
+    """The batch on the first stage's placement and the target on the last one's."""
+    first, last = sched.stages[0].placement, sched.stages[-1].placement
+    return (sm.tensor(xt[0], placement=first, sbp=(B,) * first.ndim),
+            sm.tensor(xt[1], placement=last, sbp=(B,) * last.ndim))
+
+
+def grads_of(model: list[sm.nn.Module]) -> list[np.ndarray]:
+    return [p.grad.numpy() for mod in model for p in mod.parameters()]
+
+
+def zero_grads(model: list[sm.nn.Module]) -> None:
+    for mod in model:
+        for p in mod.parameters():
+            p.grad = None
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.__name__)
+def test_a_caught_failed_step_leaves_no_transfer_behind(schedule):
+    """A ``loss_fn`` given a mis-shaped target raises at the first loss on every rank,
+    with transfers between the stages in flight (a placement per rank, 64 wide): caught,
+    then a correct step, three times over; each correct step's loss and gradients are
+    the unpipelined model's. (The crash of the old code, its transfers left posted on
+    freed buffers, shows in a job of its own: test_pipeline_faults.py.)"""
+    widths, batch, m = (64, 64, 64, 64, 64), 32, 4
+    xt = data(widths, batch)
+    want = reference(m, layers([world()], widths=widths), xt)
+    # interleaved: the 4 stages round 2 placements at n = 3
+    pls = lines(2 if schedule is ScheduleInterleaved1F1B and 4 % size else size)
+    model = layers(pls, widths=widths)
+    sched, _ = pipeline(schedule, model, pls, m)
+    x, t = inputs_of(sched, xt)
+    last = sched.stages[-1].placement
+    bad = sm.tensor(np.zeros((batch, widths[-1] - 1)), placement=last, sbp=(B,) * last.ndim)
+    for _ in range(3):
+        kind, msg = errors_of(lambda: sched.step(x, target=bad))
+        assert kind == "ValueError" and "cannot be broadcast" in msg, (kind, msg)
+        zero_grads(model)
+        check((float(sched.step(x, target=t).item()), grads_of(model)), want)
+
+
+def act_first(placements: list[sm.Placement]) -> list[sm.nn.Module]:
+    """A parameter-free first stage (tanh), then three layers 5 -> 7 -> 6 -> 3."""
+    return [Act(), *layers(placements[1:] + placements[:1], widths=(5, 7, 6, 3))]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.__name__)
+def test_a_first_stage_without_parameters(schedule):
+    """Stage 0 is ``tanh`` alone: nothing there needs a gradient, so its backward is
+    skipped and no gradient is sent to it; loss and gradients as the unpipelined
+    model's, on 1, 2 and ``size`` placements."""
+    want = reference(4, act_first([world()]))
+    for p in sorted({1, min(size, 2), size}):
+        if schedule is ScheduleInterleaved1F1B and 4 % p:
+            continue
+        pls = lines(p)
+        model = act_first(pls)
+        sched, _ = pipeline(schedule, model, pls, 4)
+        x, t = inputs_of(sched, data())
+        check((float(sched.step(x, target=t).item()), grads_of(model)), want)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.__name__)
+def test_a_forward_only_step_under_no_grad_and_eval(schedule):
+    """``step`` under ``sm.no_grad()`` and ``eval`` run the forwards only: they return
+    the last stage's outputs of the whole batch (the unpipelined model's), give each
+    micro-batch's loss to ``losses``, and leave every ``.grad`` as it was (None)."""
+    x_np, t_np = data()
+    bounds = microbatch_bounds(BATCH, 4)
+    world_model = layers([world()])
+    h = sm.tensor(x_np, placement=world(), sbp=B)
+    for layer in world_model:
+        h = layer(h)
+    want = h.numpy()
+    want_losses = [float(((want[a:b] - t_np[a:b]) ** 2).mean()) for a, b in bounds]
+    pls = lines(min(size, 2))
+    model = layers(pls)
+    sched, _ = pipeline(schedule, model, pls, 4)
+    x, t = inputs_of(sched, (x_np, t_np))
+    for run_eval in (lambda **kw: _no_grad_step(sched, x, **kw),
+                     lambda **kw: sched.eval(x, **kw)):
+        out = run_eval()
+        assert out.shape == want.shape and out.placement == sched.stages[-1].placement
+        assert not out.requires_grad
+        np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-12)
+        losses: list = []
+        run_eval(target=t, losses=losses)
+        assert [lo.shape for lo in losses] == [()] * 4
+        np.testing.assert_allclose([float(lo.item()) for lo in losses], want_losses,
+                                   rtol=1e-12)
+        assert all(p.grad is None for layer in model for p in layer.parameters())
+    # and training still works after them
+    check((float(sched.step(x, target=t).item()), grads_of(model)), reference(4))
+
+
+def _no_grad_step(sched, x, **kw):
+    with sm.no_grad():
+        return sched.step(x, **kw)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_captured_step_breaks_alike_on_every_rank():
+    """``sm.graph`` around ``schedule.step``: GraphBreak, the same on every rank, those in
+    no stage included (stages on ranks 0 and 1 only), before any transfer; the caller
+    falls back to the eager step, which gives the unpipelined model's loss."""
+    pls = [sm.placement("cpu", [r]) for r in sorted({0, min(1, size - 1)})]
+    model = layers(pls)
+    sched, _ = pipeline(Schedule1F1B, model, pls, 4)
+    x, t = inputs_of(sched, data())
+    step = sm.graph(lambda a, b: sched.step(a, target=b))
+    for _ in range(3):
+        kind, msg = errors_of(lambda: step(x, t))
+        assert kind == "GraphBreak" and "Schedule1F1B.step" in msg, (kind, msg)
+        assert "cannot be captured" in msg
+    zero_grads(model)
+    check((float(sched.step(x, target=t).item()), grads_of(model)), reference(4))
