@@ -133,8 +133,8 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
 
 
 def _finfo(dt: np.dtype) -> Any:
-    # a dtype of kind "V" that is floating is one of ml_dtypes' (loaded, since it exists)
-    return np.finfo(dt) if dt.kind == "f" else ml_dtypes().finfo(dt)
+    # a floating dtype of kind "V" is one of ml_dtypes' (loaded, since it exists)
+    return ml_dtypes().finfo(dt) if dt.kind == "V" else np.finfo(dt)
 
 
 def eps(dtype: Any) -> float:
