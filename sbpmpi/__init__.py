@@ -36,8 +36,9 @@ from .tensor import GlobalTensor
 from .visualize import visualize  # a submodule import would otherwise shadow the function
 
 # The floating scalar types, as NumPy's (np.float32): any dtype argument takes them, and
-# a dtype compares equal to its type (x.dtype == sm.bfloat16).
-float16, bfloat16 = _dtypes.float16.type, _dtypes.bfloat16.type
+# a dtype compares equal to its type (x.dtype == sm.bfloat16). bfloat16 is ml_dtypes',
+# imported on first use of the name (__getattr__): it takes seconds to load.
+float16 = _dtypes.float16.type
 float32, float64 = _dtypes.float32.type, _dtypes.float64.type
 
 # Wiring of the layers (this package is the composition root):
@@ -87,6 +88,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "bfloat16":
+        value = _dtypes.bfloat16.type  # imports ml_dtypes
+        globals()[name] = value
+        return value
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

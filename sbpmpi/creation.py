@@ -18,8 +18,8 @@ import numpy as np
 from . import backend, comm
 from .boxing.assembly import LocalShard, plan_assembly
 from .core import random as _random
+from .core.dtypes import as_dtype, float32, is_bfloat16, is_floating, is_half
 from .core.dtypes import below_one as largest_below_one
-from .core.dtypes import bfloat16, float32, is_floating, is_half
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.reduction import identity_value
@@ -70,7 +70,7 @@ def _dtype_arg(dtype: Any, default: Any) -> np.dtype:
     if dtype is None:
         return np.dtype(default)
     try:
-        return np.dtype(dtype)
+        return as_dtype(dtype)
     except TypeError as e:
         raise TypeError(f"dtype {dtype!r} is not a NumPy dtype") from e
 
@@ -266,7 +266,7 @@ class _Prepared:
         dt = np.dtype(self.array.dtype)
         # bfloat16's .str is raw bytes ('<V2'): its name is what np.dtype reads back
         return LocalShard(tuple(int(n) for n in self.array.shape),
-                          dt.name if dt == bfloat16 else dt.str)
+                          dt.name if is_bfloat16(dt) else dt.str)
 
 
 @dataclass(frozen=True)

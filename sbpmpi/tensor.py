@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .core.keywords import ALIASES, accepting_aliases
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
@@ -521,3 +522,16 @@ class GlobalTensor:
     def mT(self) -> Any:
         """The last two axes swapped."""
         return _xp().matrix_transpose(self)
+
+
+def _accept_keyword_aliases(cls: type) -> None:
+    """Give each method of ``cls`` with a ``dim``/``keepdim`` (or ``axis``/``keepdims``)
+    parameter the other spelling too (:mod:`sbpmpi.core.keywords`): ``x.mean(axis=0)``,
+    ``x.sum(0, keepdims=True)`` and ``x.argmax(dim=1)`` as in PyTorch."""
+    for name, fn in list(vars(cls).items()):
+        code = getattr(fn, "__code__", None)
+        if code is not None and not ALIASES.keys().isdisjoint(code.co_varnames):
+            setattr(cls, name, accepting_aliases(fn))
+
+
+_accept_keyword_aliases(GlobalTensor)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
-from .core.dtypes import bfloat16, eps
+from .core.dtypes import as_dtype, eps, is_bfloat16
 from .core.layout import Layout, balanced_range
 from .core.placement import Placement
 from .core.reduction import REDUCTIONS
@@ -66,8 +66,8 @@ class Input:
 
 def tolerance(dtype: Any) -> tuple[float, float]:
     """``(rtol, atol)`` for comparing results of ``dtype``; exact for integers and bools."""
-    dt = np.dtype(dtype)
-    if dt == bfloat16:
+    dt = as_dtype(dtype)
+    if is_bfloat16(dt):
         return 4 * eps(dt), 4 * eps(dt)
     if dt.kind not in "fc":
         return 0.0, 0.0

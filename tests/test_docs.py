@@ -119,6 +119,29 @@ def test_readme_links_every_user_guide_page():
     assert not missing, f"README.md does not link these docs pages: {missing}"
 
 
+def _paragraph_with(page: str, words: str) -> str:
+    """The paragraph (or list item) of ``docs/<page>`` that mentions ``words``."""
+    text = (DOCS / page).read_text()
+    parts = [p for p in re.split(r"\n\s*\n|\n(?=- )", text) if words in p]
+    assert parts, f"docs/{page} does not mention {words!r}"
+    return " ".join(parts[0].split())
+
+
+def test_the_user_guides_say_what_users_of_each_feature_need():
+    """Facts users looked for on the page of the feature and found elsewhere (issue 41):
+    the extra plot_schedule needs, the shape cg's matvec receives, placements by node
+    where hosts are described."""
+    plot = _paragraph_with("pipelines.md", "plot_schedule(intervals, path)")
+    assert "matplotlib" in plot and '".[plot]"' in plot
+    assert "sm.pipeline.plot_schedule" in _paragraph_with("install.md", "Optional extras")
+    matvec = _paragraph_with("linalg.md", "- `cg(A, b,")
+    assert "`matvec` receives" in matvec and "`(N, 1)`" in matvec
+    running = (DOCS / "running.md").read_text()
+    assert "## Placements by node" in running
+    by_node = _paragraph_with("running.md", 'sm.placement("cpu", {0: [0, 1], 1: [0, 1]})')
+    assert "node_of(rank)" in by_node and "{0: []}" in by_node
+
+
 @pytest.mark.skipif(importlib.util.find_spec("sphinx") is None
                     or importlib.util.find_spec("myst_parser") is None,
                     reason='Sphinx or myst-parser is not installed (pip install -e ".[docs]")')

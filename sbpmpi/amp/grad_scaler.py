@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend, comm
+from ..core.dtypes import float32, is_half
 from ..core.placement import placement as make_placement
 from ..core.sbp import broadcast
 from ..creation import tensor as make_tensor
@@ -40,6 +41,18 @@ def _positive(name: str, value: Any, above_one: bool = False, below_one: bool = 
     if below_one and not v < 1:
         raise ValueError(f"GradScaler: {name} must be < 1, got {value!r}")
     return v
+
+
+def scaled_dtype(outputs: GlobalTensor) -> np.dtype:
+    """The dtype of ``outputs * scale``: torch's type promotion of ``outputs`` with its
+    scale, a 0-d float32 tensor. A 0-d half-width loss (float16, bfloat16) is scaled in
+    float32, so a float16 loss of 2.0 times 2**16 is 131072, not inf; an integer one too;
+    an array of more dimensions keeps its floating dtype (a 0-d operand does not widen
+    it), as a float32 or float64 loss does."""
+    dt = outputs.dtype
+    if dt.kind in "biu" or (outputs.ndim == 0 and is_half(dt)):
+        return float32
+    return dt
 
 
 def _params(optimizer: Any) -> list[GlobalTensor]:
@@ -86,7 +99,9 @@ class GradScaler:
 
     # -- the loss -------------------------------------------------------------------------
     def scale(self, outputs: Any) -> Any:
-        """``outputs * scale`` (a GlobalTensor, or a list/tuple of them)."""
+        """``outputs * scale`` (a GlobalTensor, or a list/tuple of them), in the dtype
+        torch's promotion with a float32 scale gives (:func:`scaled_dtype`): float32 for
+        a float16 or bfloat16 loss. The backward reaches ``outputs`` in its own dtype."""
         if not self._enabled:
             return outputs
         if isinstance(outputs, (list, tuple)):
@@ -94,7 +109,9 @@ class GradScaler:
         if not isinstance(outputs, GlobalTensor):
             raise TypeError(f"GradScaler.scale: outputs must be a GlobalTensor, got "
                             f"{type(outputs).__name__}")
-        return outputs * outputs.dtype.type(self._scale)
+        dt = scaled_dtype(outputs)
+        wide = outputs if outputs.dtype == dt else outputs.astype(dt)
+        return wide * dt.type(self._scale)
 
     # -- the gradients --------------------------------------------------------------------
     def unscale_(self, optimizer: Any) -> None:

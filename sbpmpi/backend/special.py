@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.dtypes import bfloat16
+from ..core.dtypes import is_bfloat16
 
 __all__ = ["erf"]
 
@@ -74,7 +74,7 @@ def _erf_numpy(x: np.ndarray) -> np.ndarray:
         big = a >= _SERIES_BELOW
         out[big] = _fraction(a[big])
     # bfloat16 has no promotion with float16: it keeps its own width
-    dt = x.dtype if x.dtype == bfloat16 else np.result_type(x.dtype, np.float16)
+    dt = x.dtype if is_bfloat16(x.dtype) else np.result_type(x.dtype, np.float16)
     return np.copysign(out, x.astype(np.float64)).astype(dt, copy=False)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..core.dtypes import bfloat16
+from ..core.dtypes import descr_to_dtype, is_bfloat16
 from ..errors import CheckpointError
 from .regular_file import open_regular
 
@@ -53,7 +53,7 @@ def dtype_descr(dtype: np.dtype) -> Any:
     """The ``.npy`` descr of ``dtype``: NumPy's, except bfloat16's, which NumPy writes as
     ``'<V2'`` (raw bytes): ``'bfloat16'``, the name ``ml_dtypes`` registers, so that
     ``numpy.load`` after ``import ml_dtypes`` reads it back as bfloat16."""
-    if np.dtype(dtype) == bfloat16:
+    if is_bfloat16(np.dtype(dtype)):
         return "bfloat16"
     return npy_format.dtype_to_descr(dtype)
 
@@ -184,7 +184,7 @@ def _header_dict(path: str, raw: bytes, encoding: str) -> tuple[tuple[int, ...],
         raise CheckpointError(f"{path!r} has a malformed .npy header: fortran_order "
                               f"{fortran!r} is not a bool")
     try:
-        dtype = npy_format.descr_to_dtype(descr)
+        dtype = descr_to_dtype(descr)
     except Exception as e:
         raise CheckpointError(f"{path!r} has a malformed .npy header: descr {descr!r} is not "
                               f"a dtype ({e})") from None

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from numpy.lib import format as npy_format
 
+from ..core.dtypes import descr_to_dtype
 from ..core.sbp import SBP, Broadcast, NdSbp, Partial, Split
 from ..errors import CheckpointError
 from ..tensor import GlobalTensor
@@ -70,7 +70,7 @@ def descr_json(dtype: np.dtype) -> Any:
 def dtype_from_json(descr: Any) -> np.dtype:
     """The dtype an entry's ``"dtype"`` (a ``.npy`` descr read from JSON) names."""
     fields: Any = descr if isinstance(descr, str) else [tuple(f) for f in descr]
-    return npy_format.descr_to_dtype(fields)
+    return descr_to_dtype(fields)
 
 
 def sbp_from_json(items: Any, where: str, ndim: int | None = None) -> NdSbp:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import backend
 from ..comm import agreement, file_io
+from ..core.dtypes import as_dtype
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.reduction import identity_value
@@ -123,7 +124,7 @@ def load(path: str | os.PathLike[str], *, placement: Placement | None = None,
     pl = placement_arg(placement, "sm.load")
     sbp = sbp_arg(sbp, "sm.load")
     try:
-        want = None if dtype is None else np.dtype(dtype)
+        want = None if dtype is None else as_dtype(dtype)
     except TypeError:
         raise TypeError(f"sm.load: dtype {dtype!r} is not a NumPy dtype") from None
     consistency.check_collective("sm.load", (p, pl, sbp, want))

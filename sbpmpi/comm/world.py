@@ -15,7 +15,9 @@ import functools
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 __all__ = [
@@ -117,11 +119,17 @@ def get_node_count() -> int:
     return max(topology()) + 1
 
 
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int: a Python or NumPy integer (``pl.ranks[0]``), not a bool."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
 def node_of(rank: int) -> int:
-    """Return the node (host) of world ``rank``."""
+    """Return the node (host) of world ``rank`` (an int or NumPy integer)."""
     nodes = topology()
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+    rank = _integer("rank", rank)
     if not 0 <= rank < len(nodes):
         raise ValueError(f"rank {rank} is out of range for a world of {len(nodes)} "
                          f"process{'es' if len(nodes) != 1 else ''}")
@@ -129,11 +137,11 @@ def node_of(rank: int) -> int:
 
 
 def node_ranks(node: int) -> tuple[int, ...]:
-    """Return the world ranks on ``node``, in rank order (local rank ``j`` is the ``j``-th)."""
+    """Return the world ranks on ``node`` (an int or NumPy integer), in rank order (local
+    rank ``j`` is the ``j``-th)."""
     nodes = topology()
     count = max(nodes) + 1
-    if isinstance(node, bool) or not isinstance(node, int):
-        raise TypeError(f"node must be an int, got {type(node).__name__} {node!r}")
+    node = _integer("node", node)
     if not 0 <= node < count:
         raise ValueError(f"node {node} does not exist: the job runs on {count} "
                          f"node{'s' if count != 1 else ''} (nodes 0..{count - 1})")

@@ -75,8 +75,19 @@ def node_major_ranks(nodes: Mapping[Any, Any]) -> list[int]:
                                  f"ranks 0..{len(here) - 1})")
             ranks.append(here[j])
     if not ranks:
-        raise ValueError("placement ranks must name at least one rank, got an empty mapping")
+        raise ValueError(_no_rank_message(nodes))
     return ranks
+
+
+def _no_rank_message(nodes: Mapping[Any, Any]) -> str:
+    """Why the placement by node ``nodes`` names no rank: no node, or only empty lists."""
+    if not nodes:
+        return "placement ranks must name at least one rank, got an empty mapping"
+    empty = sorted(nodes)
+    which = (f"node {empty[0]} has" if len(empty) == 1
+             else f"nodes {', '.join(map(str, empty))} have")
+    return (f"placement {dict(nodes)!r} names no rank: {which} an empty list of local ranks "
+            f"(expected at least one local rank per node, e.g. {{{empty[0]}: [0]}})")
 
 
 def _is_int(x: object) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import bfloat16
+from .dtypes import is_floating
 
 __all__ = ["Reduction", "REDUCTIONS", "NAMES", "reduction", "identity_value"]
 
@@ -60,7 +60,7 @@ class Reduction:
         if dt.kind in "iu":
             info = np.iinfo(dt)
             return dt.type(info.min if self.name == "max" else info.max)
-        if dt.kind == "f" or dt == bfloat16:
+        if is_floating(dt):
             return dt.type(-np.inf if self.name == "max" else np.inf)
         raise TypeError(f"partial_{self.name} is not defined for dtype {dt} (no ordering)")
 

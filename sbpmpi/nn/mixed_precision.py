@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.dtypes import HALF, bfloat16, float32, is_floating
+from ..core.dtypes import HALF, as_dtype, float32, is_floating
 from ..ops.autocast import autocast
 from ..tensor import GlobalTensor
 from .module import Module
@@ -38,14 +38,14 @@ from .module import Module
 __all__ = ["MixedPrecision"]
 
 
-def _dtype(name: str, value: Any, allowed: tuple[np.dtype, ...]) -> np.dtype:
+def _dtype(name: str, value: Any, allowed: tuple[str, ...]) -> np.dtype:
+    """``value`` as a dtype: float32 or a half width (``allowed`` names them in order)."""
     try:
-        dt = np.dtype(value)
+        dt = as_dtype(value)
     except TypeError:
         raise TypeError(f"MixedPrecision: {name} must be a dtype, got {value!r}") from None
-    if dt not in allowed:
-        raise ValueError(f"MixedPrecision: {name} must be one of "
-                         f"{[d.name for d in allowed]}, got {dt.name}")
+    if dt not in HALF and dt != float32:
+        raise ValueError(f"MixedPrecision: {name} must be one of {list(allowed)}, got {dt.name}")
     return dt
 
 
@@ -59,17 +59,17 @@ class MixedPrecision:
     the dtype the wrapper's floating outputs are cast to (None: as computed).
     """
 
-    param_dtype: Any = bfloat16
+    param_dtype: Any = "bfloat16"  # a name: sm.bfloat16 would import ml_dtypes with sm.nn
     reduce_dtype: Any = float32
     output_dtype: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "param_dtype", _dtype(
-            "param_dtype", self.param_dtype, (bfloat16, np.dtype(np.float16), float32)))
+            "param_dtype", self.param_dtype, ("bfloat16", "float16", "float32")))
         object.__setattr__(self, "reduce_dtype", _dtype(
-            "reduce_dtype", self.reduce_dtype, (float32, bfloat16, np.dtype(np.float16))))
+            "reduce_dtype", self.reduce_dtype, ("float32", "bfloat16", "float16")))
         if self.output_dtype is not None:
-            od = np.dtype(self.output_dtype)
+            od = as_dtype(self.output_dtype)
             if not is_floating(od):
                 raise ValueError(f"MixedPrecision: output_dtype must be a floating dtype or "
                                  f"None, got {od}")

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.dtypes import HALF, bfloat16, float32, is_floating
+from ..core.dtypes import HALF, as_dtype, float32, is_floating
 from ..tensor import GlobalTensor
 
 __all__ = ["ACTIVE", "LOW", "FLOAT32", "AutocastState", "autocast", "current", "using", "suspended",
@@ -51,7 +51,7 @@ class AutocastState:
     """Whether autocast is on, and its low dtype."""
 
     enabled: bool = False
-    dtype: np.dtype = bfloat16
+    dtype: np.dtype | None = None  # the low dtype while enabled
 
 
 _OFF = AutocastState()
@@ -107,12 +107,12 @@ class autocast:  # noqa: N801 - torch's name
     ``enabled=False`` turns it off for a nested block. Usable as a decorator too.
     """
 
-    def __init__(self, dtype: Any = bfloat16, enabled: bool = True) -> None:
+    def __init__(self, dtype: Any = "bfloat16", enabled: bool = True) -> None:
         if not isinstance(enabled, (bool, np.bool_)):
             raise TypeError(f"autocast: enabled must be a bool, got {type(enabled).__name__} "
                             f"{enabled!r}")
         try:
-            dt = np.dtype(dtype)
+            dt = as_dtype(dtype)
         except TypeError:
             raise TypeError(f"autocast: dtype must be sm.bfloat16 or sm.float16, got "
                             f"{dtype!r}") from None
@@ -138,7 +138,7 @@ class autocast:  # noqa: N801 - torch's name
         return wrapped
 
     def __repr__(self) -> str:
-        return f"autocast(dtype={self.state.dtype.name}, enabled={self.state.enabled})"
+        return f"autocast(dtype={self.state.dtype}, enabled={self.state.enabled})"
 
 
 def _cast(x: Any, to: np.dtype, half_only: bool) -> Any:
@@ -159,6 +159,7 @@ def cast_operands(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     if not s.enabled:
         return args, kwargs
     if name in LOW:
+        assert s.dtype is not None  # an enabled state has its dtype
         to, half_only = s.dtype, False
     elif name in FLOAT32:
         to, half_only = float32, True

@@ -10,6 +10,7 @@ fast path (:mod:`.dispatch`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from .. import backend
 from ..comm.agreement import all_ok
+from ..core.keywords import ALIASES, KeywordAliases
 from ..env import get_rank
 from ..runtime import redistribute
 from ..runtime.consistency import (
@@ -137,7 +139,23 @@ class GlobalOp:
         #: kernel and operands then depend on the keyed arguments only: see .dispatch)
         self.fast = fast
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An op class with a ``__call__`` of its own (var's, softmax's composed paths)
+        gets the keyword aliases before it, as :meth:`__call__` has them."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls).get("__call__")
+        if own is not None:
+            cls.__call__ = _with_canonical_keywords(own)  # type: ignore[method-assign]
+
+    @functools.cached_property
+    def keyword_aliases(self) -> KeywordAliases:
+        """The NumPy/torch keyword aliases the builder's parameters take (``axis=`` for
+        ``dim=``, ...: :mod:`sbpmpi.core.keywords`), found on first need."""
+        return KeywordAliases.of(self.build, self.name)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and not ALIASES.keys().isdisjoint(kwargs):  # sm.sum(x, axis=0) as dim=0
+            kwargs = self.keyword_aliases.canonical(kwargs)
         if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
@@ -154,3 +172,14 @@ class GlobalOp:
 
     def __repr__(self) -> str:
         return f"<sbpmpi op {self.name}>"
+
+
+def _with_canonical_keywords(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (a GlobalOp subclass's ``__call__``) with NumPy's keywords renamed to the
+    op's own first (``axis=`` to ``dim=``)."""
+    @functools.wraps(call)
+    def wrapped(self: GlobalOp, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and not ALIASES.keys().isdisjoint(kwargs):
+            kwargs = self.keyword_aliases.canonical(kwargs)
+        return call(self, *args, **kwargs)
+    return wrapped

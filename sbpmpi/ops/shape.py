@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import as_dtype
 from ..tensor import GlobalTensor
 from .call import OpCall, arg_summary, norm_dim, tensor_arg
 from .kernel import with_into
@@ -240,7 +241,7 @@ def _astype(x: Any, dtype: Any) -> OpCall:
     """Build the OpCall of ``astype``."""
     x = tensor_arg("astype", x)
     try:
-        dt = np.dtype(dtype)
+        dt = as_dtype(dtype)
     except TypeError as e:
         raise TypeError(f"astype: dtype {dtype!r} is not a NumPy dtype") from e
 

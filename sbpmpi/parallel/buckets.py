@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import backend, comm
 from ..comm.collective_work import CollectiveWork
-from ..core.dtypes import HALF
+from ..core.dtypes import HALF, as_dtype
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, partial_sum
@@ -102,10 +102,10 @@ def reduce_dtype_of(dtype: np.dtype, reduce_dtype: np.dtype | None) -> np.dtype 
     """The half width a bucket of ``dtype`` is reduced in for the policy's
     ``reduce_dtype`` (None: its own dtype). Only a wider floating bucket narrows: a
     float32 ``reduce_dtype`` leaves a float64 bucket float64, as before the policy."""
-    if reduce_dtype is None or np.dtype(reduce_dtype) not in HALF \
+    if reduce_dtype is None or as_dtype(reduce_dtype) not in HALF \
             or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
-    return np.dtype(reduce_dtype)
+    return as_dtype(reduce_dtype)
 
 
 def build_buckets(params: Sequence[GlobalTensor], axis: int, cap: int,

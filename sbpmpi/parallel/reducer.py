@@ -97,7 +97,7 @@ from ..autograd.hooks import (
     register_poll_hook,
 )
 from ..comm.collective_work import CollectiveWork, all_done
-from ..core.dtypes import bfloat16
+from ..core.dtypes import as_dtype, is_bfloat16
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step
 from ..runtime.half_width import HalfWidthReduction
@@ -165,7 +165,7 @@ class Reducer:
         self.require_sync = True  # False inside self.no_sync()
         self.buckets: list[GradientBucket] = build_buckets(
             params, self.axis, int(bucket_cap_bytes), int(first_bucket_bytes),
-            None if reduce_dtype is None else np.dtype(reduce_dtype))
+            None if reduce_dtype is None else as_dtype(reduce_dtype))
         self._slots: dict[int, BucketSlot] = {
             id(s.param): s for b in self.buckets for s in b.slots}
         self._syncing = True  # this backward reduces (read from the modes at its start)
@@ -279,7 +279,7 @@ class Reducer:
                     slot.view.fill(0)  # no 0-d array for the 0
                 return
         if local is not None:
-            if isinstance(local, np.ndarray) and local.dtype == bfloat16:
+            if isinstance(local, np.ndarray) and is_bfloat16(local.dtype):
                 local = self._widened(local, slot.view.dtype)
             slot.view += local
             slot.local = True

@@ -120,3 +120,43 @@ def test_disabled_is_a_pass_through_and_bad_arguments():
                     ({"enabled": "yes"}, TypeError)]:
         with pytest.raises(err, match="GradScaler"):
             sm.amp.GradScaler(**kw)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dt", [np.float16, sm.bfloat16], ids=["float16", "bfloat16"])
+def test_a_half_width_loss_is_scaled_in_float32(dt):
+    """As torch (``outputs * scale``, its scale a 0-d float32 tensor): a float16 loss of
+    2.0 times the default 2**16 is 131072 in float32, not float16's inf; the backward
+    reaches the half-width loss and its parameters in their own dtype."""
+    pl = sm.placement("cpu", list(range(size)))
+    loss = sm.tensor(np.asarray(2.0, dtype=dt), placement=pl, sbp=sm.sbp.broadcast)
+    scaled = sm.amp.GradScaler().scale(loss)
+    assert scaled.dtype == np.float32
+    assert scaled.numpy() == np.float32(2.0 * 2**16)
+    # the backward: w of 7 elements split unevenly, loss = sum(w * w) in dt
+    w_val = np.arange(7, dtype=np.float32).astype(dt)
+    w = sm.tensor(w_val, placement=pl, sbp=sm.sbp.split(0), requires_grad=True)
+    scaler = sm.amp.GradScaler(init_scale=1024.0)
+    out = scaler.scale((w * w).sum())
+    assert out.dtype == np.float32
+    out.backward()
+    assert w.grad.dtype == np.dtype(dt)
+    want = (1024.0 * 2 * w_val.astype(np.float64)).astype(dt)  # exact: small integers
+    np.testing.assert_array_equal(w.grad.numpy(), want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_scaled_outputs_take_torchs_promotion_with_a_float32_scale():
+    """float32 and float64 losses keep their dtype; an array of more dimensions keeps its
+    half width (a 0-d float32 operand does not widen it in torch's promotion)."""
+    pl = sm.placement("cpu", list(range(size)))
+    scaler = sm.amp.GradScaler(init_scale=4.0)
+    for dt in (np.float32, np.float64):
+        loss = sm.tensor(np.asarray(1.5, dtype=dt), placement=pl, sbp=sm.sbp.broadcast)
+        assert scaler.scale(loss).dtype == dt and scaler.scale(loss).numpy() == 6.0
+    v = sm.tensor(np.arange(5, dtype=np.float16), placement=pl, sbp=sm.sbp.split(0))
+    got = scaler.scale(v)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.numpy(), np.arange(5, dtype=np.float16) * 4)
+    a, b = scaler.scale([loss, v])
+    assert a.dtype == np.float64 and b.dtype == np.float16

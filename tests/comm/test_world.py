@@ -9,6 +9,7 @@ the ``k``-th host by its lowest rank.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -85,6 +86,26 @@ def test_nodes_are_the_hosts_ordered_by_lowest_rank():
     # the hosts' names agree: one processor name per node
     names = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
     assert len({names[r] for r in range(len(want))}) == len(hosts), names
+
+
+@pytest.mark.mpi(min_size=1)
+def test_numpy_integers_name_ranks_and_nodes():
+    """``node_of(pl.ranks[0])``: a placement's ranks are NumPy integers, and both
+    functions take them as ``sm.placement`` does."""
+    n = MPI.COMM_WORLD.Get_size()
+    pl = sm.placement("cpu", list(range(n)))
+    assert isinstance(pl.ranks[0], np.integer)
+    assert sm.env.node_of(pl.ranks[0]) == 0  # rank 0 is on node 0 by definition
+    assert [sm.env.node_of(r) for r in pl.ranks.flat] == list(sm.env.topology())
+    for r, typ in zip(range(n), (np.int64, np.int32, np.uint8, np.int16)):
+        assert sm.env.node_of(typ(r)) == sm.env.node_of(r)
+    assert sm.env.node_ranks(np.int64(0)) == sm.env.node_ranks(0)
+    with pytest.raises(TypeError, match="rank must be an int, got bool"):
+        sm.env.node_of(np.bool_(True))
+    with pytest.raises(TypeError, match="rank must be an int, got float64"):
+        sm.env.node_of(np.float64(0))
+    with pytest.raises(ValueError, match=f"rank {n} is out of range"):
+        sm.env.node_of(np.int64(n))
 
 
 @pytest.mark.mpi(min_size=1)

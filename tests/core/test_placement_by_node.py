@@ -68,6 +68,23 @@ def test_nodes_and_local_ranks_that_do_not_exist(topology, nodes, err, says):
     assert says in str(e.value)
 
 
+@pytest.mark.parametrize("nodes,says", [
+    ({0: []}, "placement {0: []} names no rank: node 0 has an empty list of local ranks "
+              "(expected at least one local rank per node, e.g. {0: [0]})"),
+    ({1: (), 0: []}, "nodes 0, 1 have an empty list of local ranks"),
+])
+def test_nodes_with_empty_lists_of_local_ranks_are_named(topology, nodes, says):
+    topology((0, 0, 1, 1))
+    with pytest.raises(ValueError) as e:
+        sm.placement("cpu", nodes, world_size=4)
+    assert says in str(e.value) and "empty mapping" not in str(e.value)
+
+
+def test_an_empty_list_beside_a_node_with_ranks_names_those_ranks(topology):
+    topology((0, 0, 1, 1))
+    assert sm.placement("cpu", {0: [], 1: [1]}, world_size=4).rank_list == (3,)
+
+
 def _job_nodes() -> list[tuple[int, ...]]:
     return [sm.env.node_ranks(k) for k in range(sm.env.get_node_count())]
 
