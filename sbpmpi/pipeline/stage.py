@@ -116,12 +116,7 @@ class PipelineStage:
         if not self.is_first:
             args = tuple(a.requires_grad_() if isinstance(a, GlobalTensor) else a
                          for a in args)
-        t0 = time.perf_counter()
-        out = self.module(*args)
-        if not isinstance(out, GlobalTensor):
-            raise TypeError(f"PipelineStage {self.stage_index}: forward must return one "
-                            f"GlobalTensor, got {type(out).__name__}")
-        self._record("forward", microbatch, t0)
+        out = self._run_forward(microbatch, args)
         nbytes = _local_nbytes(args) + _local_nbytes((out,))
         self._held[microbatch] = _Held(args, out, nbytes)
         self.peak_held = max(self.peak_held, len(self._held))
@@ -132,6 +127,11 @@ class PipelineStage:
     def forward_only(self, microbatch: int, args: tuple[Any, ...]) -> GlobalTensor:
         """The stage's output for one micro-batch of a forward-only step (run under
         ``sm.no_grad()``): nothing is held."""
+        return self._run_forward(microbatch, args)
+
+    def _run_forward(self, microbatch: int, args: tuple[Any, ...]) -> GlobalTensor:
+        """The module's output for ``args``, checked to be one tensor, its interval
+        recorded."""
         t0 = time.perf_counter()
         out = self.module(*args)
         if not isinstance(out, GlobalTensor):
