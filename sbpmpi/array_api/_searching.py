@@ -2,8 +2,8 @@
 
 ``argmax``, ``argmin`` hold the searched axis whole on each rank (a split there is boxed
 first). ``sort`` and ``argsort`` move a split of the sorted axis to another axis (an
-all-to-all) where one can take it, else sort in place with merge-split odd-even
-transposition (:mod:`._sort`: the result keeps the input's layout); ``searchsorted`` holds ``x1`` whole and keeps the layout
+all-to-all) where one can take it, else sort in place with a sample sort
+(:mod:`._sort`: one all-to-all; the result keeps the input's layout); ``searchsorted`` holds ``x1`` whole and keeps the layout
 of ``x2``. Data-dependent shapes (``nonzero``, ``unique_*``) are computed from the value
 gathered on every rank and come out split on their first axis (balanced) under the
 namespace default, like every array the namespace creates.
@@ -22,7 +22,7 @@ from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._device import from_value
 from ._local import array_arg, axis_op, norm_axes, run_local
-from ._sort import merge_split_sort, taking_dim
+from ._sort import sample_sort, taking_dim
 
 __all__ = ["numpy_unique", "argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
@@ -104,8 +104,8 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
         if k is not None:  # an all-to-all moves the split off the sorted axis; it stays on k
             x = x.to_global(sbp=tuple(Split(k) if isinstance(s, Split) and s.dim == d else s
                                       for s in x.sbp))
-        elif x.dtype.kind != "c":
-            return merge_split_sort(x, d, bool(descending), name == "argsort")
+        else:
+            return sample_sort(x, d, bool(descending), name == "argsort")
 
     def kernel(xp: ModuleType, a: Any) -> Any:
         if name == "sort":
