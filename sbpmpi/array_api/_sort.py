@@ -47,7 +47,7 @@ from ..core.sbp import Split
 from ..env import get_rank
 from ..tensor import GlobalTensor
 
-__all__ = ["Chain", "OVERSAMPLE", "sample_sort", "taking_dim"]
+__all__ = ["Chain", "OVERSAMPLE", "sample_sort", "sample_unique", "taking_dim"]
 
 #: Tag of the point-to-point messages that put the result in the input's blocks.
 TAG = 23
@@ -228,16 +228,23 @@ def _target_count(at: np.ndarray, n: int, lo: int, hi: int) -> np.ndarray:
     return (at // n) * (hi - lo) + np.clip(at % n - lo, 0, hi - lo)
 
 
-def _to_layout(xp: ModuleType, out: Any, plan: _Plan, chain: Chain, n: int, fibers: int,
-               flip_out: bool) -> Any:
-    """The merged buckets put back in the chain's blocks (pure metadata: every rank
-    computes the same plan): sorted position q of fiber f goes to index q along the dim
-    (n - 1 - q descending)."""
-    p, me = len(chain.ranks), chain.me
-    held = plan.sends.sum(axis=0)
+class _Target(NamedTuple):
+    """Blocks of a 1-D sequence of ``n`` (per fiber) over the chain's ranks."""
+
+    starts: np.ndarray
+    sizes: np.ndarray
+    n: int
+
+
+def _to_layout(xp: ModuleType, out: Any, held: np.ndarray, chain: Chain, target: _Target,
+               fibers: int, flip_out: bool) -> Any:
+    """The buckets (``held[j]`` elements on chain rank ``j``, one after another) put in the
+    target's blocks (pure metadata: every rank computes the same plan): sorted position
+    q of fiber f goes to index q of the dim (n - 1 - q with ``flip_out``)."""
+    me, n = chain.me, target.n
+    p = len(chain.ranks)
     first = np.concatenate([[0], np.cumsum(held)])  # bucket j holds [first[j], first[j+1])
-    starts = np.asarray(chain.starts)
-    sizes = np.asarray(chain.sizes)
+    starts, sizes = target.starts, target.sizes
     # where my elements go
     at = first[me] + np.arange(held[me], dtype=np.int64)
     q = at % n
@@ -299,7 +306,9 @@ def sample_sort(x: GlobalTensor, d: int, descending: bool, indices: bool) -> Glo
         sp = _splitters(xp, mine, chain, group, n)
         plan = _plan(xp, _cuts(xp, mine, sp), chain, group, fibers)
         vals, gidx = _exchange(xp, mine, plan, chain, group, indices, flip_in)
-        out = _to_layout(xp, gidx if indices else vals, plan, chain, n, fibers, descending)
+        target = _Target(np.asarray(chain.starts), np.asarray(chain.sizes), n)
+        out = _to_layout(xp, gidx if indices else vals, plan.sends.sum(axis=0), chain, target,
+                         fibers, descending)
     out = xp.moveaxis(xp.ascontiguousarray(out).reshape(moved), -1, d)
     return GlobalTensor(xp.ascontiguousarray(out).astype(dtype, copy=False), layout, dtype)
 
@@ -313,3 +322,87 @@ def taking_dim(shape: Sequence[int], layout: Layout, d: int) -> int | None:
     split_dims = {s.dim for s in layout.sbp if isinstance(s, Split)}
     free = [k for k, n in enumerate(shape) if k != d and k not in split_dims and n >= ranks]
     return max(free, key=lambda k: (shape[k], -k)) if free else None
+
+
+class Unique(NamedTuple):
+    """The distinct values of a 1-D array, the first index of each, the inverse (in the
+    input's layout) and the counts."""
+
+    values: GlobalTensor
+    indices: GlobalTensor
+    inverse: GlobalTensor | None
+    counts: GlobalTensor
+
+
+def _inverse(xp: ModuleType, gidx: Any, ids: Any, plan: _Plan, chain: Chain,
+             group: comm.Group) -> Any:
+    """Each element's distinct-value number sent back to its place: the all-to-all
+    reversed (bucket j returns to rank i the ``plan.sends[i][j]`` elements it got)."""
+    me = chain.me
+    starts = np.asarray(chain.starts)
+    dest = np.searchsorted(starts, _host(gidx), side="right") - 1
+    order = xp.asarray(np.argsort(dest, kind="stable"))
+    pairs = xp.stack([gidx[order], ids[order]], axis=1)
+    got = xp.empty((int(plan.sends[me].sum()), 2), dtype=np.int64)
+    comm.all_to_all_v(got, [2 * int(k) for k in plan.sends[me]], pairs,
+                      [2 * int(k) for k in plan.sends[:, me]], group=group)
+    out = xp.empty(chain.sizes[me], dtype=np.int64)
+    out[got[:, 0] - chain.starts[me]] = got[:, 1]
+    return out
+
+
+def sample_unique(x: GlobalTensor, sbp: Any, inverse: bool) -> Unique:
+    """``unique`` of a 1-D ``x`` split on a 1-D placement (its ``p`` ranks are the chain):
+    the sample sort's buckets (values and global indices), then each value that differs
+    from the one before it starts a distinct value (every NaN does: the standard's rule);
+    two small gathers (each bucket's last value, then its count of distinct values and the
+    position of its first) give every rank the numbering; the results go to the blocks of
+    ``sbp`` (the namespace default) point-to-point; ``inverse``: one more all-to-all
+    returns each element's number to its place (the inverse keeps ``x``'s layout, the
+    default one)."""
+    layout = x.layout
+    xp = backend.get_xp(layout.placement.type)
+    rank = get_rank()
+    chain = Chain(layout, 0, rank)
+    p, me, n = len(chain.ranks), chain.me, chain.total
+    group = comm.get_group(chain.ranks)
+    mine = _local_sort(xp, x.to_local().reshape(1, -1), chain.starts[me], n, False)
+    sp = _splitters(xp, mine, chain, group, n)
+    plan = _plan(xp, _cuts(xp, mine, sp), chain, group, 1)
+    vals, gidx = _exchange(xp, mine, plan, chain, group, True, False)
+    held = plan.sends.sum(axis=0)
+    lasts = xp.empty((p, 1), dtype=vals.dtype)
+    comm.all_gather(lasts, vals[-1:] if held[me] else xp.zeros(1, dtype=vals.dtype),
+                    group=group)
+    before = [j for j in range(me) if held[j]]
+    new = xp.ones(int(held[me]), dtype=bool)
+    new[1:] = vals[1:] != vals[:-1]
+    if before and held[me]:
+        new[0] = bool(vals[0] != lasts[before[-1], 0])
+    at = np.flatnonzero(_host(new))
+    first = int(held[:me].sum())
+    counts_first = np.array([at.size, first + at[0] if at.size else -1], dtype=np.int64)
+    table = np.empty((p, 2), dtype=np.int64)
+    comm.all_gather(table, counts_first, group=group)
+    later = [int(f) for f in table[me + 1:, 1] if f >= 0]
+    ends = np.append(first + at[1:], later[0] if later else n)
+    counts = ends - (first + at)
+    u = int(table[:, 0].sum())
+    out_layout = Layout.make((u,), layout.placement, sbp)
+    sizes = np.array([out_layout.local_shape(r)[0] for r in chain.ranks], dtype=np.int64)
+    target = _Target(np.asarray(block_starts(sizes.tolist()), dtype=np.int64), sizes, u)
+    held_u = table[:, 0]
+
+    def put(a: Any, dtype: np.dtype) -> GlobalTensor:
+        block = _to_layout(xp, xp.asarray(a), held_u, chain, target, 1, False).reshape(-1)
+        return GlobalTensor(xp.ascontiguousarray(block).astype(dtype, copy=False),
+                            out_layout, dtype)
+
+    at_x = xp.asarray(at)
+    inv = None
+    if inverse:
+        ids = int(table[:me, 0].sum()) + xp.cumsum(new.astype(np.int64)) - 1
+        inv = GlobalTensor(_inverse(xp, gidx, ids, plan, chain, group), layout,
+                           np.dtype(np.int64))
+    return Unique(put(vals[at_x], x.dtype), put(gidx[at_x], np.dtype(np.int64)), inv,
+                  put(counts, np.dtype(np.int64)))

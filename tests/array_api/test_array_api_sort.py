@@ -284,3 +284,48 @@ def test_sort_rejects_bad_arguments_before_communicating():
         with pytest.raises(IndexError, match="axis 1 is out of range"):
             xp.argsort(x, axis=1)
     assert len(t) == 0
+
+
+def numpy_unique_all(a: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The standard's ``unique_all`` by NumPy on the whole array (every NaN distinct)."""
+    v, i, inv, c = np.unique(a, return_index=True, return_inverse=True, return_counts=True,
+                             equal_nan=False)
+    return v, i.astype(np.int64), inv.astype(np.int64), c.astype(np.int64)
+
+
+@pytest.mark.mpi
+@SOME
+@given(values())
+def test_unique_of_a_split_vector_by_sample_sort(a):
+    # issue 43: unique_* of a split 1-D array sort it (sample sort) instead of gathering
+    x = place(a, "split")
+    v, i, inv, c = numpy_unique_all(a)
+    with sm.trace() as t:
+        u = xp.unique_all(x)
+    for got, want in zip(u, (v, i, inv, c)):
+        assert same(got.numpy(), want), (a, got.numpy(), want)
+    default = sm.tensor(v, placement=x.placement, sbp=split(0)).layout
+    assert u.values.layout == u.indices.layout == u.counts.layout == default
+    assert u.inverse_indices.layout == x.layout
+    assert same(xp.unique_values(x).numpy(), v)
+    uc, ui = xp.unique_counts(x), xp.unique_inverse(x)
+    assert same(uc.values.numpy(), v) and same(uc.counts.numpy(), c)
+    assert same(ui.values.numpy(), v) and same(ui.inverse_indices.numpy(), inv)
+    if size > 1 and a.size:
+        # the sort's all-to-all, then the inverse's; gathers of O(p) elements only
+        assert t.count("all_to_all_v") == 2, t.ops()
+        assert set(t.ops()) <= {"all_gather_v", "all_gather", "all_to_all_v"} | POINT_TO_POINT
+        from sbpmpi.array_api._sort import OVERSAMPLE
+        assert t.nbytes("all_gather_v") <= OVERSAMPLE * size * 16
+        assert t.nbytes("all_gather") <= 3 * 16 * size
+
+
+@pytest.mark.mpi
+def test_unique_of_complex_and_one_value_vectors():
+    rng = np.random.default_rng(7)
+    for a in (np.full(3 * size + 1, 2.5), np.full(size - 1 or 1, np.nan),
+              (rng.integers(-1, 2, 5 * size) + 1j * rng.integers(0, 2, 5 * size)),
+              np.array([0.0, -0.0] * size + [np.nan])):
+        x = place(a, "split")
+        for got, want in zip(xp.unique_all(x), numpy_unique_all(a)):
+            assert same(got.numpy(), want), (a, got.numpy(), want)
