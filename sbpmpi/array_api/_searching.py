@@ -2,11 +2,12 @@
 
 ``argmax``, ``argmin`` hold the searched axis whole on each rank (a split there is boxed
 first). ``sort`` and ``argsort`` move a split of the sorted axis to another axis (an
-all-to-all) where one can take it, else sort in place with merge-split odd-even
-transposition (:mod:`._sort`: the result keeps the input's layout); ``searchsorted`` holds ``x1`` whole and keeps the layout
+all-to-all) where one can take it, else sort in place with a sample sort
+(:mod:`._sort`: one all-to-all; the result keeps the input's layout); ``searchsorted`` holds ``x1`` whole and keeps the layout
 of ``x2``. Data-dependent shapes (``nonzero``, ``unique_*``) are computed from the value
 gathered on every rank and come out split on their first axis (balanced) under the
-namespace default, like every array the namespace creates.
+namespace default, like every array the namespace creates; ``unique_*`` of a 1-D array
+split on a 1-D placement runs a sample sort instead (:func:`._sort.sample_unique`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from ..core.sbp import Split
 from ..ops.reduction import reduced
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
-from ._device import from_value
+from ._device import default_sbp, from_value
 from ._local import array_arg, axis_op, norm_axes, run_local
-from ._sort import merge_split_sort, taking_dim
+from ._sort import Unique, sample_sort, sample_unique, taking_dim
 
 __all__ = ["numpy_unique", "argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",
            "unique_counts", "unique_inverse", "unique_values"]
@@ -104,8 +105,8 @@ def _sort(name: str, x: GlobalTensor, axis: int, descending: bool, stable: bool
         if k is not None:  # an all-to-all moves the split off the sorted axis; it stays on k
             x = x.to_global(sbp=tuple(Split(k) if isinstance(s, Split) and s.dim == d else s
                                       for s in x.sbp))
-        elif x.dtype.kind != "c":
-            return merge_split_sort(x, d, bool(descending), name == "argsort")
+        else:
+            return sample_sort(x, d, bool(descending), name == "argsort")
 
     def kernel(xp: ModuleType, a: Any) -> Any:
         if name == "sort":
@@ -161,29 +162,57 @@ def _unique(x: GlobalTensor, equal_nan: bool = False
         counts.astype(np.int64)
 
 
+def _by_sample_sort(x: GlobalTensor) -> bool:
+    """Whether ``unique`` of ``x`` runs as a sample sort: a 1-D array split on a 1-D
+    placement of several ranks, whose results take that split (the namespace default)."""
+    pl = x.placement
+    return (x.ndim == 1 and x.size > 0 and pl.ndim == 1 and len(pl.rank_list) > 1
+            and x.sbp == (Split(0),) and default_sbp(1, pl) == x.sbp)
+
+
+def _distributed_unique(name: str, x: GlobalTensor, inverse: bool) -> Unique | None:
+    """The sample sort's ``unique`` of ``x`` where it applies, else None (gathered)."""
+    array_arg(name, x)
+    x = reduced(x)
+    if not _by_sample_sort(x):
+        return None
+    return sample_unique(x, x.sbp, inverse)
+
+
 def unique_values(x: GlobalTensor, /) -> GlobalTensor:
-    """The distinct values of ``x``, sorted, 1-D (gathered on every rank)."""
-    array_arg("unique_values", x)
+    """The distinct values of ``x``, sorted, 1-D (a sample sort for a split 1-D ``x``,
+    else gathered on every rank)."""
+    u = _distributed_unique("unique_values", x, False)
+    if u is not None:
+        return u.values
     return from_value(_unique(x)[0], x.placement)
 
 
 def unique_counts(x: GlobalTensor, /) -> UniqueCounts:
     """The distinct values of ``x`` and how often each occurs."""
-    array_arg("unique_counts", x)
+    u = _distributed_unique("unique_counts", x, False)
+    if u is not None:
+        return UniqueCounts(u.values, u.counts)
     v, _, _, c = _unique(x)
     return UniqueCounts(from_value(v, x.placement), from_value(c, x.placement))
 
 
 def unique_inverse(x: GlobalTensor, /) -> UniqueInverse:
     """The distinct values of ``x`` and, for each element, the index of its value."""
-    array_arg("unique_inverse", x)
+    u = _distributed_unique("unique_inverse", x, True)
+    if u is not None:
+        assert u.inverse is not None
+        return UniqueInverse(u.values, u.inverse)
     v, _, inv, _ = _unique(x)
     return UniqueInverse(from_value(v, x.placement), from_value(inv, x.placement))
 
 
 def unique_all(x: GlobalTensor, /) -> UniqueAll:
     """The distinct values of ``x``, the first index of each, the inverse and the counts."""
-    array_arg("unique_all", x)
+    u = _distributed_unique("unique_all", x, True)
+    if u is not None:
+        assert u.inverse is not None
+        return UniqueAll(u.values, u.indices, u.inverse, u.counts)
     v, i, inv, c = _unique(x)
     return UniqueAll(*(from_value(a, x.placement) for a in (v, i, inv, c)))
 

@@ -1,24 +1,36 @@
-"""A distributed sort along a split axis: local sorts, then merge-split odd-even
-transposition (Baudet and Stevenson) over the ranks that split the sorted axis.
+"""A distributed sort along a split axis: sample sort, one all-to-all.
 
 Used by ``sort`` and ``argsort`` when the sorted axis is split and no other axis can take
 the split (a 1-D array, or the other axes are split already or shorter than the ranks).
-The result keeps the input's layout, uneven and empty blocks included: each rank holds
-its block (padded to the largest) plus, during one round, one neighbour's. There are
-``p`` rounds over the ``p`` ranks of the chain; in round ``r`` the pairs ``(i, i + 1)``
-with ``i % 2 == r % 2`` exchange their blocks (point-to-point; the sizes come from the
-layout), both merge, the lower keeps the smaller half and the upper the larger. With
-blocks of equal size the concatenation is sorted after ``p`` rounds (Baudet and
-Stevenson, by the 0-1 principle); with unequal blocks it may not be (blocks 2, 1, 1, 1
-holding 4 3 | 2 | 1 | 0 end as 0 2 | 1 | 3 | 4), so uneven blocks are padded to the
-largest with elements that sort after all others, and one final exchange puts the real
-elements, then the first ones, back in the input's blocks.
+The result keeps the input's layout, uneven and empty blocks included. Per group of the
+ranks whose blocks of the sorted dim lie one after another (the *chain*; the other mesh
+axes run their own groups), with ``p`` ranks and ``n`` elements along the dim:
 
-Elements are ordered by (key, global index) lexicographically, so ties come out as the
-stable kernel of :mod:`._searching` puts them: ascending keeps the original order (NaN
-last); descending is NumPy's ascending order flipped (NaN first), so ``sort`` puts equal
-elements in reverse original order (seen on signed zeros) and ``argsort`` in original
-order (the standard's stability rule).
+1. each rank sorts its block along the dim (stable), one row per position of the other
+   dims (a *fiber*);
+2. each rank takes up to ``OVERSAMPLE * p`` regular samples of its sorted rows and the
+   samples are gathered (``all_gather_v``, a few elements per rank); every rank picks the
+   same ``p - 1`` splitters, weighted quantiles of the samples;
+3. each rank cuts its sorted rows at the splitters and the cut positions are gathered
+   (``all_gather``, ``p`` ints per rank): every rank knows what every rank sends;
+4. one ``all_to_all_v`` sends each piece to the rank of its bucket (argsort: the values
+   and their global indices packed in one byte buffer); each rank merges what it got
+   (a stable sort of the concatenated sorted runs);
+5. point-to-point messages put the sorted sequence back in the input's blocks: a rank's
+   bucket is a contiguous range of the result per fiber, so it goes to the few ranks
+   whose blocks overlap it (in 1-D its own and the neighbouring ones).
+
+Three collectives (two of ``O(p)`` elements per rank) and one point-to-point exchange,
+whatever ``p``; a rank sends its block twice (all-to-all, then back to the layout).
+
+Elements are ordered by (fiber, key, global index) lexicographically, so splitters cut
+runs of equal keys deterministically and ties come out as the stable kernel of
+:mod:`._searching` puts them: the runs are concatenated in block order before the stable
+merge, so equal elements keep their original order (the global indices themselves only
+travel for ``argsort``). NaN sorts last, as NumPy's sort (complex: NumPy's lexicographic
+order). Descending: ``sort`` is the ascending result flipped (NaN first, equal elements
+in reverse original order); ``argsort`` sorts the flipped array ascending and flips the
+result, so equal elements keep their original order (the standard's stability rule).
 """
 
 from __future__ import annotations
@@ -35,10 +47,12 @@ from ..core.sbp import Split
 from ..env import get_rank
 from ..tensor import GlobalTensor
 
-__all__ = ["Chain", "merge_split_sort", "taking_dim"]
+__all__ = ["Chain", "OVERSAMPLE", "sample_sort", "sample_unique", "taking_dim"]
 
-#: Tag of the merge-split messages (MPI keeps their order between two ranks).
+#: Tag of the point-to-point messages that put the result in the input's blocks.
 TAG = 23
+#: Samples per rank and per rank of the chain: more samples, better balanced buckets.
+OVERSAMPLE = 16
 
 
 class Chain:
@@ -61,100 +75,211 @@ class Chain:
         self.me: int = self.ranks.index(rank)
 
 
-class _Order(NamedTuple):
-    descending: bool
-    reverse_ties: bool  # ties by descending global index (sort, descending)
-
-
-class _Block(NamedTuple):
-    """A block along the sorted dim: values, global indices, and which are padding."""
+class _Rows(NamedTuple):
+    """This rank's block as sorted rows (one per fiber): ``values``, their virtual global
+    indices ``vidx`` (of the flipped array for a descending argsort) and the real ones
+    ``gidx``."""
 
     values: Any
-    index: Any
-    pad: Any
+    vidx: Any
+    gidx: Any
 
 
-def _keys(xp: ModuleType, a: Any, idx: Any, pad: Any, order: _Order) -> list[Any]:
-    """Sort keys, least significant first: each is sorted by a stable pass in turn; the
-    padding goes after every element."""
-    keys = [-idx if order.reverse_ties else idx]
-    if not order.descending:
-        keys.append(a)
-    elif a.dtype.kind == "f":
-        # -a ascending is a descending with NaN last; NaN first, as the flipped kernel
-        keys += [-a, ~xp.isnan(a)]
-    else:
-        keys.append(~a)  # strictly decreasing for bools, signed and unsigned ints
-    return keys + [pad]
+class _Splitters(NamedTuple):
+    """``p - 1`` splitters, ascending by (fiber, value, virtual global index)."""
+
+    fiber: np.ndarray
+    values: np.ndarray
+    vidx: np.ndarray
 
 
-def _merge(xp: ModuleType, block: _Block, d: int, order: _Order) -> _Block:
-    """``block`` ordered along ``d`` by (padding, key, global index)."""
-    perm = None
-    for k in _keys(xp, block.values, block.index, block.pad, order):
-        kk = k if perm is None else xp.take_along_axis(k, perm, axis=d)
-        p = xp.argsort(kk, axis=d, kind="stable")
-        perm = p if perm is None else xp.take_along_axis(perm, p, axis=d)
-    return _Block(*(xp.take_along_axis(a, perm, axis=d) for a in block))
+def _host(a: Any) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def _exchange(xp: ModuleType, block: _Block, peer: int) -> _Block:
-    """Swap ``block`` with ``peer``'s block of the same shape."""
-    got = _Block(*(xp.empty(a.shape, dtype=a.dtype) for a in block))
-    works = [comm.irecv(a, peer, TAG) for a in got]
-    works += [comm.isend(xp.ascontiguousarray(a), peer, TAG) for a in block]
-    for w in works:
-        w.wait()
-    return got
+def _pack(xp: ModuleType, values: Any, ints: Any) -> Any:
+    """Rows of bytes: each value followed by its int64, so one message carries both."""
+    w = values.dtype.itemsize
+    out = xp.empty((values.size, w + 8), dtype=np.uint8)
+    out[:, :w] = xp.ascontiguousarray(values).view(np.uint8).reshape(-1, w)
+    out[:, w:] = xp.ascontiguousarray(ints.astype(np.int64)).view(np.uint8).reshape(-1, 8)
+    return out
 
 
-def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
-    lo, hi = max(a[0], b[0]), min(a[1], b[1])
-    return (lo, hi) if lo < hi else None
+def _unpack(xp: ModuleType, rows: Any, dtype: np.dtype) -> tuple[Any, Any]:
+    w = dtype.itemsize
+    values = xp.ascontiguousarray(rows[:, :w]).view(dtype).reshape(-1)
+    ints = xp.ascontiguousarray(rows[:, w:]).view(np.int64).reshape(-1)
+    return values, ints
 
 
-def _unpad(xp: ModuleType, out: Any, chain: Chain, width: int, d: int) -> Any:
-    """The first ``n`` elements of the padded sorted sequence (``width`` per rank) put back
-    in the chain's blocks: each rank sends the parts of its padded block that other blocks
-    hold (pure metadata: every rank computes the same plan)."""
-    me = chain.me
-    held = (me * width, (me + 1) * width)
-    target = (chain.starts[me], chain.starts[me] + chain.sizes[me])
-    shape = list(out.shape)
-    shape[d] = chain.sizes[me]
-    mine = xp.empty(tuple(shape), dtype=out.dtype)
-    works, later = [], []
+def _stable_order(xp: ModuleType, values: Any, fiber: Any | None) -> Any:
+    """The permutation sorting by (fiber, value), stable."""
+    perm = xp.argsort(values, kind="stable")
+    if fiber is not None:
+        perm = perm[xp.argsort(fiber[perm], kind="stable")]
+    return perm
+
+
+def _local_sort(xp: ModuleType, rows: Any, vstart: int, n: int, flip_in: bool) -> _Rows:
+    perm = xp.argsort(rows, axis=1, kind="stable")
+    vidx = vstart + perm
+    return _Rows(xp.take_along_axis(rows, perm, axis=1), vidx, n - 1 - vidx if flip_in else vidx)
+
+
+def _sample_counts(fibers: int, sizes: Sequence[int], p: int) -> list[int]:
+    return [min(fibers * m, OVERSAMPLE * p) for m in sizes]
+
+
+def _splitters(xp: ModuleType, rows: _Rows, chain: Chain, group: comm.Group, n: int
+               ) -> _Splitters:
+    """Regular samples of every rank's sorted rows, gathered; the same weighted quantiles
+    on every rank."""
+    p, me = len(chain.ranks), chain.me
+    fibers, m = rows.values.shape
+    counts = _sample_counts(fibers, chain.sizes, p)
+    c, total = counts[me], fibers * m
+    at = (2 * np.arange(c, dtype=np.int64) + 1) * total // (2 * c) if c else \
+        np.zeros(0, dtype=np.int64)
+    at_x = xp.asarray(at)
+    key = xp.asarray(at // max(m, 1)) * n + rows.vidx.reshape(-1)[at_x]
+    mine = _pack(xp, rows.values.reshape(-1)[at_x], key)
+    width = mine.shape[1]
+    got = xp.empty((sum(counts), width), dtype=np.uint8)
+    comm.all_gather_v(got, mine, [k * width for k in counts], group=group)
+    values, keys = (_host(a) for a in _unpack(xp, got, rows.values.dtype))
+    fiber, vidx = keys // n, keys % n
+    weight = np.repeat([fibers * s / k if k else 0.0 for s, k in zip(chain.sizes, counts)],
+                       counts)
+    order = np.lexsort((vidx, values, fiber))
+    cum = np.cumsum(weight[order])
+    want = np.arange(1, p) * (fibers * n / p)
+    pick = order[np.minimum(np.searchsorted(cum, want, side="left"), len(order) - 1)]
+    return _Splitters(fiber[pick], values[pick], vidx[pick])
+
+
+def _cuts(xp: ModuleType, rows: _Rows, sp: _Splitters) -> list[int]:
+    """Where each splitter cuts this rank's sorted rows, read fiber by fiber: the number
+    of elements before it in (fiber, value, virtual global index) order."""
+    m = rows.values.shape[1]
+    out = []
+    for f, v, g in zip(sp.fiber.tolist(), sp.values, sp.vidx.tolist()):
+        row = rows.values[f]
+        lo = int(xp.searchsorted(row, v, side="left"))
+        hi = int(xp.searchsorted(row, v, side="right"))
+        # equal values sit in ascending global index (the local sort is stable)
+        out.append(f * m + lo + int(xp.searchsorted(rows.vidx[f, lo:hi], g, side="left")))
+    return out
+
+
+class _Plan(NamedTuple):
+    """Who sends what: ``sends[i][j]`` elements from chain rank ``i`` to bucket ``j``."""
+
+    cut: np.ndarray  # (p, p + 1): chain rank i's cut positions, 0 first and its total last
+    sends: np.ndarray  # (p, p)
+
+
+def _plan(xp: ModuleType, cuts: list[int], chain: Chain, group: comm.Group, fibers: int
+          ) -> _Plan:
+    p = len(chain.ranks)
+    mine = np.array(cuts, dtype=np.int64)
+    got = np.empty((p, p - 1), dtype=np.int64)
+    comm.all_gather(got, mine, group=group)
+    total = np.array([fibers * m for m in chain.sizes], dtype=np.int64)[:, None]
+    cut = np.concatenate([np.zeros((p, 1), dtype=np.int64), got, total], axis=1)
+    return _Plan(cut, np.diff(cut, axis=1))
+
+
+def _exchange(xp: ModuleType, rows: _Rows, plan: _Plan, chain: Chain, group: comm.Group,
+              indices: bool, flip_in: bool) -> tuple[Any, Any]:
+    """The one all-to-all: this rank's bucket, merged (values, and the real global indices
+    for argsort), in (fiber, value, virtual global index) order."""
+    p, me = len(chain.ranks), chain.me
+    dtype = rows.values.dtype
+    values = rows.values.reshape(-1)
+    payload = _pack(xp, values, rows.gidx.reshape(-1)) if indices else values
+    width = payload.shape[1] if indices else 1
+    recv_counts = plan.sends[:, me]
+    got = xp.empty((int(recv_counts.sum()),) + payload.shape[1:], dtype=payload.dtype)
+    comm.all_to_all_v(got, [int(k) * width for k in recv_counts], payload,
+                      [int(k) * width for k in plan.sends[me]], group=group)
+    vals, gidx = _unpack(xp, got, dtype) if indices else (got, None)
+    # runs in virtual block order, so that the stable merge keeps equal elements in order
+    runs = list(zip(block_starts(recv_counts.tolist()), recv_counts.tolist(), range(p)))
+    if flip_in:
+        runs.reverse()
+    fibers = rows.values.shape[0]
+    fiber = None
+    if fibers > 1:
+        fiber = xp.concatenate([xp.arange(plan.cut[i, me], plan.cut[i, me + 1]) //
+                                max(chain.sizes[i], 1) for _, _, i in runs]
+                               ) if runs else xp.zeros(0, dtype=np.int64)
+    if flip_in:
+        pick = xp.concatenate([xp.arange(s, s + k) for s, k, _ in runs])
+        vals = vals[pick]
+        gidx = gidx[pick] if gidx is not None else None
+    perm = _stable_order(xp, vals, fiber)
+    return vals[perm], (gidx[perm] if gidx is not None else None)
+
+
+def _target_count(at: np.ndarray, n: int, lo: int, hi: int) -> np.ndarray:
+    """How many sorted positions before ``at`` (fiber * n + position) fall in [lo, hi) of
+    their fiber."""
+    return (at // n) * (hi - lo) + np.clip(at % n - lo, 0, hi - lo)
+
+
+class _Target(NamedTuple):
+    """Blocks of a 1-D sequence of ``n`` (per fiber) over the chain's ranks."""
+
+    starts: np.ndarray
+    sizes: np.ndarray
+    n: int
+
+
+def _to_layout(xp: ModuleType, out: Any, held: np.ndarray, chain: Chain, target: _Target,
+               fibers: int, flip_out: bool) -> Any:
+    """The buckets (``held[j]`` elements on chain rank ``j``, one after another) put in the
+    target's blocks (pure metadata: every rank computes the same plan): sorted position
+    q of fiber f goes to index q of the dim (n - 1 - q with ``flip_out``)."""
+    me, n = chain.me, target.n
+    p = len(chain.ranks)
+    first = np.concatenate([[0], np.cumsum(held)])  # bucket j holds [first[j], first[j+1])
+    starts, sizes = target.starts, target.sizes
+    # where my elements go
+    at = first[me] + np.arange(held[me], dtype=np.int64)
+    q = at % n
+    k = n - 1 - q if flip_out else q
+    dest = np.searchsorted(starts, k, side="right") - 1
+    order = np.argsort(dest, kind="stable")
+    send_counts = np.bincount(dest, minlength=p)
+    sends = xp.asarray(out)[xp.asarray(order)]
+    # what I get: the sorted positions of my block, fiber by fiber, from the buckets
+    lo, hi = (n - starts[me] - sizes[me], n - starts[me]) if flip_out else \
+        (starts[me], starts[me] + sizes[me])
+    recv_counts = _target_count(first[1:], n, lo, hi) - _target_count(first[:-1], n, lo, hi)
+    got = xp.empty(int(recv_counts.sum()), dtype=out.dtype)
+    send_at, recv_at = block_starts(send_counts.tolist()), block_starts(recv_counts.tolist())
+    works = []
     for j, r in enumerate(chain.ranks):
-        send = _ranges_overlap(held, (chain.starts[j], chain.starts[j] + chain.sizes[j]))
-        recv = _ranges_overlap((j * width, (j + 1) * width), target)
-        if send is not None:
-            part = out[_span(out.ndim, d, send[0] - held[0], send[1] - held[0])]
-            if j == me:
-                mine[_span(out.ndim, d, send[0] - target[0], send[1] - target[0])] = part
-            else:
-                works.append(comm.isend(xp.ascontiguousarray(part), r, TAG))
-        if recv is not None and j != me:
-            rshape = list(shape)
-            rshape[d] = recv[1] - recv[0]
-            buf = xp.empty(tuple(rshape), dtype=out.dtype)
-            works.append(comm.irecv(buf, r, TAG))
-            later.append((recv, buf))
+        if j == me:
+            if send_counts[j]:
+                got[recv_at[j]:recv_at[j] + recv_counts[j]] = \
+                    sends[send_at[j]:send_at[j] + send_counts[j]]
+            continue
+        if recv_counts[j]:
+            works.append(comm.irecv(got[recv_at[j]:recv_at[j] + recv_counts[j]], r, TAG))
+        if send_counts[j]:
+            works.append(comm.isend(
+                xp.ascontiguousarray(sends[send_at[j]:send_at[j] + send_counts[j]]), r, TAG))
     for w in works:
         w.wait()
-    for (lo, hi), buf in later:
-        mine[_span(out.ndim, d, lo - target[0], hi - target[0])] = buf
-    return mine
+    block = got.reshape(fibers, hi - lo)
+    return block[:, ::-1] if flip_out else block
 
 
-def merge_split_sort(x: GlobalTensor, d: int, descending: bool, indices: bool
-                     ) -> GlobalTensor:
+def sample_sort(x: GlobalTensor, d: int, descending: bool, indices: bool) -> GlobalTensor:
     """``x`` sorted along its split dim ``d`` (``indices``: the argsort) in the layout of
-    ``x``; ``x`` has no partial mesh axis.
-
-    Blocks of unequal sizes are padded to the largest (padding sorts last), for which
-    ``p`` rounds are proven to sort; the real elements, then first in the sequence, go
-    back to the input's blocks in one exchange at the end.
-    """
+    ``x``; ``x`` has no partial mesh axis."""
     layout = x.layout
     dtype = np.dtype(np.int64) if indices else x.dtype
     rank = get_rank()
@@ -162,52 +287,122 @@ def merge_split_sort(x: GlobalTensor, d: int, descending: bool, indices: bool
         return GlobalTensor(np.empty(layout.local_shape(rank), dtype=dtype), layout, dtype)
     xp = backend.get_xp(layout.placement.type)
     chain = Chain(layout, d, rank)
-    order = _Order(descending, descending and not indices)
-    p, me = len(chain.ranks), chain.me
-    width = max(chain.sizes)
-    even = min(chain.sizes) == width
-    a = x.to_local()
-    n_me = a.shape[d]
-    shape = list(a.shape)
-    shape[d] = width
-    if not even:
-        a = xp.concatenate([a, xp.zeros(tuple(shape[:d] + [width - n_me] + shape[d + 1:]),
-                                        dtype=a.dtype)], axis=d)
-    line = [1] * a.ndim
-    line[d] = width
-    # global index of each real element; the padding gets ids after all of them
-    ids = xp.arange(width, dtype=np.int64)
-    ids = xp.where(ids < n_me, chain.starts[me] + ids, chain.total + me * width + ids)
-    block = _Block(a, xp.broadcast_to(ids.reshape(line), a.shape),
-                   xp.broadcast_to((xp.arange(width) >= n_me).reshape(line), a.shape))
-    block = _merge(xp, block, d, order)
-    for r in range(p if width else 0):
-        lower = me if me % 2 == r % 2 else me - 1
-        if lower < 0 or lower + 1 >= p:
-            continue
-        peer = chain.ranks[lower + 1] if me == lower else chain.ranks[lower]
-        got = _exchange(xp, block, peer)
-        pair = (block, got) if me == lower else (got, block)
-        merged = _merge(xp, _Block(*(xp.concatenate(ab, axis=d) for ab in zip(*pair))),
-                        d, order)
-        keep = _span(a.ndim, d, 0, width) if me == lower else _span(a.ndim, d, width, 2 * width)
-        block = _Block(*(m[keep] for m in merged))
-    out = block.index if indices else block.values
-    if not even:
-        out = _unpad(xp, out, chain, width, d)
+    p, me, n = len(chain.ranks), chain.me, chain.total
+    flip_in = descending and indices  # argsort descending: the flipped array, ascending
+    a = xp.moveaxis(x.to_local(), d, -1)
+    moved = a.shape
+    rows = a.reshape(int(np.prod(moved[:-1])), moved[-1])
+    fibers = rows.shape[0]
+    if flip_in:
+        rows = rows[:, ::-1]
+    # virtual block order: reversed for a flipped array
+    vstart = n - chain.starts[me] - chain.sizes[me] if flip_in else chain.starts[me]
+    mine = _local_sort(xp, rows, vstart, n, flip_in)
+    if p == 1 or n == 0 or fibers == 0:  # nothing to exchange
+        out = mine.gidx if indices else mine.values
+        out = out[:, ::-1] if descending else out
+    else:
+        group = comm.get_group(chain.ranks)
+        sp = _splitters(xp, mine, chain, group, n)
+        plan = _plan(xp, _cuts(xp, mine, sp), chain, group, fibers)
+        vals, gidx = _exchange(xp, mine, plan, chain, group, indices, flip_in)
+        target = _Target(np.asarray(chain.starts), np.asarray(chain.sizes), n)
+        out = _to_layout(xp, gidx if indices else vals, plan.sends.sum(axis=0), chain, target,
+                         fibers, descending)
+    out = xp.moveaxis(xp.ascontiguousarray(out).reshape(moved), -1, d)
     return GlobalTensor(xp.ascontiguousarray(out).astype(dtype, copy=False), layout, dtype)
-
-
-def _span(ndim: int, d: int, start: int, stop: int) -> tuple[slice, ...]:
-    return tuple(slice(start, stop) if k == d else slice(None) for k in range(ndim))
 
 
 def taking_dim(shape: Sequence[int], layout: Layout, d: int) -> int | None:
     """The dim that takes the split of ``d`` before a sort along ``d`` (an all-to-all):
     the longest dim split by no mesh axis and at least as long as the ranks that split
-    ``d`` (the first of equal ones); None where there is none (then merge-split)."""
+    ``d`` (the first of equal ones); None where there is none (then sample sort)."""
     axes = [m for m, s in enumerate(layout.sbp) if isinstance(s, Split) and s.dim == d]
     ranks = int(np.prod([layout.placement.hierarchy[m] for m in axes]))
     split_dims = {s.dim for s in layout.sbp if isinstance(s, Split)}
     free = [k for k, n in enumerate(shape) if k != d and k not in split_dims and n >= ranks]
     return max(free, key=lambda k: (shape[k], -k)) if free else None
+
+
+class Unique(NamedTuple):
+    """The distinct values of a 1-D array, the first index of each, the inverse (in the
+    input's layout) and the counts."""
+
+    values: GlobalTensor
+    indices: GlobalTensor
+    inverse: GlobalTensor | None
+    counts: GlobalTensor
+
+
+def _inverse(xp: ModuleType, gidx: Any, ids: Any, plan: _Plan, chain: Chain,
+             group: comm.Group) -> Any:
+    """Each element's distinct-value number sent back to its place: the all-to-all
+    reversed (bucket j returns to rank i the ``plan.sends[i][j]`` elements it got)."""
+    me = chain.me
+    starts = np.asarray(chain.starts)
+    dest = np.searchsorted(starts, _host(gidx), side="right") - 1
+    order = xp.asarray(np.argsort(dest, kind="stable"))
+    pairs = xp.stack([gidx[order], ids[order]], axis=1)
+    got = xp.empty((int(plan.sends[me].sum()), 2), dtype=np.int64)
+    comm.all_to_all_v(got, [2 * int(k) for k in plan.sends[me]], pairs,
+                      [2 * int(k) for k in plan.sends[:, me]], group=group)
+    out = xp.empty(chain.sizes[me], dtype=np.int64)
+    out[got[:, 0] - chain.starts[me]] = got[:, 1]
+    return out
+
+
+def sample_unique(x: GlobalTensor, sbp: Any, inverse: bool) -> Unique:
+    """``unique`` of a 1-D ``x`` split on a 1-D placement (its ``p`` ranks are the chain):
+    the sample sort's buckets (values and global indices), then each value that differs
+    from the one before it starts a distinct value (every NaN does: the standard's rule);
+    two small gathers (each bucket's last value, then its count of distinct values and the
+    position of its first) give every rank the numbering; the results go to the blocks of
+    ``sbp`` (the namespace default) point-to-point; ``inverse``: one more all-to-all
+    returns each element's number to its place (the inverse keeps ``x``'s layout, the
+    default one)."""
+    layout = x.layout
+    xp = backend.get_xp(layout.placement.type)
+    rank = get_rank()
+    chain = Chain(layout, 0, rank)
+    p, me, n = len(chain.ranks), chain.me, chain.total
+    group = comm.get_group(chain.ranks)
+    mine = _local_sort(xp, x.to_local().reshape(1, -1), chain.starts[me], n, False)
+    sp = _splitters(xp, mine, chain, group, n)
+    plan = _plan(xp, _cuts(xp, mine, sp), chain, group, 1)
+    vals, gidx = _exchange(xp, mine, plan, chain, group, True, False)
+    held = plan.sends.sum(axis=0)
+    lasts = xp.empty((p, 1), dtype=vals.dtype)
+    comm.all_gather(lasts, vals[-1:] if held[me] else xp.zeros(1, dtype=vals.dtype),
+                    group=group)
+    before = [j for j in range(me) if held[j]]
+    new = xp.ones(int(held[me]), dtype=bool)
+    new[1:] = vals[1:] != vals[:-1]
+    if before and held[me]:
+        new[0] = bool(vals[0] != lasts[before[-1], 0])
+    at = np.flatnonzero(_host(new))
+    first = int(held[:me].sum())
+    counts_first = np.array([at.size, first + at[0] if at.size else -1], dtype=np.int64)
+    table = np.empty((p, 2), dtype=np.int64)
+    comm.all_gather(table, counts_first, group=group)
+    later = [int(f) for f in table[me + 1:, 1] if f >= 0]
+    ends = np.append(first + at[1:], later[0] if later else n)
+    counts = ends - (first + at)
+    u = int(table[:, 0].sum())
+    out_layout = Layout.make((u,), layout.placement, sbp)
+    sizes = np.array([out_layout.local_shape(r)[0] for r in chain.ranks], dtype=np.int64)
+    target = _Target(np.asarray(block_starts(sizes.tolist()), dtype=np.int64), sizes, u)
+    held_u = table[:, 0]
+
+    def put(a: Any, dtype: np.dtype) -> GlobalTensor:
+        block = _to_layout(xp, xp.asarray(a), held_u, chain, target, 1, False).reshape(-1)
+        return GlobalTensor(xp.ascontiguousarray(block).astype(dtype, copy=False),
+                            out_layout, dtype)
+
+    at_x = xp.asarray(at)
+    inv = None
+    if inverse:
+        ids = int(table[:me, 0].sum()) + xp.cumsum(new.astype(np.int64)) - 1
+        inv = GlobalTensor(_inverse(xp, gidx, ids, plan, chain, group), layout,
+                           np.dtype(np.int64))
+    return Unique(put(vals[at_x], x.dtype), put(gidx[at_x], np.dtype(np.int64)), inv,
+                  put(counts, np.dtype(np.int64)))
