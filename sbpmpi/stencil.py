@@ -47,7 +47,7 @@ def map_overlap(fn: Callable[..., Any], *tensors: GlobalTensor, depth: Any,
         (``"edge"``), ``"constant"`` (``value``).
     value : scalar
         The fill of ``boundary="constant"``.
-    dtype : dtype, optional
+    dtype : numpy dtype, optional
         The result's dtype (``fn``'s result is cast to it); by default that of ``fn``'s
         result, and the inputs' dtype on ranks outside the placement (pass it where
         ``fn`` changes the dtype and the placement leaves ranks out).

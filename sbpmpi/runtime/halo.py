@@ -39,6 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 from .. import backend, comm
+from ..backend import host_pool
 from ..core.layout import Layout, balanced_range
 from ..core.sbp import Split
 
@@ -373,6 +374,16 @@ def _take(local: Any, src: tuple[slice | tuple[int, ...], ...], xp: Any) -> Any:
     return out
 
 
+def _packed(local: Any, src: tuple[slice | tuple[int, ...], ...], xp: Any) -> Any:
+    """A contiguous copy of ``local``'s box ``src`` to send."""
+    box = _take(local, src, xp)
+    if box.flags.c_contiguous and box is not local and box.base is None:
+        return box  # take made a fresh copy
+    out = host_pool.empty(xp, box.shape, box.dtype)
+    out[...] = box
+    return out
+
+
 class Halo:
     """A halo on its way: ``wait()`` returns the padded shard, ``test()`` polls.
 
@@ -416,16 +427,15 @@ def start_halo(local: Any, layout: Layout, depth: tuple[int, ...], boundary: tup
     if not plan.member:
         return Halo(local, [], [])
     xp = backend.get_xp(backend.device_type_of(local))
+    # every array from the host pool: large ones are reused blocks, not fresh pages
+    padded = host_pool.empty(xp, plan.padded_shape, local.dtype)
     if plan.fill:
-        padded = xp.full(plan.padded_shape, value, dtype=local.dtype)
-    else:
-        padded = xp.empty(plan.padded_shape, dtype=local.dtype)
+        padded[...] = value
     recvs = []
     for p in plan.recvs:  # receives first: a message never waits for its buffer
-        buf = xp.empty(tuple(s.stop - s.start for s in p.dst), dtype=local.dtype)
+        buf = host_pool.empty(xp, tuple(s.stop - s.start for s in p.dst), local.dtype)
         recvs.append((comm.irecv(buf, p.peer, TAG), buf, p.dst))
-    sends = [comm.isend(xp.ascontiguousarray(_take(local, p.src, xp)), p.peer, TAG)
-             for p in plan.sends]
+    sends = [comm.isend(_packed(local, p.src, xp), p.peer, TAG) for p in plan.sends]
     for p in plan.local:
         padded[p.dst] = _take(local, p.src, xp)
     return Halo(padded, recvs, sends)
