@@ -55,7 +55,8 @@ def map_overlap(fn: Callable[..., Any], *tensors: GlobalTensor, depth: Any,
     Returns
     -------
     GlobalTensor
-        In the inputs' layout. Equal to ``fn`` applied to ``np.pad`` of the whole array
+        In the inputs' layout; its shard is a view of ``fn``'s result (trimmed, not
+        copied), so ``fn`` should return a new array, not one it keeps. Equal to ``fn`` applied to ``np.pad`` of the whole array
         and trimmed, for any layout, when ``fn`` is a stencil of reach at most ``depth``.
 
     Raises
@@ -106,7 +107,9 @@ def _trimmed(result: Any, plan: _halo.HaloPlan, shard_shape: tuple[int, ...]) ->
     shape = tuple(getattr(result, "shape", ()))
     if shape == plan.padded_shape:
         key = tuple(slice(lo, lo + n) for lo, n in zip(plan.lo, shard_shape))
-        return result[key].copy()  # owns its memory, as every op's result
+        # a view, not a copy: the padded result is fn's own array (a copy would cost a
+        # pass over the shard per step); the shard keeps fn's result alive
+        return result[key]
     if shape == tuple(shard_shape):
         return result
     raise ValueError(
