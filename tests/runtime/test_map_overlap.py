@@ -150,6 +150,9 @@ def test_depth_and_boundary_per_axis_and_several_tensors():
     pb = np.pad(np.pad(b, [(2, 2), (0, 0)], mode="wrap"), [(0, 0), (1, 1)], mode="symmetric")
     expected = (pa * np.roll(pb, 2, axis=0) + np.roll(pa, -1, axis=1))[2:9, 1:6]
     agree(lambda: np.testing.assert_allclose(got.numpy(), expected))
+    # the result's shard (a view of fn's padded result) works with ops and conversions
+    agree_close((got * 2 + x).numpy(), 2 * expected + a)
+    agree_close(got.to_global(sbp=[sm.sbp.broadcast, sm.sbp.split(0)]).numpy(), expected)
     # fn may return the shard's shape instead of the padded one
     same = sm.map_overlap(lambda u: u[2:-2, 1:-1] * 2, x, depth=(2, 1), boundary="nearest")
     agree(lambda: np.testing.assert_array_equal(same.numpy(), 2 * a))
