@@ -59,6 +59,7 @@ _LAZY: dict[str, str] = {
     **{name: "sbpmpi.ops" for name in ops.PUBLIC},  # the public ops of the registry
     "explain": "sbpmpi.explain",
     "einsum": "sbpmpi.contraction",
+    "map_overlap": "sbpmpi.stencil",  # a function of each shard and its neighbours' borders
     "graph": "sbpmpi.capture",  # a training step captured and replayed
     "GraphBreak": "sbpmpi.capture",
     "save": "sbpmpi.checkpoint",

@@ -14,6 +14,7 @@ from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
 from .errors import CopyWriteError
+from .runtime import halo as _halo
 from .runtime import recording as _recording
 from .runtime.consistency import check_collective
 
@@ -279,6 +280,25 @@ class GlobalTensor:
         """The whole global value as a NumPy array, on every rank (collective)."""
         return _conversion.gather_global(  # type: ignore[no-any-return]
             self, agreed=check_collective("x.numpy", (self,)))
+
+    def halo(self, depth: Any, boundary: Any = "none", value: Any = 0.0) -> _halo.Halo:
+        """Start the halo exchange of this rank's shard; ``wait()`` on the handle gives the
+        shard padded by ``depth`` along every axis with its neighbours' data.
+
+        Non-blocking: the messages (to and from neighbours only) are posted here, so the
+        interior can be computed before ``wait()``. ``depth`` is an int, one int per axis
+        or ``{axis: depth}``; ``boundary`` is ``"none"``, ``"periodic"``, ``"reflect"``
+        (``np.pad``'s ``"symmetric"``, as Dask), ``"nearest"`` or ``"constant"`` (with
+        ``value``), or one per axis. The padded shard equals the window of
+        ``np.pad(whole, depth, mode)`` around this rank's block (with ``"none"``, no
+        padding beyond the global edges). Collective over the tensor's placement; a
+        partial tensor is refused. See ``docs/stencils.md`` and ``sm.map_overlap``.
+        """
+        d = _halo.normalize_depth(depth, self.ndim, "halo")
+        b = _halo.normalize_boundary(boundary, self.ndim, "halo")
+        _halo.check_layout(self._layout, d, b, "halo")
+        check_collective("halo", (self, d, b, value))
+        return _halo.start_halo(self._local, self._layout, d, b, value, get_rank())
 
     def to_global(
         self, placement: Placement | None = None, sbp: SBP | Sequence[SBP] | None = None, *,

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("autograd", ("sbpmpi.autograd",)),
     ("api", ("sbpmpi", "sbpmpi.protocols", "sbpmpi.explain", "sbpmpi.visualize",
              "sbpmpi.testing", "sbpmpi.checkpoint", "sbpmpi.nn", "sbpmpi.optim",
-             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api", "sbpmpi.contraction",
+             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api", "sbpmpi.contraction", "sbpmpi.stencil",
              "sbpmpi.einops_backend", "sbpmpi.pipeline", "sbpmpi.amp", "sbpmpi.capture")),
     ("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort")),
 )

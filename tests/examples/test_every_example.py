@@ -38,6 +38,8 @@ CASES = [
     ("mlp_three_layouts.py", 4, "MLP OK", ["sbpmpi.ops:matmul", "sbpmpi.ops:relu",
                                            "sbpmpi.comm.trace:trace"]),
     ("train_mlp.py", 2, "TRAIN_MLP OK", ["sbpmpi.optim:SGD"]),  # more layouts: test_train.py
+    *[("heat2d.py", n, "HEAT2D OK", ["sbpmpi:map_overlap"]) for n in (1, 2, 3, 4)],
+    *[("life.py", n, "LIFE OK", ["sbpmpi:map_overlap"]) for n in (1, 2, 3, 4)],
     ("array_api_sklearn.py", 3, "ARRAY_API_SKLEARN OK",  # skipped where scikit-learn is missing
      ["sbpmpi.array_api:asarray", "sklearn:set_config", "scipy:__version__"]),
 ]
