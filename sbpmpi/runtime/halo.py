@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -55,20 +55,7 @@ TAG = 23311  # tag of the halo messages (boxing's point-to-point moves use 23307
 def normalize_depth(depth: Any, ndim: int, what: str = "halo") -> tuple[int, ...]:
     """One non-negative int per dim from an int, a sequence of ``ndim`` ints or a dict
     ``{axis: depth}`` (missing axes get 0, as Dask)."""
-    if isinstance(depth, dict):
-        out = [0] * ndim
-        for axis, d in depth.items():
-            if type(axis) is not int or not -ndim <= axis < max(ndim, 1) or ndim == 0:
-                raise ValueError(f"{what}: depth has axis {axis!r}, expected an axis of a "
-                                 f"{ndim}-d array")
-            out[axis % ndim] = _one_depth(d, what)
-        return tuple(out)
-    if isinstance(depth, Sequence) and not isinstance(depth, str):
-        if len(depth) != ndim:
-            raise ValueError(f"{what}: depth={tuple(depth)!r} has {len(depth)} entries, "
-                             f"expected one per axis of the {ndim}-d array")
-        return tuple(_one_depth(d, what) for d in depth)
-    return (_one_depth(depth, what),) * ndim
+    return _per_axis(depth, ndim, what, "depth", 0, _one_depth)
 
 
 def _one_depth(d: Any, what: str) -> int:
@@ -84,20 +71,28 @@ def _one_depth(d: Any, what: str) -> int:
 def normalize_boundary(boundary: Any, ndim: int, what: str = "halo") -> tuple[str, ...]:
     """One boundary name per dim from a name, a sequence of ``ndim`` names or a dict
     ``{axis: name}`` (missing axes get ``"none"``)."""
-    if isinstance(boundary, dict):
-        out = ["none"] * ndim
-        for axis, b in boundary.items():
+    return _per_axis(boundary, ndim, what, "boundary", "none", _one_boundary)
+
+
+def _per_axis(value: Any, ndim: int, what: str, name: str, missing: Any,
+              one: Callable[[Any, str], Any]) -> tuple[Any, ...]:
+    """``value`` for every dim, as Dask takes ``depth`` and ``boundary``: one value for all,
+    a sequence of ``ndim`` values, or a dict ``{axis: value}`` (other axes ``missing``);
+    each value checked by ``one``."""
+    if isinstance(value, dict):
+        out = [missing] * ndim
+        for axis, v in value.items():
             if type(axis) is not int or ndim == 0 or not -ndim <= axis < ndim:
-                raise ValueError(f"{what}: boundary has axis {axis!r}, expected an axis of "
+                raise ValueError(f"{what}: {name} has axis {axis!r}, expected an axis of "
                                  f"a {ndim}-d array")
-            out[axis % ndim] = _one_boundary(b, what)
+            out[axis % ndim] = one(v, what)
         return tuple(out)
-    if isinstance(boundary, (list, tuple)):
-        if len(boundary) != ndim:
-            raise ValueError(f"{what}: boundary={tuple(boundary)!r} has {len(boundary)} "
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != ndim:
+            raise ValueError(f"{what}: {name}={tuple(value)!r} has {len(value)} "
                              f"entries, expected one per axis of the {ndim}-d array")
-        return tuple(_one_boundary(b, what) for b in boundary)
-    return (_one_boundary(boundary, what),) * ndim
+        return tuple(one(v, what) for v in value)
+    return (one(value, what),) * ndim
 
 
 def _one_boundary(b: Any, what: str) -> str:
