@@ -153,9 +153,15 @@ class GlobalOp:
         ``dim=``, ...: :mod:`sbpmpi.core.keywords`), found on first need."""
         return KeywordAliases.of(self.build, self.name)
 
+    def canonical_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with NumPy's keywords renamed to the op's own (``sm.sum(x, axis=0)``
+        as ``dim=0``); the same dict, at the cost of one set test, when none is given."""
+        if kwargs and not ALIASES.keys().isdisjoint(kwargs):
+            return self.keyword_aliases.canonical(kwargs)
+        return kwargs
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs and not ALIASES.keys().isdisjoint(kwargs):  # sm.sum(x, axis=0) as dim=0
-            kwargs = self.keyword_aliases.canonical(kwargs)
+        kwargs = self.canonical_keywords(kwargs)
         if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
@@ -179,7 +185,5 @@ def _with_canonical_keywords(call: Callable[..., Any]) -> Callable[..., Any]:
     op's own first (``axis=`` to ``dim=``)."""
     @functools.wraps(call)
     def wrapped(self: GlobalOp, *args: Any, **kwargs: Any) -> Any:
-        if kwargs and not ALIASES.keys().isdisjoint(kwargs):
-            kwargs = self.keyword_aliases.canonical(kwargs)
-        return call(self, *args, **kwargs)
+        return call(self, *args, **self.canonical_keywords(kwargs))
     return wrapped
