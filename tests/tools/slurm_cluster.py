@@ -87,6 +87,10 @@ def _memory_mb() -> int:
         return 1024
 
 
+class PmiReadSplit(RuntimeError):
+    """A job's ranks sent Slurm a PMI-1 request it cut (``pmi_read_split``)."""
+
+
 @dataclass
 class SlurmCluster:
     """A running private cluster; ``env`` is the environment for its client commands."""
@@ -119,18 +123,48 @@ class SlurmCluster:
         return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
     def wait_job(self, job_id: str, timeout: float) -> dict[str, str]:
-        """Wait until the job has ended; raise TimeoutError (after cancelling it) if not."""
+        """Wait until the job has ended; raise TimeoutError (after cancelling it) if not,
+        PmiReadSplit (after cancelling it) as soon as a slurmd refuses a PMI-1 request of
+        one of its steps, which no rank recovers from."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.job(job_id)
             if info.get("JobState") in END_STATES:
                 return info
+            if self.pmi_read_split(job_id):
+                self.run(["scancel", job_id], check=False)
+                raise PmiReadSplit(f"job {job_id}: a slurmd refused a PMI-1 request longer "
+                                   f"than its reader takes{self.logs()}")
             if time.monotonic() > deadline:
                 self.run(["scancel", job_id], check=False)
                 raise TimeoutError(f"job {job_id} still {info.get('JobState')} "
                                    f"(reason {info.get('Reason')}) after {timeout:.0f} s"
                                    f"{self.logs()}")
             time.sleep(0.2)
+
+    def pmi_read_split(self, job_id: str) -> bool:
+        """Whether a slurmd refused a PMI-1 request of a step of ``job_id``.
+
+        Slurm's mpi/pmi2 plugin reads a PMI-1 request with one ``read()`` of at most 1024
+        bytes (its source: "TODO: read until newline"); a longer request (an MPI library's
+        address that grew past it) is cut, both pieces are refused ("invalid client
+        request") and the ranks may wait in MPI_Init for an answer that never comes.
+        """
+        mark = f"[{job_id}."
+        for f in self.root.glob("slurmd-*.log"):
+            for line in f.read_text(errors="replace").splitlines():
+                if mark in line and "mpi/pmi2: invalid client request" in line:
+                    return True
+        return False
+
+    def submit(self, args: Sequence[str], timeout: float, *,
+               cwd: str | Path | None = None) -> dict[str, str]:
+        """``sbatch`` ``args`` and wait for the end of the job (``wait_job``)."""
+        out = self.run(["sbatch", *args], cwd=cwd).stdout
+        m = re.search(r"Submitted batch job (\d+)", out)
+        if m is None:
+            raise RuntimeError(f"sbatch {' '.join(args)}: no job id in {out!r}")
+        return self.wait_job(m.group(1), timeout)
 
     def logs(self, lines: int = 20) -> str:
         out = []

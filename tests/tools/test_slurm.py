@@ -48,6 +48,17 @@ def test_unavailable_needs_root(monkeypatch):
     assert "needs root" in (slurm_cluster.unavailable() or ""), slurm_cluster.unavailable()
 
 
+def test_pmi_read_split_is_found_for_its_own_job_only(tmp_path):
+    # the lines a slurmd 22.05 wrote when it cut a rank's PMI-1 put (CI, stop 46)
+    cluster = slurm_cluster.SlurmCluster(root=tmp_path, node="n1", cpus=1, gpus=0, env={})
+    (tmp_path / "slurmd-n1.log").write_text(
+        "[2026-12-07T20:44:07.806] [36276001.0] error: mpi/pmi2: request not begin with 'cmd='\n"
+        "[2026-12-07T20:44:07.806] [36276001.0] error: mpi/pmi2: invalid client request\n")
+    assert cluster.pmi_read_split("36276001")
+    assert not cluster.pmi_read_split("36276000")
+    assert not cluster.pmi_read_split("3627600")
+
+
 def test_docs_show_the_commands_the_tests_run():
     text = (ROOT / "docs" / "running.md").read_text()
     section = text[text.index("## Batch jobs"):]
