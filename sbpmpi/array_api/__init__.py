@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..linalg.products import matmul, matrix_transpose, tensordot, vecdot
 from . import fft, linalg  # the extensions (xp.fft, xp.linalg)
 from ._creation import (
     arange,
@@ -130,7 +131,6 @@ from ._elementwise import (
     where,
 )
 from ._info import __array_namespace_info__
-from ._linalg import matmul, matrix_transpose, tensordot, vecdot
 from ._manipulation import (
     broadcast_arrays,
     broadcast_to,

@@ -16,8 +16,9 @@ import numpy as np
 
 from .. import creation
 from ..core.placement import Placement
+from ..ops.local import default_sbp, index_along
 from ..tensor import GlobalTensor
-from ._device import default_sbp, device_arg, from_value, to_device
+from ._device import device_arg, from_value, to_device
 from ._dtypes import dtype_arg
 from ._local import elementwise
 
@@ -210,12 +211,6 @@ def linspace(start: Any, stop: Any, /, num: int, *, dtype: Any = None, device: A
     return elementwise("linspace", kernel, idx, dtype=dt)
 
 
-def index_along(n: int, dev: Placement, column: bool) -> GlobalTensor:
-    """Global index arrays ``0..n-1``, as a column ``(n, 1)`` or a row ``(1, n)``."""
-    from .. import ops
-
-    i = creation.arange(n, placement=dev, sbp=default_sbp(1, dev), dtype=np.int64)
-    return ops.reshape(i, (n, 1) if column else (1, n))  # type: ignore[no-any-return]
 
 
 def eye(n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = None,

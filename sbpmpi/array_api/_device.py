@@ -11,11 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
 from ..core.placement import Placement, placement
-from ..core.sbp import SBP, broadcast, split
 from ..creation import tensor
 from ..env import get_world_size
+from ..ops.local import default_sbp
 from ..tensor import GlobalTensor
 
 __all__ = ["default_device", "device_arg", "default_sbp", "from_value", "to_device"]
@@ -36,12 +35,6 @@ def device_arg(device: Any, what: str = "device") -> Placement:
     return device
 
 
-def default_sbp(ndim: int, device: Placement) -> tuple[SBP, ...]:
-    """The SBP of a new array of ``ndim`` dims on ``device``: the first mesh axis splits
-    dim 0 under ``array_api_sbp="split"`` (when there is a dim 0); every other axis
-    broadcasts."""
-    first = split(0) if ndim > 0 and config.array_api_sbp.value in (None, "split") else broadcast
-    return (first,) + (broadcast,) * (device.ndim - 1)
 
 
 def from_value(value: np.ndarray, device: Placement | None = None) -> GlobalTensor:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..core.standard_dtypes import DTYPES, dtype_arg, promote
 from ..tensor import GlobalTensor
 
 __all__ = [
@@ -27,28 +28,11 @@ uint8, uint16, uint32, uint64 = (np.dtype(f"uint{n}") for n in (8, 16, 32, 64))
 float32, float64 = np.dtype("float32"), np.dtype("float64")
 complex64, complex128 = np.dtype("complex64"), np.dtype("complex128")
 
-#: Every dtype of the namespace, by name.
-DTYPES: dict[str, np.dtype] = {str(d): d for d in (
-    bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
-    float32, float64, complex64, complex128)}
-
 #: isdtype's kinds: name -> the dtype kinds (NumPy's ``dtype.kind``) it covers.
 KINDS: dict[str, str] = {
     "bool": "b", "signed integer": "i", "unsigned integer": "u", "integral": "iu",
     "real floating": "f", "complex floating": "c", "numeric": "iufc",
 }
-
-
-def dtype_arg(dtype: Any, what: str = "dtype") -> np.dtype:
-    """``dtype`` as one of the namespace's dtypes (TypeError otherwise)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or str(dt) not in DTYPES or isinstance(dtype, str):
-        raise TypeError(f"{what} must be a dtype of the namespace ({', '.join(DTYPES)}), "
-                        f"got {dtype!r}")
-    return dt
 
 
 def isdtype(dtype: Any, kind: Any) -> Any:
@@ -80,10 +64,7 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype:
     if not dts:
         raise ValueError("result_type: at least one array or dtype is required (got Python "
                          "scalars only)")
-    kinds = {d.kind for d in dts}
-    if "b" in kinds and len(kinds) > 1:
-        raise TypeError(f"result_type: bool does not promote with {', '.join(map(str, dts))}")
-    out = np.result_type(*dts)
+    out = promote(*dts)
     for s in scalars:
         out = _with_scalar(out, s)
     return out

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..ops.local import axis_op, broadcast_arrays, broadcast_to, norm_axes, run_local
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
-from ._local import array_arg, axis_op, norm_axes, run_local
+from ._local import array_arg
 
 __all__ = ["take", "take_along_axis", "diff", "reshape", "permute_dims", "expand_dims", "squeeze", "concat", "stack", "flip",
            "roll", "broadcast_to", "broadcast_arrays", "moveaxis", "repeat", "tile", "unstack"]
@@ -118,33 +119,8 @@ def roll(x: GlobalTensor, /, shift: Any, *, axis: Any = None) -> GlobalTensor:
                    x.dtype, {d: d for d in range(x.ndim)})
 
 
-def broadcast_to(x: GlobalTensor, /, shape: tuple[int, ...]) -> GlobalTensor:
-    """``x`` broadcast to ``shape`` (NumPy's rules)."""
-    array_arg("broadcast_to", x)
-    shape = tuple(int(n) for n in shape)
-    try:
-        out = tuple(int(n) for n in np.broadcast_shapes(x.shape, shape))
-    except ValueError:
-        out = None
-    if out != shape:
-        raise ValueError(f"broadcast_to: an array of shape {x.shape} cannot be broadcast to "
-                         f"{shape}")
-    lead = len(shape) - x.ndim
-    carried = tuple(DimMatch((d,), d + lead) for d in range(x.ndim) if x.shape[d] == shape[d + lead])
-    # the kernel adds the leading dims; run_local broadcasts to the local output shape
-    return run_local("broadcast_to", (x,), lambda xp, a: a.reshape((1,) * lead + a.shape),
-                     shape, x.dtype, carried)
 
 
-def broadcast_arrays(*arrays: GlobalTensor) -> list[GlobalTensor]:
-    """The arrays broadcast to their common shape."""
-    xs = [array_arg("broadcast_arrays", a) for a in arrays]
-    try:
-        shape = tuple(int(n) for n in np.broadcast_shapes(*(a.shape for a in xs)))
-    except ValueError:
-        raise ValueError(f"broadcast_arrays: shapes {[a.shape for a in xs]} cannot be "
-                         f"broadcast together") from None
-    return [a if a.shape == shape else broadcast_to(a, shape) for a in xs]
 
 
 def moveaxis(x: GlobalTensor, source: Any, destination: Any, /) -> GlobalTensor:

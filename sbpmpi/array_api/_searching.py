@@ -18,11 +18,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.sbp import Split
+from ..ops.local import axis_op, norm_axes, run_local
 from ..ops.reduction import reduced
 from ..ops.signature import DimMatch
 from ..tensor import GlobalTensor
 from ._device import default_sbp, from_value
-from ._local import array_arg, axis_op, norm_axes, run_local
+from ._local import array_arg
 from ._sort import Unique, sample_sort, sample_unique, taking_dim
 
 __all__ = ["numpy_unique", "argmax", "argmin", "nonzero", "searchsorted", "sort", "argsort", "unique_all",

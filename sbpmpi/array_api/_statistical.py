@@ -16,9 +16,10 @@ import numpy as np
 
 from .. import ops
 from ..core.dtypes import accumulation_dtype, is_floating
+from ..core.standard_dtypes import sum_dtype
+from ..ops.local import axis_op, norm_axes
 from ..tensor import GlobalTensor
-from ._dtypes import dtype_arg
-from ._local import array_arg, axis_op, norm_axes
+from ._local import array_arg
 
 __all__ = ["sum", "prod", "mean", "var", "std", "max", "min", "cumulative_sum",
            "cumulative_prod", "all", "any", "count_nonzero"]
@@ -27,14 +28,7 @@ __all__ = ["sum", "prod", "mean", "var", "std", "max", "min", "cumulative_sum",
 def _accumulator(name: str, x: GlobalTensor, dtype: Any) -> np.dtype:
     """The standard's default dtype of sum, prod and the cumulative ones: integers widen
     to the default (u)int64, floats keep theirs."""
-    if dtype is not None:
-        return dtype_arg(dtype)
-    k = x.dtype.kind
-    if k == "b" or k == "i":
-        return np.dtype(np.int64)
-    if k == "u":
-        return np.dtype(np.uint64)
-    return x.dtype
+    return sum_dtype(x.dtype, dtype)
 
 
 def _floating_or_complex(dt: np.dtype) -> bool:

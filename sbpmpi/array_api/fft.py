@@ -32,10 +32,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.sbp import SBP, Split, broadcast
+from ..ops.local import axis_op
 from ..tensor import GlobalTensor
 from ._device import from_value
 from ._dtypes import dtype_arg
-from ._local import array_arg, axis_op
+from ._local import array_arg
 from ._manipulation import roll
 
 __all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft",
