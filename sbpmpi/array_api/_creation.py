@@ -211,8 +211,6 @@ def linspace(start: Any, stop: Any, /, num: int, *, dtype: Any = None, device: A
     return elementwise("linspace", kernel, idx, dtype=dt)
 
 
-
-
 def eye(n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = None,
         device: Any = None) -> GlobalTensor:
     """Ones on the ``k``-th diagonal, zeros elsewhere (float64 by default)."""

@@ -35,8 +35,6 @@ def device_arg(device: Any, what: str = "device") -> Placement:
     return device
 
 
-
-
 def from_value(value: np.ndarray, device: Placement | None = None) -> GlobalTensor:
     """A global array of ``value`` (the same on every rank; nothing is communicated)."""
     dev = device_arg(device)

@@ -62,4 +62,3 @@ def array_arg(name: str, x: Any) -> GlobalTensor:
     return tensor_arg(name, x)
 
 
-

@@ -119,10 +119,6 @@ def roll(x: GlobalTensor, /, shift: Any, *, axis: Any = None) -> GlobalTensor:
                    x.dtype, {d: d for d in range(x.ndim)})
 
 
-
-
-
-
 def moveaxis(x: GlobalTensor, source: Any, destination: Any, /) -> GlobalTensor:
     """``x`` with the axes ``source`` moved to ``destination`` (the others keep order)."""
     array_arg("moveaxis", x)
@@ -180,7 +176,6 @@ def unstack(x: GlobalTensor, /, *, axis: int = 0) -> tuple[GlobalTensor, ...]:
         raise ValueError("unstack: x must have at least one dim")
     (d,) = norm_axes("unstack", axis, x.ndim)
     return tuple(ops.getitem(x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
-
 
 
 def take(x: GlobalTensor, indices: GlobalTensor, /, *, axis: int | None = None) -> GlobalTensor:

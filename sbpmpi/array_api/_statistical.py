@@ -25,12 +25,6 @@ __all__ = ["sum", "prod", "mean", "var", "std", "max", "min", "cumulative_sum",
            "cumulative_prod", "all", "any", "count_nonzero"]
 
 
-def _accumulator(name: str, x: GlobalTensor, dtype: Any) -> np.dtype:
-    """The standard's default dtype of sum, prod and the cumulative ones: integers widen
-    to the default (u)int64, floats keep theirs."""
-    return sum_dtype(x.dtype, dtype)
-
-
 def _floating_or_complex(dt: np.dtype) -> bool:
     """Whether ``dt`` is floating (bfloat16 included: sbpmpi's half width) or complex."""
     return dt.kind == "c" or is_floating(dt)
@@ -60,7 +54,7 @@ def sum(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,  # noqa: A00
     """Sum over ``axis`` (all axes when None); integers sum in (u)int64 by default."""
     array_arg("sum", x)
     axes = norm_axes("sum", axis, x.ndim)
-    acc = _accumulator("sum", x, dtype)
+    acc = sum_dtype(x.dtype, dtype)
     src = x if x.dtype == acc else ops.astype(x, acc)
     out = ops.sum(src, axes, keepdim=bool(keepdims))
     return out if out.dtype == acc else ops.astype(out, acc)  # NumPy widens small integers
@@ -70,7 +64,7 @@ def prod(x: GlobalTensor, /, *, axis: Any = None, dtype: Any = None,
          keepdims: bool = False) -> GlobalTensor:
     """Product over ``axis``; integers multiply in (u)int64 by default."""
     array_arg("prod", x)
-    acc = _accumulator("prod", x, dtype)
+    acc = sum_dtype(x.dtype, dtype)
     work = accumulation_dtype(acc)  # float32 for a half-width result, rounded once
     return _numpy_reduction("prod", x, axis, keepdims, acc,
                             lambda xp, a, ax, k: xp.prod(a, axis=ax, keepdims=k, dtype=work))
@@ -154,7 +148,7 @@ def _cumulative(name: str, x: GlobalTensor, axis: Any, dtype: Any, include_initi
     if x.ndim == 0:
         raise ValueError(f"{name}: x must have at least one dim")
     (d,) = norm_axes(name, axis, x.ndim)
-    acc = _accumulator(name, x, dtype)
+    acc = sum_dtype(x.dtype, dtype)
     shape = tuple(n + 1 if k == d and include_initial else n for k, n in enumerate(x.shape))
     first = 0 if name == "cumulative_sum" else 1
     work = accumulation_dtype(acc)  # float32 for a half-width result, rounded once
