@@ -31,8 +31,11 @@ __all__ = ["Optimizer", "recorded_step", "check_number"]
 _MOST_SCRATCH_ARRAYS = 3 * 64
 
 
-def check_number(owner: str, name: str, value: Any, low: float = 0.0, high: float = math.inf,
-            open_high: bool = False) -> float:
+def check_number(owner: str, name: str, value: Any, low: float = 0.0,
+                 high: float = math.inf, open_high: bool = False) -> float:
+    """``value`` as a float, checked to lie in ``[low, high]`` (``[low, high)`` with
+    ``open_high``): TypeError unless a real number, ValueError out of range (both name
+    ``owner`` and ``name``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
                                                                      np.floating)):
         raise TypeError(f"{owner}: {name} must be a real number, got {type(value).__name__} "
