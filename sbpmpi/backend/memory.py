@@ -25,10 +25,17 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-__all__ = ["Scratch", "FRESH", "Block", "BlockPool"]
+__all__ = ["Scratch", "Temporaries", "FRESH", "Block", "BlockPool"]
 
 #: The temporary number of :meth:`Scratch.scalars`' 0-d array (a kernel's are 0 and up).
 _SCALAR = -1
+
+
+class Temporaries(NamedTuple):
+    """Temporaries of one shape and dtype (:meth:`Scratch.temporaries`)."""
+
+    arrays: tuple[Any, ...]  #: uninitialised arrays, numbers 0, 1, ...
+    scalar: Callable[[float], Any]  #: :meth:`Scratch.scalars` of the dtype
 
 
 class Scratch:
@@ -44,12 +51,14 @@ class Scratch:
     and went); None keeps every one.
     """
 
-    __slots__ = ("keep", "limit", "arrays")
+    __slots__ = ("keep", "limit", "arrays", "sets")
 
     def __init__(self, keep: bool = True, limit: int | None = None) -> None:
         self.keep = keep
         self.limit = limit
         self.arrays: dict[tuple[str, tuple[int, ...], Any, int], Any] = {}
+        #: the :meth:`temporaries` handed out, by (module, shape, dtype, count)
+        self.sets: dict[tuple[str, tuple[int, ...], Any, int], Temporaries] = {}
 
     def get(self, xp: ModuleType, shape: tuple[int, ...], dtype: Any, k: int = 0) -> Any:
         """An uninitialised array of ``shape`` and ``dtype`` (temporary number ``k``)."""
@@ -60,6 +69,7 @@ class Scratch:
         if a is None:
             if self.limit is not None and len(self.arrays) >= self.limit:
                 self.arrays.clear()
+                self.sets.clear()
             a = self.arrays[key] = xp.empty(shape, dtype=dtype)
         return a
 
@@ -73,6 +83,22 @@ class Scratch:
         if xp is not np:
             return _as_is
         return functools.partial(_holding, self.get(xp, (), dtype, _SCALAR))
+
+    def temporaries(self, xp: ModuleType, shape: tuple[int, ...], dtype: Any,
+                    count: int) -> Temporaries:
+        """Temporaries number 0 to ``count - 1`` of ``shape`` and ``dtype`` (those
+        :meth:`get` gives) and :meth:`scalars` of ``dtype``, looked up at once: a user
+        that runs often on the same shapes (an optimizer's update of each parameter
+        shard) pays one lookup a run."""
+        key = (xp.__name__, shape, dtype, count)
+        t = self.sets.get(key)  # always empty when not kept
+        if t is not None:
+            return t
+        t = Temporaries(tuple(self.get(xp, shape, dtype, k) for k in range(count)),
+                        self.scalars(xp, dtype))
+        if self.keep:
+            self.sets[key] = t
+        return t
 
     @property
     def nbytes(self) -> int:

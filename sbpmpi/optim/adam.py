@@ -65,7 +65,7 @@ class Adam(Optimizer):
     def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
                 group: Mapping[str, Any]) -> None:
         b1, b2 = group["betas"]
-        w = self._scratch_for(p, g, state)
+        w = self._temporaries(xp, p, g, state)
         if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
             if group["weight_decay"]:
                 g = g + group["weight_decay"] * p
@@ -75,8 +75,7 @@ class Adam(Optimizer):
             p -= (group["lr"] / (1 - b1 ** step)) * (m / denom)
             return
         # the same arithmetic in the same order, into the scratch arrays
-        t1, t2 = w.get(xp, p.shape, p.dtype, 0), w.get(xp, p.shape, p.dtype, 1)
-        s = w.scalars(xp, p.dtype)
+        (t1, t2), s = w
         if group["weight_decay"]:
             xp.multiply(p, s(group["weight_decay"]), out=t1)
             g = xp.add(g, t1, out=t1)
@@ -108,7 +107,7 @@ class AdamW(Adam):
                 group: Mapping[str, Any]) -> None:
         b1, b2 = group["betas"]
         lr = group["lr"]
-        w = self._scratch_for(p, g, state)
+        w = self._temporaries(xp, p, g, state)
         if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
             if group["weight_decay"]:
                 p *= 1 - lr * group["weight_decay"]
@@ -118,8 +117,7 @@ class AdamW(Adam):
             p -= (lr / (1 - b1 ** step)) * (m / denom)
             return
         # the same arithmetic in the same order, into the scratch array
-        t2 = w.get(xp, p.shape, p.dtype, 1)
-        s = w.scalars(xp, p.dtype)
+        (_, t2), s = w
         if group["weight_decay"]:
             xp.multiply(p, s(1 - lr * group["weight_decay"]), out=p)
         m, v = state["exp_avg"], state["exp_avg_sq"]

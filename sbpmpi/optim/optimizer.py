@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..backend.memory import Scratch
+from ..backend.memory import Scratch, Temporaries
 from ..core.sbp import Partial, broadcast
 from ..creation import full, tensor
 from ..grad_mode import no_grad
@@ -202,15 +202,16 @@ class Optimizer:
                 group: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
-    def _scratch_for(self, p: Any, g: Any, state: dict[str, Any]) -> Scratch | None:
-        """Where the update of parameter shard ``p`` writes its temporaries (two of
-        ``p``'s shape and dtype, numbers 0 and 1, and its scalars): this optimizer's
-        scratch, shared by its parameters (one update at a time uses it); None when the
-        gradient or a state buffer has another dtype than ``p`` (the update then runs
-        with NumPy's promotion as written, with its temporaries)."""
+    def _temporaries(self, xp: Any, p: Any, g: Any, state: dict[str, Any]
+                     ) -> Temporaries | None:
+        """Where the update of parameter shard ``p`` writes its temporaries: two arrays
+        of ``p``'s shape and dtype and its scalars, from this optimizer's scratch, shared
+        by its parameters (one update at a time uses it); None when the gradient or a
+        state buffer has another dtype than ``p`` (the update then runs with NumPy's
+        promotion as written, with its temporaries)."""
         if g.dtype != p.dtype or any(b.dtype != p.dtype for b in state.values()):
             return None
-        return self._scratch
+        return self._scratch.temporaries(xp, p.shape, p.dtype, 2)
 
     # -- state ---------------------------------------------------------------------------
     def _hyper_keys(self) -> list[tuple[str, int, str]]:

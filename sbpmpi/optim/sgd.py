@@ -31,7 +31,7 @@ class SGD(Optimizer):
 
     def _update(self, xp: Any, p: Any, g: Any, state: dict[str, Any], step: int,
                 group: Mapping[str, Any]) -> None:
-        w = self._scratch_for(p, g, state)
+        w = self._temporaries(xp, p, g, state)
         if w is None:  # mixed dtypes: NumPy's promotion, with its temporaries
             if group["weight_decay"]:
                 g = g + group["weight_decay"] * p
@@ -43,8 +43,7 @@ class SGD(Optimizer):
             p -= group["lr"] * g
             return
         # the same arithmetic in the same order, into the scratch arrays
-        t1, t2 = w.get(xp, p.shape, p.dtype, 0), w.get(xp, p.shape, p.dtype, 1)
-        s = w.scalars(xp, p.dtype)
+        (t1, t2), s = w
         if group["weight_decay"]:
             xp.multiply(p, s(group["weight_decay"]), out=t1)
             g = xp.add(g, t1, out=t1)

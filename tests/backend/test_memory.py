@@ -41,6 +41,20 @@ def test_scalars_give_what_a_python_scalar_gives_without_a_new_array(dtype):
     assert FRESH.scalars(np, np.dtype(dtype))(0.5) is not FRESH.scalars(np, np.dtype(dtype))(0.5)
 
 
+def test_temporaries_are_the_numbered_arrays_and_the_scalars_looked_up_once():
+    s = Scratch(limit=8)
+    (a, b), to = s.temporaries(np, (3, 2), np.dtype(np.float32), 2)
+    assert a is s.get(np, (3, 2), np.dtype(np.float32), 0)
+    assert b is s.get(np, (3, 2), np.dtype(np.float32), 1) and a is not b
+    assert s.temporaries(np, (3, 2), np.dtype(np.float32), 2) == ((a, b), to)
+    assert to(0.5) is s.scalars(np, np.dtype(np.float32))(0.5)
+    (c, d), _ = FRESH.temporaries(np, (3, 2), np.dtype(np.float32), 2)
+    assert FRESH.temporaries(np, (3, 2), np.dtype(np.float32), 2).arrays[0] is not c
+    for n in range(9):  # over the limit: every array and set forgotten
+        s.get(np, (n + 5,), np.float64)
+    assert s.temporaries(np, (3, 2), np.dtype(np.float32), 2).arrays[0] is not a
+
+
 def test_scalars_of_another_module_stay_python_numbers():
     class OtherXp:  # CuPy passes a Python scalar to its kernels as it is
         __name__ = "cupy"
