@@ -47,7 +47,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from fake_cuda import FakeCudaArray
 
-from sbpmpi.comm.gpu.device import Allocation, Scratch, ufunc_name
+from sbpmpi.backend.memory import Block
+from sbpmpi.comm.gpu.device import Allocation, ufunc_name
 from sbpmpi.comm.reduce_op import ReduceOp
 
 CHUNK = 4 << 20
@@ -315,9 +316,9 @@ class FakeIpcDevice:
         d = _view(dst, nbytes, dtype)
         np.divide(d, by, out=d)
 
-    def scratch(self, nbytes: int) -> Scratch:
+    def scratch(self, nbytes: int) -> Block:
         buf = np.empty(max(nbytes, 1), np.uint8)
-        return Scratch(int(buf.ctypes.data), buf)
+        return Block(int(buf.ctypes.data), buf)
 
     def synchronize(self) -> None:
         self.log.append(("sync",))

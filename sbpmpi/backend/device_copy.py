@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend as arrays  # the module, so that tests can stand in for CuPy there
+from .memory import BlockPool
 
 __all__ = [
     "device_array_meta",
@@ -18,6 +19,7 @@ __all__ = [
     "copy_device_to_host",
     "copy_host_to_device",
     "empty_pinned",
+    "pinned_pool",
     "cupy_allocator_name",
 ]
 
@@ -116,6 +118,19 @@ def empty_pinned(nbytes: int) -> np.ndarray:
 
         return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
     return np.empty(nbytes, dtype=np.uint8)
+
+
+def pinned_pool(keep: int = 4, min_bytes: int = 4096) -> BlockPool[np.ndarray]:
+    """Reusable page-locked host buffers (:func:`empty_pinned`), one free list per
+    power-of-two size of at least ``min_bytes``, at most ``keep`` idle buffers per size:
+    ``acquire(nbytes)`` returns a buffer of at least ``nbytes``, ``release(buf)`` gives
+    it back."""
+    def size_class(nbytes: int) -> int:
+        return max(min_bytes, 1 << max(0, nbytes - 1).bit_length())
+
+    # empty_pinned looked up at each call: a test stands in for it
+    return BlockPool(lambda n: empty_pinned(n), size_class, lambda b: int(b.nbytes),
+                     per_size=keep)
 
 
 def cupy_allocator_name() -> str | None:

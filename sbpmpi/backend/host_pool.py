@@ -5,13 +5,13 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections import OrderedDict
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import config
+from .memory import Block, BlockPool
 from .node import local_ranks
 
 __all__ = [
@@ -65,13 +65,6 @@ def _size_class(nbytes: int) -> int:
 _HUGE_PAGE = 2 << 20
 
 
-class Block(NamedTuple):
-    """A block of host memory of its own: its bytes, and the address of the first."""
-
-    memory: np.ndarray  #: ``uint8``, the block's bytes
-    address: int
-
-
 def map_block(size: int) -> Block:
     """``size`` bytes of fresh memory of its own, from ``mmap``, and their address.
 
@@ -100,75 +93,30 @@ def map_block(size: int) -> Block:
             mm.madvise(mmap.MADV_HUGEPAGE, skip, huge)
         except OSError:  # THP not configured: ordinary pages
             pass
-    return Block(whole[skip:skip + size], base + skip)
+    return Block(base + skip, whole[skip:skip + size])
 
 
-class _HostPool:
-    """Idle host blocks by size class; see the comment above.
-
-    Taking a block (in :func:`empty`) and giving it back (``_Lease.__del__``) run once or
-    twice per conversion, right after large memory traffic has pushed this code out of
-    the CPU caches: both are written out there, short; the rare cases call methods here.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()  # a lease may die (and return its block) anywhere
-        self.free: OrderedDict[int, list[Block]] = OrderedDict()
-        self.idle = 0
-        self.limit: int | None = None  # from the setting, on first use
-        self.hits = self.misses = self.dropped = 0
-
-    def get_limit(self) -> int:
-        if self.limit is None:
-            value = config.host_pool_bytes.value
-            self.limit = _default_limit() if value is None else value
-        return self.limit
-
-    def new_block(self, size: int) -> Block:
-        """A block of ``size`` bytes (idle blocks are freed first if memory is short) and
-        its address."""
+def _new_block(size: int) -> Block:
+    """A block of ``size`` bytes for the host pool (its idle blocks are freed first if
+    memory is short)."""
+    try:
+        return map_block(size)
+    except (MemoryError, OSError):  # idle blocks are the first thing to give up
+        _HOST_POOL.clear()
         try:
             return map_block(size)
-        except (MemoryError, OSError):  # idle blocks are the first thing to give up
-            self.clear()
-            try:
-                return map_block(size)
-            except OSError as e:
-                raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
-
-    def give_slow(self, entry: Block) -> None:
-        """Take back a block no array uses any more (dropped if over the limit): the path
-        of a size class with no list yet, or before the limit is read (the lease's
-        ``__del__`` writes the common case out)."""
-        size = entry.memory.size
-        with self.lock:
-            limit = self.get_limit()
-            if size > limit:
-                self.dropped += 1
-                return
-            self.free.setdefault(size, []).append(entry)
-            self.free.move_to_end(size)
-            self.idle += size
-            self.trim(limit)
-
-    def trim(self, limit: int) -> None:
-        """Drop idle blocks, least recently returned size classes first, down to ``limit``."""
-        with self.lock:
-            while self.idle > limit:
-                old, olds = next(iter(self.free.items()))
-                olds.pop(0)
-                self.idle -= old
-                self.dropped += 1
-                if not olds:
-                    del self.free[old]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.free.clear()
-            self.idle = 0
+        except OSError as e:
+            raise MemoryError(f"cannot map a host buffer of {size} bytes: {e}") from e
 
 
-_HOST_POOL = _HostPool()
+def _read_limit() -> int:
+    value = config.host_pool_bytes.value
+    return _default_limit() if value is None else value
+
+
+#: The idle blocks; a block goes back when the last array over it is garbage (``_Lease``).
+_HOST_POOL: BlockPool[Block] = BlockPool(_new_block, _size_class,
+                                         lambda b: int(b.memory.size), read_limit=_read_limit)
 
 
 class _Lease:
@@ -179,20 +127,8 @@ class _Lease:
     __array_interface__: dict[str, Any]
 
     def __del__(self) -> None:
-        try:  # give the block back (see _HostPool): runs once per pooled array
-            entry = self.entry
-            pool = _HOST_POOL
-            size = entry.memory.size
-            with pool.lock:
-                blocks = pool.free.get(size)
-                if blocks is None or pool.limit is None or size > pool.limit:
-                    pool.give_slow(entry)
-                    return
-                pool.free.move_to_end(size)
-                blocks.append(entry)
-                pool.idle += size
-                if pool.idle > pool.limit:
-                    pool.trim(pool.limit)
+        try:  # runs once per pooled array
+            _HOST_POOL.release(self.entry)
         except Exception:  # interpreter shutdown: module state may already be gone
             pass
 
@@ -298,18 +234,7 @@ def _empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     pool = _HOST_POOL
     if spec is None or spec.nbytes < MIN_POOLED_BYTES or not (pool.limit or pool.get_limit()):
         return np.empty(shape, dtype=dtype)
-    size = spec.size_class
-    with pool.lock:  # take an idle block (see _HostPool): runs once per pooled array
-        blocks = pool.free.get(size)
-        if blocks:
-            pool.idle -= size
-            pool.hits += 1
-            entry = blocks.pop()
-        else:
-            pool.misses += 1
-            entry = None
-    if entry is None:
-        entry = pool.new_block(size)
+    entry = pool.take(spec.size_class)
     lease = _Lease()
     lease.entry = entry
     if spec.plain:  # one step
@@ -328,10 +253,7 @@ def host_pool_limit() -> int:
 
 def _follow_setting(_: object) -> None:
     """The setting ``host_pool_bytes`` changed: idle blocks over the new limit are freed."""
-    with _HOST_POOL.lock:
-        _HOST_POOL.limit = None
-        if _HOST_POOL.idle > _HOST_POOL.get_limit():
-            _HOST_POOL.clear()
+    _HOST_POOL.forget_limit()
 
 
 config.on_update("host_pool_bytes", _follow_setting)
@@ -339,10 +261,11 @@ config.on_update("host_pool_bytes", _follow_setting)
 
 def host_pool_stats() -> dict[str, int]:
     """The host pool's counters: idle bytes and blocks, limit, hits, misses, dropped blocks."""
-    with _HOST_POOL.lock:
-        return {"idle_bytes": _HOST_POOL.idle, "idle_blocks": sum(len(b) for b in _HOST_POOL.free.values()),
-                "limit": _HOST_POOL.get_limit(), "hits": _HOST_POOL.hits, "misses": _HOST_POOL.misses,
-                "dropped": _HOST_POOL.dropped}
+    pool = _HOST_POOL
+    with pool.lock:
+        return {"idle_bytes": pool.idle, "idle_blocks": pool.idle_blocks(),
+                "limit": pool.get_limit(), "hits": pool.reuses, "misses": pool.allocations,
+                "dropped": pool.dropped}
 
 
 def clear_host_pool() -> None:

@@ -17,7 +17,7 @@ from ..backend import device_copy
 from .cuda_aware import is_cuda_aware
 
 __all__ = ["ArrayMeta", "array_meta", "output_array_meta", "check_output", "check_same_dtype",
-           "HostStager", "HOST", "Stager", "stager", "PinnedPool", "PINNED_POOL"]
+           "HostStager", "HOST", "Stager", "stager", "PINNED_POOL"]
 
 
 class ArrayMeta(NamedTuple):
@@ -90,44 +90,9 @@ def check_same_dtype(m: ArrayMeta, ref: ArrayMeta, arg: str, ref_arg: str, op: s
                         "they must match")
 
 
-class PinnedPool:
-    """Reusable page-locked host buffers, one free list per power-of-two size.
-
-    ``acquire`` returns a buffer of at least the asked size; ``release`` gives it back.
-    At most ``keep`` free buffers are kept per size.
-    """
-
-    def __init__(self, keep: int = 4, min_bytes: int = 4096) -> None:
-        self.keep = keep
-        self.min_bytes = min_bytes
-        self._free: dict[int, list[np.ndarray]] = {}
-        self.allocations = 0
-        self.reuses = 0
-        self.bytes_allocated = 0
-
-    def acquire(self, nbytes: int) -> np.ndarray:
-        cap = max(self.min_bytes, 1 << max(0, nbytes - 1).bit_length())
-        free = self._free.get(cap)
-        if free:
-            self.reuses += 1
-            return free.pop()
-        self.allocations += 1
-        self.bytes_allocated += cap
-        return device_copy.empty_pinned(cap)
-
-    def release(self, buf: np.ndarray) -> None:
-        free = self._free.setdefault(buf.nbytes, [])
-        if len(free) < self.keep:
-            free.append(buf)
-
-    def cached_bytes(self) -> int:
-        return sum(b.nbytes for free in self._free.values() for b in free)
-
-    def clear(self) -> None:
-        self._free.clear()
-
-
-PINNED_POOL = PinnedPool()
+#: Page-locked host buffers for staging, reused across calls
+#: (:func:`sbpmpi.backend.device_copy.pinned_pool`).
+PINNED_POOL = device_copy.pinned_pool()
 
 
 class HostStager:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.memory import FRESH, Scratch
 from ..core.dtypes import HALF, float32
 from ..core.layout import Layout
 from ..env import get_rank
@@ -30,45 +31,11 @@ Kernel = Callable[[ModuleType, Sequence[Any], tuple[int, ...]], Any]
 #: A kernel's form that writes its result into a given array: ``into(xp, operands,
 #: out_local_shape, out) -> None`` (bit-identical to the kernel's result), or with
 #: ``scratch`` also ``into(xp, operands, out_local_shape, out, scratch)`` taking its
-#: temporaries from a :class:`Scratch`. A kernel that has one carries it as its ``into``
-#: attribute (:func:`with_into`); a captured graph replays it into a buffer planned once
-#: (:mod:`sbpmpi.capture.replay`).
+#: temporaries from a :class:`~sbpmpi.backend.memory.Scratch` (:data:`FRESH`, new ones
+#: each call, in the eager kernels; one kept per plan in a replay). A kernel that has one
+#: carries it as its ``into`` attribute (:func:`with_into`); a captured graph replays it
+#: into a buffer planned once (:mod:`sbpmpi.capture.replay`).
 Into = Callable[..., None]
-
-
-class Scratch:
-    """Where a kernel's ``into`` form takes its temporaries.
-
-    ``keep=False`` (:data:`FRESH`, the eager kernels'): a new array each time. ``keep=True``
-    (a replay's, one per plan, shared by all its kernels): the array of the same module,
-    shape, dtype and number ``k`` made the first time, again; safe because a temporary
-    dies when its kernel returns (the result is written into ``out``, never a temporary)
-    and a replay runs one kernel at a time. ``k`` tells apart the temporaries of one
-    shape and dtype that a kernel needs at once.
-    """
-
-    def __init__(self, keep: bool = True) -> None:
-        self.keep = keep
-        self.arrays: dict[tuple[str, tuple[int, ...], Any, int], Any] = {}
-
-    def get(self, xp: ModuleType, shape: tuple[int, ...], dtype: Any, k: int = 0) -> Any:
-        """An uninitialised array of ``shape`` and ``dtype`` (temporary number ``k``)."""
-        if not self.keep:
-            return xp.empty(shape, dtype=dtype)
-        key = (xp.__name__, shape, dtype, k)  # as given: no conversion per call
-        a = self.arrays.get(key)
-        if a is None:
-            a = self.arrays[key] = xp.empty(shape, dtype=dtype)
-        return a
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held for later calls."""
-        return sum(int(a.nbytes) for a in self.arrays.values())
-
-
-#: New temporaries each call: what an eager kernel written as its ``into`` form uses.
-FRESH = Scratch(keep=False)
 
 
 def with_into(kernel: Kernel, into: Into, scratch: bool = False) -> Kernel:

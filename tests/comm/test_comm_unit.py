@@ -15,7 +15,7 @@ import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.backend import device_copy
 from sbpmpi.comm import ReduceOp, cuda_aware
-from sbpmpi.comm.buffers import PinnedPool, Stager, array_meta, output_array_meta
+from sbpmpi.comm.buffers import Stager, array_meta, output_array_meta
 from sbpmpi.comm.dtypes import BOOL, COMPLEX, EMULATED, FLOAT, INT, OPAQUE, dtype_info
 from sbpmpi.comm.reduce_op import mpi_reduction
 
@@ -295,22 +295,6 @@ def test_float16_user_op_matches_numpy():
 
 
 # ----------------------------------------------------------------------------- buffers
-
-
-def test_pinned_pool_reuses_by_size_class():
-    pool = PinnedPool(keep=2)
-    a = pool.acquire(5000)
-    assert a.nbytes == 8192 and pool.allocations == 1
-    pool.release(a)
-    b = pool.acquire(6000)
-    assert b is a and pool.reuses == 1
-    c = pool.acquire(100)
-    assert c.nbytes == 4096 and pool.allocations == 2
-    pool.release(b)
-    pool.release(c)
-    assert pool.cached_bytes() == 8192 + 4096
-    pool.clear()
-    assert pool.cached_bytes() == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.complex128])

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ... import backend
+from ...backend.memory import Block
 from ..reduce_op import UFUNCS, ReduceOp
 
-__all__ = ["Allocation", "Scratch", "Device", "CupyDevice", "HANDLE_BYTES", "ufunc_name"]
+__all__ = ["Allocation", "Device", "CupyDevice", "HANDLE_BYTES", "ufunc_name"]
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
@@ -48,13 +49,6 @@ class Allocation:
     base: int
     size: int
     id: int
-
-
-class Scratch(NamedTuple):
-    """A local device buffer: its pointer, and the object that keeps it alive."""
-
-    ptr: int
-    keep: Any
 
 
 class Device(Protocol):
@@ -90,8 +84,8 @@ class Device(Protocol):
     def divide(self, dst: int, nbytes: int, dtype: np.dtype, by: int) -> None:
         """Queue ``dst /= by`` (for AVG)."""
 
-    def scratch(self, nbytes: int) -> Scratch:
-        """A local buffer of at least ``nbytes``."""
+    def scratch(self, nbytes: int) -> Block:
+        """A local buffer of at least ``nbytes`` (its address, and the array that keeps it)."""
 
     def synchronize(self) -> None:
         """Wait until the queued work, and all work producing the buffers (on any stream of
@@ -175,9 +169,9 @@ class CupyDevice:
         d = self._view(dst, nbytes, dtype)
         d /= by
 
-    def scratch(self, nbytes: int) -> Scratch:
+    def scratch(self, nbytes: int) -> Block:
         buf = self.cp.empty(max(nbytes, 1), dtype=np.uint8)
-        return Scratch(int(buf.data.ptr), buf)
+        return Block(int(buf.data.ptr), buf)
 
     def synchronize(self) -> None:
         # the whole device: the buffers may come from any stream (module docstring)

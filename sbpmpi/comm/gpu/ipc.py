@@ -315,7 +315,7 @@ class _Call:
             return
         try:
             s = self.dev.scratch(self.sched.tmp_bytes)
-            self.local["tmp"], self.keep = s.ptr, s.keep
+            self.local["tmp"], self.keep = s.address, s.memory
         except Exception as e:
             self.err = e
 
