@@ -149,8 +149,10 @@ def test_callbacks_run_on_every_change():
 
 def test_owners_follow_their_settings():
     from sbpmpi.backend import host_pool
-    from sbpmpi.comm import checks, cuda_aware, watchdog
+    from sbpmpi.comm import cuda_aware
+    from sbpmpi.comm.agreement import checks
     from sbpmpi.comm.gpu import route, select
+    from sbpmpi.comm.lifecycle import watchdog
     from sbpmpi.runtime import consistency, cost_table
 
     with config.override(check=False, debug=True, comm_check=True, timeout=12):

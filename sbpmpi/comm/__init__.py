@@ -18,27 +18,33 @@ non-blocking collective), :mod:`.vcollectives`, :mod:`.objects`,
 transports: CUDA IPC on a node, and which one is used).
 """
 
-from .checks import checking
-from .collective_work import CollectiveWork
+from .agreement.checks import checking
 from .collectives import (
+    CollectiveWork,
+    all_agree,
     all_gather,
+    all_gather_object,
+    all_gather_v,
     all_reduce,
     all_to_all,
+    all_to_all_v,
     barrier,
     broadcast,
+    broadcast_object,
     gather,
+    gather_v,
     reduce,
     reduce_scatter,
+    reduce_scatter_v,
     scatter,
+    scatter_v,
 )
 from .cuda_aware import is_cuda_aware
 from .gpu import gpu_transport
 from .group import WORLD, Group, get_group, mesh_groups, new_group, placement_group
 from .info import info
-from .objects import all_agree, all_gather_object, broadcast_object
 from .p2p import Work, irecv, isend, recv, send
 from .reduce_op import ReduceOp
-from .vcollectives import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v, scatter_v
 
 __all__ = [
     "ReduceOp", "Group", "WORLD", "new_group", "get_group", "placement_group", "mesh_groups",

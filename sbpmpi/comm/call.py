@@ -30,14 +30,15 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .. import backend
-from . import agreement, checks
+from .agreement import checks
+from .agreement import exchange as agreement
 from .buffers import ArrayMeta
 from .gpu import route as _gpu
 from .group import WORLD, WORLD_COMM, Group, resolve
+from .lifecycle.watchdog import watch
 from .nan_reduction import nan_safe
 from .reduce_op import ORDERED, MPIReduction, ReduceOp
-from .tracing import ACTIVE, note
-from .watchdog import watch
+from .trace import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 
@@ -102,7 +103,7 @@ class Call:
              staged: bool = False) -> None:
         """Note the call in the active traces (callers test ``if ACTIVE:`` first, so the
         arguments are computed only while tracing)."""
-        note(self.name, nbytes, self.g, dtype, peer, device, staged)
+        note(self.name, nbytes, self.g, dtype, peer=peer, device=device, staged=staged)
 
     def mpi_call(self, nbytes: int | Callable[[], int] = 0, dtype: Any = "",
                  peer: int | None = None, device: bool = False, staged: bool = False,
@@ -115,12 +116,12 @@ class Call:
                 c.comm.Allreduce(...)
 
         A non-blocking call (``nonblocking=True``) is noted when it starts; its
-        :class:`~sbpmpi.comm.collective_work.CollectiveWork` keeps the context and enters
+        :class:`~sbpmpi.comm.collectives.work.CollectiveWork` keeps the context and enters
         it around the wait.
         """
         if ACTIVE:
-            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
-                 device, staged, nonblocking)
+            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer=peer,
+                 device=device, staged=staged, nonblocking=nonblocking)
         return watch(self.name, self.ranks)
 
 

@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import agreement, watchdog
+from .agreement import exchange as agreement
 from .call import call
 from .group import Group
+from .lifecycle import watchdog
 
 __all__ = ["write_blocks", "read_blocks", "bytes_view", "FaultHook", "set_fault_hook",
            "fault_point", "FILE_STEPS", "STEPS", "BEFORE_STEPS", "FAULT_POINTS", "STEP_LABEL",

@@ -13,13 +13,13 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import exit_agreement
 from .buffers import ArrayMeta, HostStager, array_meta, output_array_meta, stager
 from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
-from .tracing import ACTIVE
-from .watchdog import watch
+from .lifecycle import exit_agreement
+from .lifecycle.watchdog import watch
+from .trace import ACTIVE
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 

@@ -49,9 +49,9 @@ from ... import backend, config
 from ...backend import device_copy
 from ..buffers import ArrayMeta
 from ..group import Group
+from ..lifecycle.watchdog import watch
 from ..reduce_op import ReduceOp
-from ..tracing import ACTIVE, note
-from ..watchdog import watch
+from ..trace import ACTIVE, note
 from . import schedule as S
 from .device import Device
 from .hier import Hierarchical, node_split
@@ -241,7 +241,7 @@ def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) 
             if r.nbytes:
                 dev.divide(dev.pointer(r.array), r.nbytes, m.dtype, g.size)
         if ACTIVE:
-            note(c.name, c.traced, g, m.dtype, None, True, False)
+            note(c.name, c.traced, g, m.dtype, device=True)
     return done
 
 

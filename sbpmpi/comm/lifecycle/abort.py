@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
-from .. import config
+from ... import config
 
 __all__ = ["enabled", "install", "uninstall", "installed", "abort", "aborting",
            "wait_if_aborting", "format_report", "main"]

@@ -17,7 +17,7 @@ The waiting ranks raise it as :class:`~sbpmpi.errors.CollectiveMismatchError`; t
 finished ranks print it and exit with code 1, so the job ends within seconds under
 the default settings.
 
-A rank that aborts the job (:func:`sbpmpi.comm.abort.abort`) sends its cause as an
+A rank that aborts the job (:func:`sbpmpi.comm.lifecycle.abort.abort`) sends its cause as an
 "aborted" notice first (:func:`announce_abort`) and waits up to :data:`ANNOUNCE_WAIT`
 seconds for the others to take it: a rank waiting in a check or for a point-to-point
 message raises :class:`~sbpmpi.errors.PeerAbortedError` with that cause, and one
@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import PeerAbortedError
+from ...errors import PeerAbortedError
+from ..agreement.mismatch import SAME_CALLS, mismatch_message
 from . import abort
-from .mismatch import SAME_CALLS, mismatch_message
 
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
            "GRACE", "enter", "cannot_meet", "announce_abort", "aborted_peer",
@@ -184,7 +184,7 @@ def poll() -> None:
 
 def announce_abort(cause: str) -> None:
     """Tell every other rank that this one is aborting the job with ``cause`` (called by
-    :func:`sbpmpi.comm.abort.abort` before ``MPI_Abort``), and wait up to
+    :func:`sbpmpi.comm.lifecycle.abort.abort` before ``MPI_Abort``), and wait up to
     :data:`ANNOUNCE_WAIT` seconds until each has received it: a rank waiting for a
     message or a check polls for it and raises :class:`~sbpmpi.errors.PeerAbortedError`
     with the cause, so its output says why the job ended before ``MPI_Abort`` ends it.

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import config
+from ... import config
 
 __all__ = ["EXIT_CODE", "timeout", "watch", "watched", "active"]
 
@@ -105,7 +105,7 @@ class _Watch:
 
 # -- the exit watch: on by default, no timeout --------------------------------------------------
 # A blocking call (an sm.comm collective) cannot poll for the "finished" notices of
-# sbpmpi.comm.exit_agreement itself. Without a timeout, watch() registers it in a list that a
+# sbpmpi.comm.lifecycle.exit_agreement itself. Without a timeout, watch() registers it in a list that a
 # daemon thread looks at every EXIT_POLL seconds: when a call has been open for more than
 # EXIT_AFTER seconds and one of its peers has reached the end of the program, the call can
 # never complete, so the thread agrees on the cause with the other ranks and aborts the job.
@@ -306,7 +306,7 @@ def _describe_peers(peers: tuple[int, ...] | None, size: int) -> str:
 
 
 def _finished_peers(peers: tuple[int, ...] | None, size: int) -> list[int]:
-    """Peers known to have reached the end of the program (sbpmpi.comm.exit_agreement)."""
+    """Peers known to have reached the end of the program (sbpmpi.comm.lifecycle.exit_agreement)."""
     try:
         from . import exit_agreement
 

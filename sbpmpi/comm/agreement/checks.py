@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .. import config
-from ..errors import CollectiveMismatchError
-from . import agreement
-from .group import Group
+from ... import config
+from ...errors import CollectiveMismatchError
+from ..group import Group
+from . import exchange as agreement
 from .mismatch import mismatch_message
 
 __all__ = ["checking", "agree", "agree_flag", "agreed", "within_agreed", "disagreement"]

@@ -14,15 +14,15 @@ from typing import Any, Literal, overload
 import numpy as np
 from mpi4py import MPI
 
-from . import checks
-from .buffers import HOST, ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
-from .call import Call, average, call, host_only
-from .collective_work import CollectiveWork
-from .dtypes import dtype_info
-from .gpu import route as _gpu
-from .group import Group, root_rank
+from ..agreement import checks
+from ..buffers import HOST, ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
+from ..call import Call, average, call, host_only
+from ..dtypes import dtype_info
+from ..gpu import route as _gpu
+from ..group import Group, root_rank
+from ..reduce_op import MPIReduction, ReduceOp, mpi_reduction
 from .listbufs import gather_list_in, list_metas, scatter_list_out
-from .reduce_op import MPIReduction, ReduceOp, mpi_reduction
+from .work import CollectiveWork
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
@@ -109,7 +109,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result.
 
     With ``async_op=True`` the reduction is started (``MPI_Iallreduce``) and a
-    :class:`~sbpmpi.comm.collective_work.CollectiveWork` is returned: ``arr`` holds the
+    :class:`~sbpmpi.comm.collectives.work.CollectiveWork` is returned: ``arr`` holds the
     result once its ``wait()`` (or a ``test()`` that returns True) has completed it, and
     must not be touched before. Every rank of the group starts its non-blocking
     collectives in the same order, as for blocking ones. Returns None otherwise.
@@ -273,7 +273,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
     group size x ``arr.size`` elements (e.g. shaped ``(group size, *arr.shape)``).
 
     With ``async_op=True`` (one output array only) the gather is started
-    (``MPI_Iallgather``) and a :class:`~sbpmpi.comm.collective_work.CollectiveWork` is
+    (``MPI_Iallgather``) and a :class:`~sbpmpi.comm.collectives.work.CollectiveWork` is
     returned, as :func:`all_reduce` does: the output holds the result once it completes,
     and neither array may be touched before. Returns None otherwise.
     """

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.layout import block_starts
-from . import checks
-from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
-from .call import Call, average, call, host_only
-from .dtypes import dtype_info
-from .gpu import route as _gpu
-from .group import Group, root_rank
-from .reduce_op import ReduceOp, mpi_reduction
+from ...core.layout import block_starts
+from ..agreement import checks
+from ..buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
+from ..call import Call, average, call, host_only
+from ..dtypes import dtype_info
+from ..gpu import route as _gpu
+from ..group import Group, root_rank
+from ..reduce_op import ReduceOp, mpi_reduction
 
 __all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
 
