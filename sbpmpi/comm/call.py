@@ -80,7 +80,7 @@ class Call:
         inside a step the ranks agreed on as a whole (:func:`.checks.agreed`, a layout
         conversion), host arrays are host arrays on every rank, and need no exchange.
         """
-        if not _gpu.ENABLED:
+        if not _gpu.STATE.enabled:
             if sig is not None:
                 checks.agree(self.g, self.name, None, sig)
             return False

@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,16 @@ FAULT_POINTS = STEPS + BEFORE_STEPS
 STEP_LABEL = "MPI-IO step agreement"
 
 FaultHook = Callable[[str, str], None]
-_fault_hook: FaultHook | None = None
+
+
+@dataclass
+class FaultSeam:
+    """The fault tests' hook (None: no fault)."""
+
+    hook: FaultHook | None = None
+
+
+_FAULTS = FaultSeam()
 
 # MPI error classes of I/O -> errno, so that OSError(errno, ...) takes the matching
 # subclass (FileNotFoundError, PermissionError, FileExistsError, ...)
@@ -85,15 +95,15 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook | None:
     before each call of :data:`FILE_STEPS` it makes (``"before <step>"``). An exception it
     raises is that step failing on that rank. None removes it. Returns the hook it
     replaces."""
-    global _fault_hook
-    previous, _fault_hook = _fault_hook, hook
+    previous, _FAULTS.hook = _FAULTS.hook, hook
     return previous
 
 
 def fault_point(step: str, path: str) -> None:
     """Where a fault hook may fail ``step`` of ``path`` (a no-op without a hook)."""
-    if _fault_hook is not None:
-        _fault_hook(step, path)
+    hook = _FAULTS.hook
+    if hook is not None:
+        hook(step, path)
 
 
 # what ROMIO appends to an "Other I/O error" (MPI_ERR_IO): the system's own message

@@ -10,7 +10,7 @@ A call goes one of three ways, the same on every rank of its group:
 - **hierarchical IPC** across nodes (:mod:`.hier`).
 
 While ``ipc`` is off every call takes the MPI path and nothing needs deciding (the
-collectives read :data:`ENABLED` first). While it is on:
+collectives read ``STATE.enabled`` first). While it is on:
 
 1. A call whose group is known to have no IPC path for it (it spans nodes unevenly, or
    the collective has no hierarchical form) takes the MPI path at once: the group built
@@ -40,6 +40,7 @@ moves of a conversion made one collective step over its placement group first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -62,28 +63,62 @@ Transport = IpcTransport | Hierarchical
 #: this rank's readiness -> whether every rank of the group is ready (one exchange)
 Agree = Callable[[bool], bool]
 
-__all__ = ["ENABLED", "Agree", "Role", "IpcCall", "set_device", "get_device", "transport_for",
+__all__ = ["STATE", "RouteState", "Agree", "Role", "IpcCall", "set_device", "get_device",
+           "transport_for",
            "transports", "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v",
            "all_reduce", "all_to_all", "all_to_all_v", "broadcast"]
 
-# On when the GPU transport is ipc (.select decides; kept here for the collectives' test).
-ENABLED: bool = ipc_chosen()
 # all-reduce reads every peer's whole buffer (p + 1 device operations) up to this size, or
 # at 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (2p
 # operations, 2(p-1)/p of the bytes); both hold two node barriers. To tune on a GPU.
 DIRECT_ALL_REDUCE_BYTES = 256 << 10
-_device: Device | None = None
-_device_reason = ""
-_transports: dict[tuple[int, ...], Transport | str] = {}
 
 
-def _follow(_: object) -> None:
-    global ENABLED
-    ENABLED = ipc_chosen()
+@dataclass
+class RouteState:
+    """This rank's IPC state: whether ipc is the transport, the device and why there is
+    none, and each group's transport (built on first use, collectively)."""
+
+    #: On when the GPU transport is ipc (.select decides; follows the settings).
+    enabled: bool = False
+    device: Device | None = None
+    device_reason: str = ""
+    transports: dict[tuple[int, ...], Transport | str] = field(default_factory=dict)
+
+    def follow(self, _: object = None) -> None:
+        """Follow the settings (the hook :func:`sbpmpi.config.on_update` calls)."""
+        self.enabled = ipc_chosen()
+
+    def set_device(self, device: Device | None) -> None:
+        """Use ``device``, closing the mappings of the transports built so far."""
+        for t in self.transports.values():
+            if isinstance(t, Hierarchical):
+                t.close_all()
+                t.node.comm.Free()
+            elif isinstance(t, IpcTransport):
+                t.close_all()
+                t.comm.Free()
+        self.transports.clear()
+        self.device, self.device_reason = device, ""
+
+    def get_device(self) -> Device | None:
+        """The device, made on first use (CuPy's), or None with the reason kept."""
+        if self.device is None and not self.device_reason:
+            if not backend.cupy_available():
+                self.device_reason = "no CuPy / no GPU"
+            else:
+                try:
+                    from .device import CupyDevice
+
+                    self.device = CupyDevice()
+                except Exception as e:
+                    self.device_reason = f"CUDA IPC unavailable: {type(e).__name__}: {e}"
+        return self.device
 
 
-config.on_update("gpu_transport", _follow)
-config.on_update("cuda_aware", _follow)  # ipc stays off beside a CUDA-aware MPI (.select)
+STATE = RouteState(enabled=ipc_chosen())
+config.on_update("gpu_transport", STATE.follow)
+config.on_update("cuda_aware", STATE.follow)  # ipc stays off beside a CUDA-aware MPI (.select)
 
 
 def set_device(device: Device | None) -> None:
@@ -91,43 +126,23 @@ def set_device(device: Device | None) -> None:
 
     Closes the mappings of the transports built so far.
     """
-    global _device, _device_reason
-    for t in _transports.values():
-        if isinstance(t, Hierarchical):
-            t.close_all()
-            t.node.comm.Free()
-        elif isinstance(t, IpcTransport):
-            t.close_all()
-            t.comm.Free()
-    _transports.clear()
-    _device, _device_reason = device, ""
+    STATE.set_device(device)
 
 
 def get_device() -> Device | None:
     """The device used for IPC, or None (with the reason in :func:`device_reason`)."""
-    global _device, _device_reason
-    if _device is None and not _device_reason:
-        if not backend.cupy_available():
-            _device_reason = "no CuPy / no GPU"
-        else:
-            try:
-                from .device import CupyDevice
-
-                _device = CupyDevice()
-            except Exception as e:
-                _device_reason = f"CUDA IPC unavailable: {type(e).__name__}: {e}"
-    return _device
+    return STATE.get_device()
 
 
 def device_reason() -> str:
-    return _device_reason
+    return STATE.device_reason
 
 
 def transport_for(g: Group, comm: MPI.Intracomm, dev: Device) -> Transport | str:
     """The IPC transport of group ``g`` (hierarchical when it spans nodes), or why it has
     none. Collective over the group on first use: called once every rank of it agreed to
     take the IPC path (so every rank has ``dev``)."""
-    hit = _transports.get(g.ranks)
+    hit = STATE.transports.get(g.ranks)
     if hit is None:
         node = node_split(comm)
         if node.Get_size() == comm.Get_size():
@@ -137,13 +152,13 @@ def transport_for(g: Group, comm: MPI.Intracomm, dev: Device) -> Transport | str
             if isinstance(h, str):
                 node.Free()
             hit = h
-        _transports[g.ranks] = hit
+        STATE.transports[g.ranks] = hit
     return hit
 
 
 def transports() -> dict[tuple[int, ...], Transport | str]:
     """Group ranks -> its transport or why it has none (for sbpmpi.comm.info)."""
-    return dict(_transports)
+    return dict(STATE.transports)
 
 
 class Role(NamedTuple):
@@ -170,14 +185,14 @@ class IpcCall(NamedTuple):
 
 def _no_path(g: Group, hierarchical_form: bool) -> bool:
     """True when the group is known (on every rank alike) to have no IPC path for a call."""
-    t = _transports.get(g.ranks)
+    t = STATE.transports.get(g.ranks)
     return isinstance(t, str) or (isinstance(t, Hierarchical) and not hierarchical_form)
 
 
 def _decline(agree: Agree, g: Group) -> bool:
     """This rank cannot take the IPC path (host arrays): the group hears it."""
     agree(False)
-    _count_fallback(_transports.get(g.ranks), "some of its arrays are host arrays")
+    _count_fallback(STATE.transports.get(g.ranks), "some of its arrays are host arrays")
     return False
 
 
@@ -198,7 +213,7 @@ def _offer(c: IpcCall, known: Transport | str | None, dev: Device | None) -> Off
     """Step 2 of the route: this rank's offer on the IPC device ``dev`` (None: it has none)."""
     if dev is None:
         bufs = {role: Buffer(0, r.nbytes) for role, r in c.roles.items()}
-        return Offer(bufs, {}, False, f"no device can export memory ({_device_reason})")
+        return Offer(bufs, {}, False, f"no device can export memory ({STATE.device_reason})")
     owned = all(dev.owns(r.array) for r in c.roles.values())
     bufs = {role: Buffer(dev.pointer(r.array) if owned and r.nbytes else 0, r.nbytes)
             for role, r in c.roles.items()}
@@ -218,7 +233,7 @@ def _count_fallback(known: Transport | str | None, why_not: str) -> None:
 
 def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) -> bool:
     """Steps 2 and 3 of the route, then the call over IPC when the group agreed."""
-    known = _transports.get(g.ranks)
+    known = STATE.transports.get(g.ranks)
     dev = get_device()
     offer = _offer(c, known, dev)
     if not agree(offer.ready):
