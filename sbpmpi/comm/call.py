@@ -69,7 +69,7 @@ class Call:
         return checks.agree(self.g, self.name, None, sig, extra)
 
     def gpu(self, route: Callable[..., bool], device: bool,
-            sig: Sequence[tuple[str, Any]] | None, *args: Any) -> bool:
+            sig: Sequence[tuple[str, Any]] | None, *args: Any, **kwargs: Any) -> bool:
         """Step 3: True when the GPU transport ``route`` (a :mod:`.gpu.route` call) carried
         the call, on every rank of the group alike.
 
@@ -87,7 +87,7 @@ class Call:
         if not device and checks.within_agreed():
             return False  # an agreed step: every rank's arrays are host arrays, as here
         vote = _RouteVote(self, sig)
-        done = route(vote, device, *args, self.g, self.comm)
+        done = route(_gpu.GroupCall(vote, device, self.g, self.comm), *args, **kwargs)
         if sig is not None and not vote.asked:  # the route was known: no vote was needed
             checks.agree(self.g, self.name, None, sig)
         return bool(done)

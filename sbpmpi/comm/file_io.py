@@ -256,7 +256,7 @@ def bytes_view(a: np.ndarray) -> np.ndarray:
 
 def write_blocks(path: str, header: bytes,
                  local: np.ndarray | Callable[[], np.ndarray | None] | None,
-                 global_shape: Sequence[int], starts: Sequence[int], dtype: Any,
+                 global_shape: Sequence[int], starts: Sequence[int], dtype: Any, *,
                  group: Group | None = None, what: str = "write") -> None:
     """Collective: write ``header`` then each rank's block of a C-order array to ``path``.
 
@@ -340,7 +340,7 @@ def write_blocks(path: str, header: bytes,
 
 
 def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
-                starts: Sequence[int] | None, local_shape: Sequence[int],
+                starts: Sequence[int] | None, local_shape: Sequence[int], *,
                 fortran_order: bool = False, group: Group | None = None,
                 what: str = "read") -> np.ndarray:
     """Collective: read this rank's block of the array stored in ``path`` after ``offset`` bytes.

@@ -63,7 +63,17 @@ Transport = IpcTransport | Hierarchical
 #: this rank's readiness -> whether every rank of the group is ready (one exchange)
 Agree = Callable[[bool], bool]
 
-__all__ = ["STATE", "RouteState", "Agree", "Role", "IpcCall", "set_device", "get_device",
+
+class GroupCall(NamedTuple):
+    """What every entry point is asked with: how the group decides, whether every array of
+    the call on this rank is a GPU array, the group and its communicator."""
+
+    agree: Agree
+    device: bool
+    g: Group
+    comm: MPI.Intracomm
+
+__all__ = ["STATE", "RouteState", "Agree", "GroupCall", "Role", "IpcCall", "set_device", "get_device",
            "transport_for",
            "transports", "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v",
            "all_reduce", "all_to_all", "all_to_all_v", "broadcast"]
@@ -260,9 +270,9 @@ def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) 
     return done
 
 
-def all_gather(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta, g: Group,
-               comm: MPI.Intracomm) -> bool:
+def all_gather(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta) -> bool:
     """``out`` (p blocks) gets ``arr`` of every rank."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -277,9 +287,11 @@ def all_gather(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta, g: 
         hier=lambda h, o: h.all_gather_v("all_gather", o, counts, displs)))
 
 
-def all_gather_v(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta,
-                 counts: Sequence[int], displs: Sequence[int], need: int, g: Group,
-                 comm: MPI.Intracomm) -> bool:
+def all_gather_v(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta, *, counts: Sequence[int],
+                 displs: Sequence[int], need: int) -> bool:
+    """``out`` gets ``arr`` of every rank, rank k's ``counts[k]`` elements at ``displs[k]``
+    (``need`` elements in all)."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -293,16 +305,18 @@ def all_gather_v(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta,
         hier=lambda h, o: h.all_gather_v("all_gather_v", o, cb, db)))
 
 
-def reduce_scatter(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
-                   op: ReduceOp, g: Group, comm: MPI.Intracomm) -> bool:
+def reduce_scatter(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+                   op: ReduceOp) -> bool:
     """``out`` = block ``me`` of the reduction of the packed inputs (p blocks of m.size)."""
-    return reduce_scatter_v(agree, device, out, x, m, mi, [m.size] * g.size, op, g, comm,
-                            "reduce_scatter")
+    return reduce_scatter_v(gc, out, x, m, mi, [m.size] * gc.g.size, op, name="reduce_scatter")
 
 
-def reduce_scatter_v(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta,
-                     mi: ArrayMeta, counts: Sequence[int], op: ReduceOp, g: Group,
-                     comm: MPI.Intracomm, name: str = "reduce_scatter_v") -> bool:
+def reduce_scatter_v(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+                     counts: Sequence[int], op: ReduceOp, *,
+                     name: str = "reduce_scatter_v") -> bool:
+    """``out`` = block ``me`` (``counts[me]`` elements) of the reduction of the packed
+    inputs."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:
@@ -315,8 +329,9 @@ def reduce_scatter_v(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta,
         average="out", traced=mi.size * it))
 
 
-def all_reduce(agree: Agree, device: bool, arr: Any, m: ArrayMeta, op: ReduceOp, g: Group,
-               comm: MPI.Intracomm) -> bool:
+def all_reduce(gc: GroupCall, arr: Any, m: ArrayMeta, op: ReduceOp) -> bool:
+    """``arr`` = the reduction of every rank's ``arr``."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -331,9 +346,9 @@ def all_reduce(agree: Agree, device: bool, arr: Any, m: ArrayMeta, op: ReduceOp,
         hier=lambda h, o: h.all_reduce("all_reduce", o, m.size, m.dtype, op)))
 
 
-def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
-               g: Group, comm: MPI.Intracomm) -> bool:
+def all_to_all(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta) -> bool:
     """Block j of rank i's input goes to block i of rank j's ``out`` (blocks of m.size)."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:
@@ -347,13 +362,16 @@ def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: A
                                  [k * b for k in range(p)]), traced=p * b))
 
 
-def all_to_all_v(agree: Agree, device: bool, out: Any, oc: Sequence[int], od: Sequence[int],
-                 oneed: int, arr: Any, ic: Sequence[int], idd: Sequence[int], m: ArrayMeta,
-                 g: Group, comm: MPI.Intracomm) -> bool:
-    """Rank i's ``arr[idd[j]:][:ic[j]]`` to ``out[od[i]:][:oc[i]]`` of rank j. Every rank's
-    counts ride in the records, so every rank checks that what each rank sends is what its
-    receiver expects, alike, before any copy (a copy of the sender's count would write past
-    the receiver's block, even past ``out``)."""
+def all_to_all_v(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta, *,
+                 out_counts: Sequence[int], out_displs: Sequence[int], out_need: int,
+                 in_counts: Sequence[int], in_displs: Sequence[int]) -> bool:
+    """Rank i's ``arr[in_displs[j]:][:in_counts[j]]`` to ``out[out_displs[i]:][:out_counts[i]]``
+    of rank j (``out_need`` elements of ``out`` in all). Every rank's counts ride in the
+    records, so every rank checks that what each rank sends is what its receiver expects,
+    alike, before any copy (a copy of the sender's count would write past the receiver's
+    block, even past ``out``)."""
+    agree, device, g, comm = gc
+    oc, od, oneed, ic, idd = out_counts, out_displs, out_need, in_counts, in_displs
     if _no_path(g, False):
         return False
     if not device:
@@ -386,8 +404,9 @@ def _count_mismatch(sent: np.ndarray, expected: np.ndarray) -> str:
             f"{j}, which expects out_counts[{i}] = {int(expected[j, i])}")
 
 
-def broadcast(agree: Agree, device: bool, arr: Any, m: ArrayMeta, root: int, g: Group,
-              comm: MPI.Intracomm) -> bool:
+def broadcast(gc: GroupCall, arr: Any, m: ArrayMeta, root: int) -> bool:
+    """``arr`` of world rank ``root`` on every rank."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:
