@@ -58,7 +58,7 @@ class Call:
 
     def refuse(self, e: TypeError | ValueError) -> NoReturn:
         """Raise the argument error ``e``; in checked mode every rank of the group raises
-        it (see :func:`.checks.agree`)."""
+        it (see :func:`.agreement.checks.agree`)."""
         if checks.checking():
             checks.agree(self.g, self.name, e)
         raise e
@@ -77,7 +77,7 @@ class Call:
         checked-mode signature (None when not checking), agreed here. While the ``ipc``
         transport is on, every rank (host arrays too) asks ``route``, and the group decides
         the route in one exchange, which in checked mode is the signature agreement itself;
-        inside a step the ranks agreed on as a whole (:func:`.checks.agreed`, a layout
+        inside a step the ranks agreed on as a whole (:func:`.agreement.checks.agreed`, a layout
         conversion), host arrays are host arrays on every rank, and need no exchange.
         """
         if not _gpu.STATE.enabled:

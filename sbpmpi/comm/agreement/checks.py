@@ -5,7 +5,7 @@ error that every rank makes the same way (the usual SPMD case) is raised on ever
 In checked mode (``SBPMPI_COMM_CHECK=1``, or ``sm.config.update(comm_check=True)``: the
 setting :data:`sbpmpi.config.comm_check`) every collective first
 agrees on its local verdict and a signature (dtype, sizes, root, op) through
-:func:`.agreement.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
+:func:`.exchange.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
 gathered only when they differ), so that an error made on one rank only, or ranks that
 disagree on sizes, raise the same clear error on every rank instead of hanging or
 corrupting data.
@@ -15,7 +15,7 @@ conversion) the calls skip their own exchange: their arguments follow from the a
 layouts.
 
 A call whose route the group decides together (the ``ipc`` GPU transport:
-:mod:`.gpu.route`) carries its rank's vote in the same exchange (:func:`agree_flag`).
+:mod:`..gpu.route`) carries its rank's vote in the same exchange (:func:`agree_flag`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Buffer collectives on NumPy and GPU arrays, in place, as torch.distributed names them.
 
 Ranks given as ``src``/``dst`` are world ranks; ``group`` (default WORLD) picks the
-communicator. Arguments are checked before any communication (see :mod:`.checks`).
+communicator. Arguments are checked before any communication (see :mod:`..agreement.checks`).
 A buffer that receives data on any rank must be C-contiguous; non-contiguous inputs
 are copied. Each call is one mpi4py upper-case (buffer) call.
 """
