@@ -17,10 +17,10 @@ from . import tape as _tape
 from . import tensor as _tensor
 from ._version import __version__
 from .backend import node as _node
-from .comm import abort as _abort
-from .comm import exit_agreement as _exit_agreement
-from .comm import settings_agreement as _settings_agreement
-from .comm import world as _world
+from .comm.agreement import settings as _settings_agreement
+from .comm.lifecycle import abort as _abort
+from .comm.lifecycle import exit_agreement as _exit_agreement
+from .comm.lifecycle import world as _world
 from .comm.trace import trace
 from .core import dtypes as _dtypes
 from .core import placement as _placement

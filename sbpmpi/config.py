@@ -662,7 +662,7 @@ def startup_errors() -> dict[str, str]:
     Their settings keep the default meanwhile. This module does not raise at import:
     a rank that stopped here would leave the others waiting in their first collective.
     ``import sbpmpi`` raises instead, on every rank alike, once the ranks have compared
-    their settings (:mod:`sbpmpi.comm.settings_agreement`).
+    their settings (:mod:`sbpmpi.comm.agreement.settings`).
     """
     return dict(_STARTUP_ERRORS)
 

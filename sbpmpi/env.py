@@ -1,12 +1,12 @@
 """The process environment: world rank and size, local rank, nodes (hosts), launcher variables.
 
-``sm.env`` is the public face of :mod:`sbpmpi.comm.world`, which asks MPI. A script run
+``sm.env`` is the public face of :mod:`sbpmpi.comm.lifecycle.world`, which asks MPI. A script run
 without ``mpiexec`` is a world of size 1.
 """
 
 from __future__ import annotations
 
-from .comm.world import (
+from .comm.lifecycle.world import (
     expect_world,
     get_local_rank,
     get_local_world_size,

@@ -64,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         "check_collective": lambda: consistency.check_collective("x.numpy", (t,)),
     }
     res = {k: _median_us(f, args.reps) for k, f in rows.items()}
-    from sbpmpi.comm import exit_agreement
+    from sbpmpi.comm.lifecycle import exit_agreement
 
-    saved_comm, exit_agreement._comm = exit_agreement._comm, None  # wait() = request.Wait()
+    state = exit_agreement.STATE
+    saved_comm, state.comm = state.comm, None  # wait() = request.Wait()
     res["check_collective, exchange not polled (before)"] = _median_us(rows["check_collective"],
                                                                        args.reps)
-    exit_agreement._comm = saved_comm
+    state.comm = saved_comm
     res["sm.comm.all_reduce 8 B, exit watch on"] = _median_us(
         lambda: sm.comm.all_reduce(x), args.reps)
     with sm.config.override(exit_watch=False):

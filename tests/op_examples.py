@@ -268,7 +268,7 @@ def _others() -> dict[str, list[Example]]:
                                                      * (b != -100))))],
         "vocab_grad": [Example(
             (logits, labels, m, stats, cols, g0),
-            lambda a, b, mm, s, c, g: ((a, b, mm, s, c, g, -100, 0.5), {}),
+            lambda a, b, mm, s, c, g: ((a, b, mm, s, c, g), {"ignore_index": -100, "scale": 0.5}),
             lambda a, b, mm, s, c, g: _cross_entropy_grad(a, b, g, -100, 0.5))],
     }
 

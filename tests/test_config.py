@@ -149,8 +149,10 @@ def test_callbacks_run_on_every_change():
 
 def test_owners_follow_their_settings():
     from sbpmpi.backend import host_pool
-    from sbpmpi.comm import checks, cuda_aware, watchdog
+    from sbpmpi.comm import cuda_aware
+    from sbpmpi.comm.agreement import checks
     from sbpmpi.comm.gpu import route, select
+    from sbpmpi.comm.lifecycle import watchdog
     from sbpmpi.runtime import consistency, cost_table
 
     with config.override(check=False, debug=True, comm_check=True, timeout=12):
@@ -167,14 +169,14 @@ def test_owners_follow_their_settings():
     with config.override(cuda_aware=True, gpu_transport=None):
         assert cuda_aware.is_cuda_aware() and select.gpu_transport().name == "mpi"
         config.update(gpu_transport="ipc")  # beside device pointers to MPI, ipc stays off
-        assert not route.ENABLED and select.gpu_transport().name == "mpi"
+        assert not route.STATE.enabled and select.gpu_transport().name == "mpi"
         version = cost_table.version()
         config.update(cuda_aware=False)
-        assert route.ENABLED and select.gpu_transport().name == "ipc"
+        assert route.STATE.enabled and select.gpu_transport().name == "ipc"
         assert cost_table.version() != version  # the plan caches see the new default table
         config.update(gpu_transport=None)
         assert not cuda_aware.is_cuda_aware() and select.gpu_transport().name == "staged"
-        assert not route.ENABLED
+        assert not route.STATE.enabled
 
 
 def test_a_bad_variable_stops_the_import_with_its_name():

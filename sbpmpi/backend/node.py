@@ -1,7 +1,7 @@
 """This process's place among the ranks on its machine, as the backend needs it.
 
 The backend makes no MPI call: ``import sbpmpi`` tells it here, from the node split of
-:mod:`sbpmpi.comm.world`, which GPU to bind (:func:`sbpmpi.backend.bind_device`) and how
+:mod:`sbpmpi.comm.lifecycle.world`, which GPU to bind (:func:`sbpmpi.backend.bind_device`) and how
 many ranks share the machine's memory (the host pool's default limit).
 """
 

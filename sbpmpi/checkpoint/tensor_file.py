@@ -162,7 +162,8 @@ def read_tensor_sized(path: str, pl: Placement, sbp: Any, what: str = "sm.load"
     lshape = layout.local_shape(me)
     buf = file_io.read_blocks(path, offset, dtype, shape,
                               None if ranges is None else [a for a, _ in ranges],
-                              lshape if reads else (0,), fortran, what=label)
+                              lshape if reads else (0,), fortran_order=fortran,
+                              what=label)
     error: BaseException | None = None
     local: Any = None
     try:

@@ -30,14 +30,15 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .. import backend
-from . import agreement, checks
+from .agreement import checks
+from .agreement import exchange as agreement
 from .buffers import ArrayMeta
 from .gpu import route as _gpu
 from .group import WORLD, WORLD_COMM, Group, resolve
+from .lifecycle.watchdog import watch
 from .nan_reduction import nan_safe
 from .reduce_op import ORDERED, MPIReduction, ReduceOp
-from .tracing import ACTIVE, note
-from .watchdog import watch
+from .trace import ACTIVE, note
 
 __all__ = ["Call", "call", "nan_safe", "host_only", "average"]
 
@@ -57,7 +58,7 @@ class Call:
 
     def refuse(self, e: TypeError | ValueError) -> NoReturn:
         """Raise the argument error ``e``; in checked mode every rank of the group raises
-        it (see :func:`.checks.agree`)."""
+        it (see :func:`.agreement.checks.agree`)."""
         if checks.checking():
             checks.agree(self.g, self.name, e)
         raise e
@@ -68,7 +69,7 @@ class Call:
         return checks.agree(self.g, self.name, None, sig, extra)
 
     def gpu(self, route: Callable[..., bool], device: bool,
-            sig: Sequence[tuple[str, Any]] | None, *args: Any) -> bool:
+            sig: Sequence[tuple[str, Any]] | None, *args: Any, **kwargs: Any) -> bool:
         """Step 3: True when the GPU transport ``route`` (a :mod:`.gpu.route` call) carried
         the call, on every rank of the group alike.
 
@@ -76,17 +77,17 @@ class Call:
         checked-mode signature (None when not checking), agreed here. While the ``ipc``
         transport is on, every rank (host arrays too) asks ``route``, and the group decides
         the route in one exchange, which in checked mode is the signature agreement itself;
-        inside a step the ranks agreed on as a whole (:func:`.checks.agreed`, a layout
+        inside a step the ranks agreed on as a whole (:func:`.agreement.checks.agreed`, a layout
         conversion), host arrays are host arrays on every rank, and need no exchange.
         """
-        if not _gpu.ENABLED:
+        if not _gpu.STATE.enabled:
             if sig is not None:
                 checks.agree(self.g, self.name, None, sig)
             return False
         if not device and checks.within_agreed():
             return False  # an agreed step: every rank's arrays are host arrays, as here
         vote = _RouteVote(self, sig)
-        done = route(vote, device, *args, self.g, self.comm)
+        done = route(_gpu.GroupCall(vote, device, self.g, self.comm), *args, **kwargs)
         if sig is not None and not vote.asked:  # the route was known: no vote was needed
             checks.agree(self.g, self.name, None, sig)
         return bool(done)
@@ -102,7 +103,7 @@ class Call:
              staged: bool = False) -> None:
         """Note the call in the active traces (callers test ``if ACTIVE:`` first, so the
         arguments are computed only while tracing)."""
-        note(self.name, nbytes, self.g, dtype, peer, device, staged)
+        note(self.name, nbytes, self.g, dtype, peer=peer, device=device, staged=staged)
 
     def mpi_call(self, nbytes: int | Callable[[], int] = 0, dtype: Any = "",
                  peer: int | None = None, device: bool = False, staged: bool = False,
@@ -115,12 +116,12 @@ class Call:
                 c.comm.Allreduce(...)
 
         A non-blocking call (``nonblocking=True``) is noted when it starts; its
-        :class:`~sbpmpi.comm.collective_work.CollectiveWork` keeps the context and enters
+        :class:`~sbpmpi.comm.collectives.work.CollectiveWork` keeps the context and enters
         it around the wait.
         """
         if ACTIVE:
-            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer,
-                 device, staged, nonblocking)
+            note(self.name, nbytes() if callable(nbytes) else nbytes, self.g, dtype, peer=peer,
+                 device=device, staged=staged, nonblocking=nonblocking)
         return watch(self.name, self.ranks)
 
 

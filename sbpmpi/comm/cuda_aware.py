@@ -23,6 +23,7 @@ CUDA-aware usually crashes, so the decision is conservative, in this order:
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -202,15 +203,10 @@ def detect_library() -> CudaAwareness:
     return CudaAwareness(False, f"{lib}: no known CUDA-support query; assuming not CUDA-aware")
 
 
-_decision: CudaAwareness | None = None
-
-
+@functools.cache
 def cuda_awareness() -> CudaAwareness:
     """The cached decision (made on first call, again after either setting changes)."""
-    global _decision
-    if _decision is None:
-        _decision = detect()
-    return _decision
+    return detect()
 
 
 def is_cuda_aware() -> bool:
@@ -219,13 +215,11 @@ def is_cuda_aware() -> bool:
     Forced with ``sm.config.update(cuda_aware=True)`` (or False; None detects again), for
     tests and for sites whose MPI reports wrongly.
     """
-    d = _decision
-    return (d if d is not None else cuda_awareness()).aware
+    return cuda_awareness().aware
 
 
 def _forget(_: object) -> None:
-    global _decision
-    _decision = None
+    cuda_awareness.cache_clear()
 
 
 config.on_update("cuda_aware", _forget)

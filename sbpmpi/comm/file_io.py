@@ -35,14 +35,16 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import agreement, watchdog
+from .agreement import exchange as agreement
 from .call import call
 from .group import Group
+from .lifecycle import watchdog
 
 __all__ = ["write_blocks", "read_blocks", "bytes_view", "FaultHook", "set_fault_hook",
            "fault_point", "FILE_STEPS", "STEPS", "BEFORE_STEPS", "FAULT_POINTS", "STEP_LABEL",
@@ -65,7 +67,16 @@ FAULT_POINTS = STEPS + BEFORE_STEPS
 STEP_LABEL = "MPI-IO step agreement"
 
 FaultHook = Callable[[str, str], None]
-_fault_hook: FaultHook | None = None
+
+
+@dataclass
+class FaultSeam:
+    """The fault tests' hook (None: no fault)."""
+
+    hook: FaultHook | None = None
+
+
+_FAULTS = FaultSeam()
 
 # MPI error classes of I/O -> errno, so that OSError(errno, ...) takes the matching
 # subclass (FileNotFoundError, PermissionError, FileExistsError, ...)
@@ -84,15 +95,15 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook | None:
     before each call of :data:`FILE_STEPS` it makes (``"before <step>"``). An exception it
     raises is that step failing on that rank. None removes it. Returns the hook it
     replaces."""
-    global _fault_hook
-    previous, _fault_hook = _fault_hook, hook
+    previous, _FAULTS.hook = _FAULTS.hook, hook
     return previous
 
 
 def fault_point(step: str, path: str) -> None:
     """Where a fault hook may fail ``step`` of ``path`` (a no-op without a hook)."""
-    if _fault_hook is not None:
-        _fault_hook(step, path)
+    hook = _FAULTS.hook
+    if hook is not None:
+        hook(step, path)
 
 
 # what ROMIO appends to an "Other I/O error" (MPI_ERR_IO): the system's own message
@@ -245,7 +256,7 @@ def bytes_view(a: np.ndarray) -> np.ndarray:
 
 def write_blocks(path: str, header: bytes,
                  local: np.ndarray | Callable[[], np.ndarray | None] | None,
-                 global_shape: Sequence[int], starts: Sequence[int], dtype: Any,
+                 global_shape: Sequence[int], starts: Sequence[int], dtype: Any, *,
                  group: Group | None = None, what: str = "write") -> None:
     """Collective: write ``header`` then each rank's block of a C-order array to ``path``.
 
@@ -329,7 +340,7 @@ def write_blocks(path: str, header: bytes,
 
 
 def read_blocks(path: str, offset: int, dtype: Any, global_shape: Sequence[int],
-                starts: Sequence[int] | None, local_shape: Sequence[int],
+                starts: Sequence[int] | None, local_shape: Sequence[int], *,
                 fortran_order: bool = False, group: Group | None = None,
                 what: str = "read") -> np.ndarray:
     """Collective: read this rank's block of the array stored in ``path`` after ``offset`` bytes.

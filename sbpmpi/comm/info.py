@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from .. import backend
 from ..backend import device_copy
+from .agreement.checks import checking
 from .buffers import PINNED_POOL
-from .checks import checking
 from .cuda_aware import cuda_awareness
 from .gpu import route
 from .gpu.select import gpu_transport

@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 from .. import backend
 from ..backend import device_copy
+from .lifecycle.watchdog import watch
 from .reduce_op import ORDERED, UFUNCS, MPIReduction, ReduceOp, user_op
-from .watchdog import watch
 
 __all__ = ["nan_safe"]
 

@@ -6,6 +6,7 @@ message travels on the group's communicator.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import deque
@@ -13,26 +14,27 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import exit_agreement
 from .buffers import ArrayMeta, HostStager, array_meta, output_array_meta, stager
 from .call import Call, call
 from .dtypes import dtype_info
 from .group import Group, root_rank
-from .tracing import ACTIVE
-from .watchdog import watch
+from .lifecycle import exit_agreement
+from .lifecycle.watchdog import watch
+from .trace import ACTIVE
 
 __all__ = ["send", "recv", "isend", "irecv", "Work"]
 
-_TAG_UB: int | None = None
+@functools.cache
+def _tag_ub() -> int:
+    """The largest tag the MPI library takes (asked once)."""
+    ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return int(ub) if ub is not None else 32767
 
 
 def _tag(tag: Any, op: str) -> int:
-    global _TAG_UB
-    if _TAG_UB is None:
-        ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-        _TAG_UB = int(ub) if ub is not None else 32767
-    if type(tag) is not int or not 0 <= tag <= _TAG_UB:
-        raise ValueError(f"{op}: tag must be an int in [0, {_TAG_UB}], got {tag!r}")
+    ub = _tag_ub()
+    if type(tag) is not int or not 0 <= tag <= ub:
+        raise ValueError(f"{op}: tag must be an int in [0, {ub}], got {tag!r}")
     return tag
 
 

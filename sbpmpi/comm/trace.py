@@ -25,9 +25,13 @@ import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .group import Group
 
 __all__ = ["CommRecord", "Mark", "Interval", "Trace", "trace", "record", "record_agreement",
-           "mark", "record_interval", "next_seq"]
+           "note", "mark", "record_interval", "next_seq"]
 
 # One counter for the records and marks of every trace: their order within a trace.
 _seq = itertools.count()
@@ -207,6 +211,14 @@ def record(rec: CommRecord) -> None:
     """Append ``rec`` to every active trace (called by sbpmpi.comm)."""
     for t in ACTIVE:
         t.records.append(rec)
+
+
+def note(op: str, nbytes: int, g: Group, dtype: object = "", *, peer: int | None = None,
+         device: bool = False, staged: bool = False, nonblocking: bool = False) -> None:
+    """Record one call of ``g`` (callers test ``if ACTIVE:`` first, so this costs nothing
+    untraced)."""
+    record(CommRecord(op, int(nbytes), g.size, str(dtype), g.ranks, peer,
+                      "cuda" if device else "cpu", staged, nonblocking))
 
 
 def mark(text: str) -> None:

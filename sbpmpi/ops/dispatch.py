@@ -140,8 +140,8 @@ class Fast:
             # nothing moved: the kernel's operands are the shards themselves
             local = [o._local if type(o) is GlobalTensor else o for o in ops]
             out = GlobalTensor(local_result(self.name, self.kernel, xp, local, self.shape,
-                                            self.dtype, self.output, local, self.view,
-                                            self.widened),
+                                            self.dtype, self.output, shards=local,
+                                            view=self.view, widened=self.widened),
                                self.output, self.dtype)
         if self.view:  # remembered calls moved nothing: a view op's result is a view
             out._mark_view(ops[0])
@@ -161,7 +161,7 @@ def lookup(k: tuple[Any, ...]) -> Fast | None:
 
 
 def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
-             operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, output: Layout,
+             operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, *, output: Layout,
              dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str,
              view: bool = False) -> None:
     """Store the entry of a call that ran on local shards only (see the module doc)."""

@@ -91,7 +91,7 @@ def _arrays(args: Any) -> tuple[Any, ...]:
 
 
 def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
-                 shape: tuple[int, ...], dtype: np.dtype, layout: Layout,
+                 shape: tuple[int, ...], dtype: np.dtype, layout: Layout, *,
                  shards: Sequence[Any] = (), view: bool = False,
                  widened: bool | None = None) -> Any:
     """``kernel(xp, args, shape)`` as an ``xp`` array of ``dtype`` and ``shape``: a

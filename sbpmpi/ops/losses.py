@@ -298,7 +298,7 @@ def _build_loss(stats: GlobalTensor, m: GlobalTensor, labels: GlobalTensor, c: i
 
 
 def _build_vocab_grad(logits: GlobalTensor, labels: GlobalTensor, m: GlobalTensor,
-                      stats: GlobalTensor, cols: GlobalTensor, g: GlobalTensor,
+                      stats: GlobalTensor, cols: GlobalTensor, g: GlobalTensor, *,
                       ignore_index: int = -100, scale: float = 1.0) -> OpCall:
     n, c = logits.shape
     dtype = logits.dtype
@@ -366,5 +366,6 @@ def vocab_cross_entropy_grad(logits: GlobalTensor, labels: GlobalTensor,
                              saved: dict[str, Any], g: GlobalTensor) -> GlobalTensor:
     """The backward of the vocab-parallel path of :func:`cross_entropy_loss`."""
     return vocab_grad(logits, labels, saved["m"], saved["stats"],  # type: ignore[no-any-return]
-                      saved["cols"], g, saved["ignore_index"], saved["scale"])
+                      saved["cols"], g, ignore_index=saved["ignore_index"],
+                      scale=saved["scale"])
 

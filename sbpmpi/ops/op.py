@@ -76,7 +76,8 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
         me = get_rank()
         xp = backend.get_xp(out.placement.type) if me in out.placement else None
         dispatch.remember(site.key, site.args, site.kwargs, call.operands, call.kernel, xp,
-                          out, call.out_dtype, out.local_shape(me), step, call.name, call.view)
+                          output=out, dtype=call.out_dtype, shape=out.local_shape(me), step=step,
+                          name=call.name, view=call.view)
     if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
         best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:
@@ -103,7 +104,7 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
         xp = backend.get_xp(out.placement.type)
         shards = [o.to_local() for o in call.operands if isinstance(o, GlobalTensor)]
         res = local_result(call.name, call.kernel, xp, args, shape, call.out_dtype, out,
-                           shards, view)
+                           shards=shards, view=view)
         result = GlobalTensor(res, out, call.out_dtype)
     if view:
         result._mark_view(call.operands[0])

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import backend, comm
-from ..comm.collective_work import CollectiveWork
+from ..comm.collectives import CollectiveWork
 from ..core.dtypes import HALF, as_dtype
 from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement

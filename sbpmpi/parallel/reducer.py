@@ -96,7 +96,7 @@ from ..autograd.hooks import (
     register_leaf_hook,
     register_poll_hook,
 )
-from ..comm.collective_work import CollectiveWork, all_done
+from ..comm.collectives import CollectiveWork, all_done
 from ..core.dtypes import as_dtype, is_bfloat16
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step

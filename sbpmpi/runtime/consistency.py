@@ -31,7 +31,7 @@ keyed only by values whose equality implies an equal text); :func:`conversion_ch
 does the same for ``x.to_global``. :func:`agree_on_conversion` is comm's checked mode's
 own agreement on a conversion, made by :func:`sbpmpi.runtime.redistribute` when no
 consistency check covered it. The mismatch message itself is
-:func:`sbpmpi.comm.mismatch.mismatch_message`'s.
+:func:`sbpmpi.comm.agreement.mismatch.mismatch_message`'s.
 
 The collective decisions on local verdicts (``all_ok``, ``raise_if_any``,
 ``decide_on_root``, ``collective_errors``) are :mod:`sbpmpi.comm.agreement`'s.
@@ -52,8 +52,8 @@ import numpy as np
 
 from .. import config
 from ..comm import agreement
+from ..comm.agreement.mismatch import SAME_CALLS, mismatch_message
 from ..comm.group import WORLD, Group
-from ..comm.mismatch import SAME_CALLS, mismatch_message
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 from .. import backend, comm, config
 from ..boxing.cost import AlphaBeta, CostTable, DeviceCosts
-from ..comm import world
 from ..comm.gpu import gpu_transport
 from ..comm.info import library_name
+from ..comm.lifecycle import world
 
 __all__ = ["cache_path", "cache_key", "CachedRow", "cached_device_row", "read_cache", "write_cache_entry",
            "table_from", "costs_from"]

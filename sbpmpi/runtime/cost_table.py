@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from .. import backend, config
 from ..boxing.cost import DEFAULT_TABLE, CostTable, Topology, table_for_transport
-from ..comm import world
 from ..comm.gpu import gpu_transport
+from ..comm.lifecycle import world
 from .cost_cache import cached_device_row
 
 __all__ = ["get_cost_table", "set_cost_table", "version", "job_topology"]

@@ -29,7 +29,7 @@ from ..boxing.cost import CostTable
 from ..boxing.explanation import Explanation
 from ..boxing.plan import Plan, Step, group_of, why_meaningless
 from ..boxing.planner import candidate_plans, plan_conversion
-from ..comm import checks
+from ..comm.agreement import checks
 from ..core.layout import Layout
 from ..core.sbp import Split, check_partials
 from ..env import get_rank

@@ -48,7 +48,7 @@ def bootstrap(argv: Sequence[str]) -> None:
     """
     from mpi4py.run import run_command_line
 
-    from ..comm import world
+    from ..comm.lifecycle import world
 
     argv = list(argv)
     if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
@@ -87,7 +87,7 @@ def _fail(kind: str, e: BaseException | None, code: int) -> None:
     rank, size = (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()) if up else (0, 1)
     if size <= 1:
         return  # nobody to wait for: Python reports the error and exits
-    from ..comm import abort as _abort
+    from ..comm.lifecycle import abort as _abort
 
     if not _abort.enabled(size):
         return

@@ -27,7 +27,7 @@ MPICH does without being asked.
 This module is the command line; the work is done by :mod:`sbpmpi.tools.mpiexec` (finding
 MPI and its ``mpiexec``), :mod:`sbpmpi.tools.command` (the command line and running it)
 and :mod:`sbpmpi.tools.bootstrap` (inside each rank). ``sm.launch`` shows their public
-names here, with :func:`expect_world` and :func:`ranks_hint` of :mod:`sbpmpi.comm.world`.
+names here, with :func:`expect_world` and :func:`ranks_hint` of :mod:`sbpmpi.comm.lifecycle.world`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from ..comm.world import expect_world, ranks_hint
+from ..comm.lifecycle.world import expect_world, ranks_hint
 from . import launcher_family
 from .bootstrap import bootstrap
 from .command import build_command, child_env, launch, mpiexec_args_from

@@ -294,7 +294,8 @@ def exchange_log(monkeypatch) -> list[str]:
     """The labels of the metadata exchanges from now on (each one runs under watchdog.watch;
     the MPI-IO calls' own watches are left out, the agreements that end their steps are
     in, as file_io.STEP_LABEL)."""
-    from sbpmpi.comm import agreement, watchdog
+    from sbpmpi.comm.agreement import exchange as agreement
+    from sbpmpi.comm.lifecycle import watchdog
 
     labels: list[str] = []
     watch = watchdog.watch

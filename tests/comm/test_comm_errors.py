@@ -17,7 +17,8 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import comm as C
 from sbpmpi import config
-from sbpmpi.comm import ReduceOp, checks
+from sbpmpi.comm import ReduceOp
+from sbpmpi.comm.agreement import checks
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from sbpmpi import comm as C
 from sbpmpi import trace
 from sbpmpi.comm import CollectiveWork, ReduceOp
-from sbpmpi.comm.collective_work import all_done
+from sbpmpi.comm.collectives import all_done
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

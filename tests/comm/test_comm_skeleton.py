@@ -14,7 +14,9 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import comm as C
 from sbpmpi.comm import call as call_mod
-from sbpmpi.comm import collectives, nan_reduction, objects, p2p, vcollectives, watchdog
+from sbpmpi.comm import nan_reduction, p2p
+from sbpmpi.comm.collectives import objects, regular, vector
+from sbpmpi.comm.lifecycle import watchdog
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -68,7 +70,7 @@ def watched(monkeypatch):
 
     for mod in (p2p, call_mod, nan_reduction):
         monkeypatch.setattr(mod, "watch", spy)
-    for mod in (collectives, vcollectives, objects):  # no module but call.py watches
+    for mod in (regular, vector, objects):  # no module but call.py watches
         assert not hasattr(mod, "watch"), mod
     return seen
 

@@ -79,7 +79,7 @@ def test_out_of_range_timeouts_are_refused_when_parsed():
 
 
 def test_the_message_names_each_variable_and_the_ranks_on_each_side():
-    from sbpmpi.comm import settings_agreement
+    from sbpmpi.comm.agreement import settings as settings_agreement
 
     rs = settings_agreement.RankSettings
     same = {"SBPMPI_CHECK": "1", "SBPMPI_TIMEOUT": "unset", "SBPMPI_DEBUG": "0"}

@@ -1,4 +1,4 @@
-"""The process's place in the world (sbpmpi.comm.world), shown as sm.env, at n = 1..4.
+"""The process's place in the world (sbpmpi.comm.lifecycle.world), shown as sm.env, at n = 1..4.
 
 Rank, size and the node split are compared with what mpi4py says directly; the backend,
 which makes no MPI call, must have been told the same local rank and rank count. The
@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi.backend import node
-from sbpmpi.comm import world
+from sbpmpi.comm.lifecycle import world
 
 PUBLIC = ("get_rank", "get_world_size", "get_local_rank", "get_local_world_size",
           "get_node_rank", "get_node_count", "node_of", "node_ranks", "topology",

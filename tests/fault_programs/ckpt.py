@@ -20,7 +20,8 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import checkpoint
 from sbpmpi.checkpoint import atomic_write
-from sbpmpi.comm import abort, file_io
+from sbpmpi.comm import file_io
+from sbpmpi.comm.lifecycle import abort
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 abort.install(force=True)

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.comm import abort
+from sbpmpi.comm.lifecycle import abort
 from sbpmpi.runtime import consistency
 
 mode = sys.argv[1]

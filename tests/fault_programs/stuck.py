@@ -16,7 +16,7 @@ import time
 from mpi4py import MPI
 
 import sbpmpi as sm
-from sbpmpi.comm import abort, watchdog
+from sbpmpi.comm.lifecycle import abort, watchdog
 
 mode = sys.argv[1]
 late = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0

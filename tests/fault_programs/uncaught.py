@@ -19,7 +19,7 @@ import time
 from mpi4py import MPI
 
 import sbpmpi
-from sbpmpi.comm import abort
+from sbpmpi.comm.lifecycle import abort
 
 mode = sys.argv[1]
 world = MPI.COMM_WORLD

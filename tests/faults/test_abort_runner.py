@@ -20,7 +20,7 @@ FAIL = ("from mpi4py import MPI; import sys; w = MPI.COMM_WORLD\n"
 
 def run(n, program, cwd, extra_env=None):
     t0 = time.monotonic()
-    r = subprocess.run([*mpiexec(n), sys.executable, "-m", "sbpmpi.comm.abort", *program], cwd=cwd,
+    r = subprocess.run([*mpiexec(n), sys.executable, "-m", "sbpmpi.abort", *program], cwd=cwd,
                        env=job_env(n, TIMEOUT, extra_env), capture_output=True, text=True,
                        timeout=TIMEOUT)
     return r, time.monotonic() - t0
@@ -49,6 +49,6 @@ def test_abort_runner_ends_the_job_when_one_rank_fails(tmp_path, action, says):
 
 
 def test_abort_runner_usage():
-    r = subprocess.run([sys.executable, "-m", "sbpmpi.comm.abort", "-c"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "sbpmpi.abort", "-c"], capture_output=True,
                        text=True, timeout=TIMEOUT, env=job_env(1, TIMEOUT))
     assert r.returncode == 2 and "-c code" in r.stderr

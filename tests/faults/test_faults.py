@@ -16,7 +16,8 @@ from conftest import errors_of
 from fault_programs.runner import mpiexec, run_mpi
 
 from sbpmpi import config
-from sbpmpi.comm import abort, agreement, watchdog
+from sbpmpi.comm import agreement
+from sbpmpi.comm.lifecycle import abort, watchdog
 from sbpmpi.errors import CollectiveMismatchError
 from sbpmpi.runtime import consistency
 
@@ -60,7 +61,7 @@ def test_exception_in_a_thread_aborts_the_job():
 
 @needs_mpiexec
 def test_sys_exit_on_one_rank_aborts_under_the_runner():
-    res = run_mpi(2, "uncaught.py", "exit", python_args=("-m", "sbpmpi.comm.abort"))
+    res = run_mpi(2, "uncaught.py", "exit", python_args=("-m", "sbpmpi.abort"))
     assert res.rc != 0, res
     assert "sbpmpi: rank 1: exited with sys.exit(3)" in res.out, res
     assert "should not happen" not in res.out, res

@@ -57,9 +57,9 @@ from ... import config
 from ...core.layout import block_starts
 from ..buffers import PINNED_POOL
 from ..dtypes import dtype_info
+from ..lifecycle.world import get_local_rank
 from ..nan_reduction import nan_safe
 from ..reduce_op import ReduceOp, mpi_reduction
-from ..world import get_local_rank
 from . import schedule as S
 from .ipc import IpcError, IpcTransport, Offer
 

@@ -254,7 +254,8 @@ class IpcTransport:
         self.stats["exports"] += sum(e.fresh for e in offer.exports.values())
         sched = make_schedule(recs["meta"][:, :meta_arr.size])
         self.stats["calls"] += 1
-        _Call(self, op, offer, recs, sched, dtype, reduce_op, hooks or {}).execute()
+        _Call(self, op, offer, recs, sched, dtype=dtype, reduce_op=reduce_op,
+              hooks=hooks or {}).execute()
         return True
 
     def _gather_records(self, offer: Offer, meta: np.ndarray) -> np.ndarray:
@@ -270,7 +271,7 @@ class _Call:
     the phases, the barriers between them, and the error path."""
 
     def __init__(self, t: IpcTransport, op: str, offer: Offer, recs: np.ndarray,
-                 sched: Schedule, dtype: np.dtype | None, reduce_op: ReduceOp | None,
+                 sched: Schedule, *, dtype: np.dtype | None, reduce_op: ReduceOp | None,
                  hooks: Mapping[int, Hook]) -> None:
         self.t, self.dev, self.op, self.sched = t, t.device, op, sched
         self.me = t.rank

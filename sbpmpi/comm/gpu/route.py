@@ -10,7 +10,7 @@ A call goes one of three ways, the same on every rank of its group:
 - **hierarchical IPC** across nodes (:mod:`.hier`).
 
 While ``ipc`` is off every call takes the MPI path and nothing needs deciding (the
-collectives read :data:`ENABLED` first). While it is on:
+collectives read ``STATE.enabled`` first). While it is on:
 
 1. A call whose group is known to have no IPC path for it (it spans nodes unevenly, or
    the collective has no hierarchical form) takes the MPI path at once: the group built
@@ -40,6 +40,7 @@ moves of a conversion made one collective step over its placement group first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,9 +50,9 @@ from ... import backend, config
 from ...backend import device_copy
 from ..buffers import ArrayMeta
 from ..group import Group
+from ..lifecycle.watchdog import watch
 from ..reduce_op import ReduceOp
-from ..tracing import ACTIVE, note
-from ..watchdog import watch
+from ..trace import ACTIVE, note
 from . import schedule as S
 from .device import Device
 from .hier import Hierarchical, node_split
@@ -62,28 +63,72 @@ Transport = IpcTransport | Hierarchical
 #: this rank's readiness -> whether every rank of the group is ready (one exchange)
 Agree = Callable[[bool], bool]
 
-__all__ = ["ENABLED", "Agree", "Role", "IpcCall", "set_device", "get_device", "transport_for",
+
+class GroupCall(NamedTuple):
+    """What every entry point is asked with: how the group decides, whether every array of
+    the call on this rank is a GPU array, the group and its communicator."""
+
+    agree: Agree
+    device: bool
+    g: Group
+    comm: MPI.Intracomm
+
+__all__ = ["STATE", "RouteState", "Agree", "GroupCall", "Role", "IpcCall", "set_device", "get_device",
+           "transport_for",
            "transports", "all_gather", "all_gather_v", "reduce_scatter", "reduce_scatter_v",
            "all_reduce", "all_to_all", "all_to_all_v", "broadcast"]
 
-# On when the GPU transport is ipc (.select decides; kept here for the collectives' test).
-ENABLED: bool = ipc_chosen()
 # all-reduce reads every peer's whole buffer (p + 1 device operations) up to this size, or
 # at 2 ranks (the same bytes either way); above it, reduce-scatter + all-gather (2p
 # operations, 2(p-1)/p of the bytes); both hold two node barriers. To tune on a GPU.
 DIRECT_ALL_REDUCE_BYTES = 256 << 10
-_device: Device | None = None
-_device_reason = ""
-_transports: dict[tuple[int, ...], Transport | str] = {}
 
 
-def _follow(_: object) -> None:
-    global ENABLED
-    ENABLED = ipc_chosen()
+@dataclass
+class RouteState:
+    """This rank's IPC state: whether ipc is the transport, the device and why there is
+    none, and each group's transport (built on first use, collectively)."""
+
+    #: On when the GPU transport is ipc (.select decides; follows the settings).
+    enabled: bool = False
+    device: Device | None = None
+    device_reason: str = ""
+    transports: dict[tuple[int, ...], Transport | str] = field(default_factory=dict)
+
+    def follow(self, _: object = None) -> None:
+        """Follow the settings (the hook :func:`sbpmpi.config.on_update` calls)."""
+        self.enabled = ipc_chosen()
+
+    def set_device(self, device: Device | None) -> None:
+        """Use ``device``, closing the mappings of the transports built so far."""
+        for t in self.transports.values():
+            if isinstance(t, Hierarchical):
+                t.close_all()
+                t.node.comm.Free()
+            elif isinstance(t, IpcTransport):
+                t.close_all()
+                t.comm.Free()
+        self.transports.clear()
+        self.device, self.device_reason = device, ""
+
+    def get_device(self) -> Device | None:
+        """The device, made on first use (CuPy's), or None with the reason kept."""
+        if self.device is None and not self.device_reason:
+            if not backend.cupy_available():
+                self.device_reason = "no CuPy / no GPU"
+            else:
+                try:
+                    from .device import CupyDevice
+
+                    self.device = CupyDevice()
+                except Exception as e:
+                    self.device_reason = f"CUDA IPC unavailable: {type(e).__name__}: {e}"
+        return self.device
 
 
-config.on_update("gpu_transport", _follow)
-config.on_update("cuda_aware", _follow)  # ipc stays off beside a CUDA-aware MPI (.select)
+STATE = RouteState(enabled=ipc_chosen())
+config.on_update("gpu_transport", STATE.follow)
+config.on_update("cuda_aware", STATE.follow)  # ipc stays off beside a CUDA-aware MPI (.select)
 
 
 def set_device(device: Device | None) -> None:
@@ -91,43 +136,23 @@ def set_device(device: Device | None) -> None:
 
     Closes the mappings of the transports built so far.
     """
-    global _device, _device_reason
-    for t in _transports.values():
-        if isinstance(t, Hierarchical):
-            t.close_all()
-            t.node.comm.Free()
-        elif isinstance(t, IpcTransport):
-            t.close_all()
-            t.comm.Free()
-    _transports.clear()
-    _device, _device_reason = device, ""
+    STATE.set_device(device)
 
 
 def get_device() -> Device | None:
     """The device used for IPC, or None (with the reason in :func:`device_reason`)."""
-    global _device, _device_reason
-    if _device is None and not _device_reason:
-        if not backend.cupy_available():
-            _device_reason = "no CuPy / no GPU"
-        else:
-            try:
-                from .device import CupyDevice
-
-                _device = CupyDevice()
-            except Exception as e:
-                _device_reason = f"CUDA IPC unavailable: {type(e).__name__}: {e}"
-    return _device
+    return STATE.get_device()
 
 
 def device_reason() -> str:
-    return _device_reason
+    return STATE.device_reason
 
 
 def transport_for(g: Group, comm: MPI.Intracomm, dev: Device) -> Transport | str:
     """The IPC transport of group ``g`` (hierarchical when it spans nodes), or why it has
     none. Collective over the group on first use: called once every rank of it agreed to
     take the IPC path (so every rank has ``dev``)."""
-    hit = _transports.get(g.ranks)
+    hit = STATE.transports.get(g.ranks)
     if hit is None:
         node = node_split(comm)
         if node.Get_size() == comm.Get_size():
@@ -137,13 +162,13 @@ def transport_for(g: Group, comm: MPI.Intracomm, dev: Device) -> Transport | str
             if isinstance(h, str):
                 node.Free()
             hit = h
-        _transports[g.ranks] = hit
+        STATE.transports[g.ranks] = hit
     return hit
 
 
 def transports() -> dict[tuple[int, ...], Transport | str]:
     """Group ranks -> its transport or why it has none (for sbpmpi.comm.info)."""
-    return dict(_transports)
+    return dict(STATE.transports)
 
 
 class Role(NamedTuple):
@@ -170,14 +195,14 @@ class IpcCall(NamedTuple):
 
 def _no_path(g: Group, hierarchical_form: bool) -> bool:
     """True when the group is known (on every rank alike) to have no IPC path for a call."""
-    t = _transports.get(g.ranks)
+    t = STATE.transports.get(g.ranks)
     return isinstance(t, str) or (isinstance(t, Hierarchical) and not hierarchical_form)
 
 
 def _decline(agree: Agree, g: Group) -> bool:
     """This rank cannot take the IPC path (host arrays): the group hears it."""
     agree(False)
-    _count_fallback(_transports.get(g.ranks), "some of its arrays are host arrays")
+    _count_fallback(STATE.transports.get(g.ranks), "some of its arrays are host arrays")
     return False
 
 
@@ -198,7 +223,7 @@ def _offer(c: IpcCall, known: Transport | str | None, dev: Device | None) -> Off
     """Step 2 of the route: this rank's offer on the IPC device ``dev`` (None: it has none)."""
     if dev is None:
         bufs = {role: Buffer(0, r.nbytes) for role, r in c.roles.items()}
-        return Offer(bufs, {}, False, f"no device can export memory ({_device_reason})")
+        return Offer(bufs, {}, False, f"no device can export memory ({STATE.device_reason})")
     owned = all(dev.owns(r.array) for r in c.roles.values())
     bufs = {role: Buffer(dev.pointer(r.array) if owned and r.nbytes else 0, r.nbytes)
             for role, r in c.roles.items()}
@@ -218,7 +243,7 @@ def _count_fallback(known: Transport | str | None, why_not: str) -> None:
 
 def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) -> bool:
     """Steps 2 and 3 of the route, then the call over IPC when the group agreed."""
-    known = _transports.get(g.ranks)
+    known = STATE.transports.get(g.ranks)
     dev = get_device()
     offer = _offer(c, known, dev)
     if not agree(offer.ready):
@@ -241,13 +266,13 @@ def _run(agree: Agree, g: Group, comm: MPI.Intracomm, m: ArrayMeta, c: IpcCall) 
             if r.nbytes:
                 dev.divide(dev.pointer(r.array), r.nbytes, m.dtype, g.size)
         if ACTIVE:
-            note(c.name, c.traced, g, m.dtype, None, True, False)
+            note(c.name, c.traced, g, m.dtype, device=True)
     return done
 
 
-def all_gather(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta, g: Group,
-               comm: MPI.Intracomm) -> bool:
+def all_gather(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta) -> bool:
     """``out`` (p blocks) gets ``arr`` of every rank."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -262,9 +287,11 @@ def all_gather(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta, g: 
         hier=lambda h, o: h.all_gather_v("all_gather", o, counts, displs)))
 
 
-def all_gather_v(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta,
-                 counts: Sequence[int], displs: Sequence[int], need: int, g: Group,
-                 comm: MPI.Intracomm) -> bool:
+def all_gather_v(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta, *, counts: Sequence[int],
+                 displs: Sequence[int], need: int) -> bool:
+    """``out`` gets ``arr`` of every rank, rank k's ``counts[k]`` elements at ``displs[k]``
+    (``need`` elements in all)."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -278,16 +305,18 @@ def all_gather_v(agree: Agree, device: bool, out: Any, arr: Any, m: ArrayMeta,
         hier=lambda h, o: h.all_gather_v("all_gather_v", o, cb, db)))
 
 
-def reduce_scatter(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
-                   op: ReduceOp, g: Group, comm: MPI.Intracomm) -> bool:
+def reduce_scatter(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+                   op: ReduceOp) -> bool:
     """``out`` = block ``me`` of the reduction of the packed inputs (p blocks of m.size)."""
-    return reduce_scatter_v(agree, device, out, x, m, mi, [m.size] * g.size, op, g, comm,
-                            "reduce_scatter")
+    return reduce_scatter_v(gc, out, x, m, mi, [m.size] * gc.g.size, op, name="reduce_scatter")
 
 
-def reduce_scatter_v(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta,
-                     mi: ArrayMeta, counts: Sequence[int], op: ReduceOp, g: Group,
-                     comm: MPI.Intracomm, name: str = "reduce_scatter_v") -> bool:
+def reduce_scatter_v(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
+                     counts: Sequence[int], op: ReduceOp, *,
+                     name: str = "reduce_scatter_v") -> bool:
+    """``out`` = block ``me`` (``counts[me]`` elements) of the reduction of the packed
+    inputs."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:
@@ -300,8 +329,9 @@ def reduce_scatter_v(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta,
         average="out", traced=mi.size * it))
 
 
-def all_reduce(agree: Agree, device: bool, arr: Any, m: ArrayMeta, op: ReduceOp, g: Group,
-               comm: MPI.Intracomm) -> bool:
+def all_reduce(gc: GroupCall, arr: Any, m: ArrayMeta, op: ReduceOp) -> bool:
+    """``arr`` = the reduction of every rank's ``arr``."""
+    agree, device, g, comm = gc
     if _no_path(g, True):
         return False
     if not device:
@@ -316,9 +346,9 @@ def all_reduce(agree: Agree, device: bool, arr: Any, m: ArrayMeta, op: ReduceOp,
         hier=lambda h, o: h.all_reduce("all_reduce", o, m.size, m.dtype, op)))
 
 
-def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta,
-               g: Group, comm: MPI.Intracomm) -> bool:
+def all_to_all(gc: GroupCall, out: Any, x: Any, m: ArrayMeta, mi: ArrayMeta) -> bool:
     """Block j of rank i's input goes to block i of rank j's ``out`` (blocks of m.size)."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:
@@ -332,13 +362,16 @@ def all_to_all(agree: Agree, device: bool, out: Any, x: Any, m: ArrayMeta, mi: A
                                  [k * b for k in range(p)]), traced=p * b))
 
 
-def all_to_all_v(agree: Agree, device: bool, out: Any, oc: Sequence[int], od: Sequence[int],
-                 oneed: int, arr: Any, ic: Sequence[int], idd: Sequence[int], m: ArrayMeta,
-                 g: Group, comm: MPI.Intracomm) -> bool:
-    """Rank i's ``arr[idd[j]:][:ic[j]]`` to ``out[od[i]:][:oc[i]]`` of rank j. Every rank's
-    counts ride in the records, so every rank checks that what each rank sends is what its
-    receiver expects, alike, before any copy (a copy of the sender's count would write past
-    the receiver's block, even past ``out``)."""
+def all_to_all_v(gc: GroupCall, out: Any, arr: Any, m: ArrayMeta, *,
+                 out_counts: Sequence[int], out_displs: Sequence[int], out_need: int,
+                 in_counts: Sequence[int], in_displs: Sequence[int]) -> bool:
+    """Rank i's ``arr[in_displs[j]:][:in_counts[j]]`` to ``out[out_displs[i]:][:out_counts[i]]``
+    of rank j (``out_need`` elements of ``out`` in all). Every rank's counts ride in the
+    records, so every rank checks that what each rank sends is what its receiver expects,
+    alike, before any copy (a copy of the sender's count would write past the receiver's
+    block, even past ``out``)."""
+    agree, device, g, comm = gc
+    oc, od, oneed, ic, idd = out_counts, out_displs, out_need, in_counts, in_displs
     if _no_path(g, False):
         return False
     if not device:
@@ -371,8 +404,9 @@ def _count_mismatch(sent: np.ndarray, expected: np.ndarray) -> str:
             f"{j}, which expects out_counts[{i}] = {int(expected[j, i])}")
 
 
-def broadcast(agree: Agree, device: bool, arr: Any, m: ArrayMeta, root: int, g: Group,
-              comm: MPI.Intracomm) -> bool:
+def broadcast(gc: GroupCall, arr: Any, m: ArrayMeta, root: int) -> bool:
+    """``arr`` of world rank ``root`` on every rank."""
+    agree, device, g, comm = gc
     if _no_path(g, False):
         return False
     if not device:

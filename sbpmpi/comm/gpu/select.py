@@ -35,6 +35,7 @@ depends on the settings and the MPI library only).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ... import config
@@ -89,20 +90,14 @@ def detect() -> GpuTransport:
                         f"available with {setting.env}=ipc")
 
 
-_decision: GpuTransport | None = None
-
-
+@functools.cache
 def gpu_transport() -> GpuTransport:
     """The cached decision (made on first call, again after the setting changes)."""
-    global _decision
-    if _decision is None:
-        _decision = detect()
-    return _decision
+    return detect()
 
 
 def _forget(_: object) -> None:
-    global _decision
-    _decision = None
+    gpu_transport.cache_clear()
 
 
 config.on_update("gpu_transport", _forget)

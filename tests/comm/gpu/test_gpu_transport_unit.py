@@ -691,15 +691,15 @@ def test_forced_mpi_and_staged_decide_the_staging(env):
         assert "may crash" in select.detect().reason
     # the decisions are made again at each change: the cached ones follow
     sm.config.update(gpu_transport="staged")
-    assert not cuda_aware.is_cuda_aware() and not route.ENABLED
+    assert not cuda_aware.is_cuda_aware() and not route.STATE.enabled
     assert select.gpu_transport().name == "staged"
     sm.config.update(gpu_transport="ipc")
-    assert route.ENABLED and select.gpu_transport().name == "ipc"
+    assert route.STATE.enabled and select.gpu_transport().name == "ipc"
     sm.config.update(gpu_transport="mpi")
-    assert cuda_aware.is_cuda_aware() and not route.ENABLED
+    assert cuda_aware.is_cuda_aware() and not route.STATE.enabled
     with sm.config.override(gpu_transport="ipc"):
-        assert route.ENABLED
-    assert not route.ENABLED and select.gpu_transport().name == "mpi"
+        assert route.STATE.enabled
+    assert not route.STATE.enabled and select.gpu_transport().name == "mpi"
 
 
 def test_ipc_stays_off_where_device_pointers_go_to_mpi(env):
@@ -708,12 +708,12 @@ def test_ipc_stays_off_where_device_pointers_go_to_mpi(env):
     transport is mpi there, and the route is off; told that MPI takes no device pointers,
     ipc is on."""
     sm.config.update(gpu_transport="ipc", cuda_aware=True)
-    assert select.gpu_transport().name == "mpi" and not route.ENABLED
+    assert select.gpu_transport().name == "mpi" and not route.STATE.enabled
     assert "stays off" in sm.comm.info()["gpu_transport_reason"]
     sm.config.update(cuda_aware=False)
-    assert select.gpu_transport().name == "ipc" and route.ENABLED
+    assert select.gpu_transport().name == "ipc" and route.STATE.enabled
     sm.config.update(cuda_aware=True)
-    assert not route.ENABLED and not cuda_aware.detect_library().aware  # this test's MPI
+    assert not route.STATE.enabled and not cuda_aware.detect_library().aware  # this test's MPI
 
 
 def test_info_reports_the_transport(env):
@@ -727,7 +727,7 @@ def test_info_reports_the_transport(env):
 
 def test_route_is_off_by_default_without_the_variable(env):
     sm.config.update(gpu_transport=None)
-    assert select.gpu_transport().name != "ipc" and not route.ENABLED
+    assert select.gpu_transport().name != "ipc" and not route.STATE.enabled
 
 
 def test_an_invalid_transport_is_refused_when_read(env):
@@ -736,7 +736,7 @@ def test_an_invalid_transport_is_refused_when_read(env):
     env.setenv("SBPMPI_GPU_TRANSPORT", "nccl")
     with pytest.raises(ValueError, match="SBPMPI_GPU_TRANSPORT='nccl' is not understood"):
         sm.config.reset("gpu_transport")  # as at import: the program does not start
-    assert sm.config.gpu_transport.value is None and not route.ENABLED  # unchanged
+    assert sm.config.gpu_transport.value is None and not route.STATE.enabled  # unchanged
     x = FakeCudaArray.from_numpy(np.ones(3))
     sm.comm.all_reduce(x)  # the automatic transport
     np.testing.assert_array_equal(x.get(), np.ones(3) * sm.comm.WORLD.size)

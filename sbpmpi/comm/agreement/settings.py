@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from .. import config
-from . import agreement
+from ... import config
+from . import exchange as agreement
 
 __all__ = ["check", "message"]
 

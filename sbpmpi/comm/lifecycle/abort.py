@@ -27,21 +27,40 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NoReturn
 
-from .. import config
+from ... import config
 
 __all__ = ["enabled", "install", "uninstall", "installed", "abort", "aborting",
            "wait_if_aborting", "format_report", "main"]
 
-_prev_sys_hook: Any = None
-_prev_thread_hook: Any = None
-_lock = threading.Lock()
-_aborting = False
-_code = 1  # the exit code of the abort under way
 _PAUSE = 0.25  # seconds the launcher's output forwarder gets before MPI_Abort
-_exit_hook = False  # wait_if_aborting is registered with atexit
+
+
+@dataclass
+class AbortState:
+    """This process's abort: whether a thread decided to abort and with which code, and the
+    hooks :func:`install` replaced."""
+
+    aborting: bool = False
+    code: int = 1  # the exit code of the abort under way
+    prev_sys_hook: Any = None
+    prev_thread_hook: Any = None
+    exit_hook: bool = False  # wait_if_aborting is registered with atexit
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, code: int) -> bool:
+        """True for the first thread to abort (which sets the code), False after."""
+        with self.lock:
+            first = not self.aborting
+            if first:  # set before anything else: the exit path now waits for this abort
+                self.aborting, self.code = True, code
+        return first
+
+
+STATE = AbortState()
 
 
 def _world() -> tuple[int, int]:
@@ -87,12 +106,7 @@ def abort(message: str, code: int = 1) -> NoReturn:
     Falls back to ``os._exit(code)`` if ``MPI_Abort`` returns (MPI not usable), which the
     launcher also treats as a failed job.
     """
-    global _aborting, _code
-    with _lock:
-        first = not _aborting
-        if first:  # set before anything else: the exit path now waits for this abort
-            _aborting, _code = True, code
-    if first:
+    if STATE.claim(code):
         try:
             sys.stderr.write(message if message.endswith("\n") else message + "\n")
             sys.stderr.flush()
@@ -133,19 +147,19 @@ def _announce(message: str) -> None:
 
 def aborting() -> bool:
     """True once a thread of this process has decided to abort the job."""
-    return _aborting
+    return STATE.aborting
 
 
 def wait_if_aborting() -> None:
     """On the exit path: if a thread of this process is aborting the job, wait for it
     instead of going on to exit (with code 0, as a batch system would record it); if the
     abort has not ended the process a few seconds later, exit with its code."""
-    if not _aborting:
+    if not STATE.aborting:
         return
     deadline = time.monotonic() + _PAUSE + 5.0
     while time.monotonic() < deadline:
         time.sleep(0.01)
-    os._exit(_code)
+    os._exit(STATE.code)
 
 
 def _interactive() -> bool:
@@ -155,7 +169,7 @@ def _interactive() -> bool:
 def _sys_hook(exc_type: type[BaseException], exc: BaseException,
               tb: TracebackType | None) -> None:
     if _interactive():
-        (_prev_sys_hook or sys.__excepthook__)(exc_type, exc, tb)
+        (STATE.prev_sys_hook or sys.__excepthook__)(exc_type, exc, tb)
         return
     rank, size = _world()
     abort(format_report("uncaught", exc_type, exc, tb, rank, size), 1)
@@ -163,7 +177,7 @@ def _sys_hook(exc_type: type[BaseException], exc: BaseException,
 
 def _thread_hook(args: Any) -> None:
     if args.exc_type is SystemExit:
-        (_prev_thread_hook or threading.__excepthook__)(args)
+        (STATE.prev_thread_hook or threading.__excepthook__)(args)
         return
     rank, size = _world()
     name = getattr(args.thread, "name", "?")
@@ -176,30 +190,28 @@ def install(force: bool | None = None) -> bool:
 
     Idempotent. Called by ``import sbpmpi``.
     """
-    global _prev_sys_hook, _prev_thread_hook, _exit_hook
     on = enabled() if force is None else bool(force)
     if not on:
         return False
-    if not _exit_hook:  # atexit runs it before mpi4py finalizes MPI
+    if not STATE.exit_hook:  # atexit runs it before mpi4py finalizes MPI
         atexit.register(wait_if_aborting)
-        _exit_hook = True
+        STATE.exit_hook = True
     if sys.excepthook is not _sys_hook:
-        _prev_sys_hook = sys.excepthook
+        STATE.prev_sys_hook = sys.excepthook
         sys.excepthook = _sys_hook
     if threading.excepthook is not _thread_hook:
-        _prev_thread_hook = threading.excepthook
+        STATE.prev_thread_hook = threading.excepthook
         threading.excepthook = _thread_hook
     return True
 
 
 def uninstall() -> None:
     """Restore the hooks that :func:`install` replaced."""
-    global _prev_sys_hook, _prev_thread_hook
     if sys.excepthook is _sys_hook:
-        sys.excepthook = _prev_sys_hook or sys.__excepthook__
+        sys.excepthook = STATE.prev_sys_hook or sys.__excepthook__
     if threading.excepthook is _thread_hook:
-        threading.excepthook = _prev_thread_hook or threading.__excepthook__
-    _prev_sys_hook = _prev_thread_hook = None
+        threading.excepthook = STATE.prev_thread_hook or threading.__excepthook__
+    STATE.prev_sys_hook = STATE.prev_thread_hook = None
 
 
 def installed() -> bool:

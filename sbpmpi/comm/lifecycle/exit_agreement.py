@@ -17,7 +17,7 @@ The waiting ranks raise it as :class:`~sbpmpi.errors.CollectiveMismatchError`; t
 finished ranks print it and exit with code 1, so the job ends within seconds under
 the default settings.
 
-A rank that aborts the job (:func:`sbpmpi.comm.abort.abort`) sends its cause as an
+A rank that aborts the job (:func:`sbpmpi.comm.lifecycle.abort.abort`) sends its cause as an
 "aborted" notice first (:func:`announce_abort`) and waits up to :data:`ANNOUNCE_WAIT`
 seconds for the others to take it: a rank waiting in a check or for a point-to-point
 message raises :class:`~sbpmpi.errors.PeerAbortedError` with that cause, and one
@@ -45,14 +45,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import PeerAbortedError
+from ...errors import PeerAbortedError
+from ..agreement.mismatch import SAME_CALLS, mismatch_message
 from . import abort
-from .mismatch import SAME_CALLS, mismatch_message
 
 __all__ = ["init", "active", "FINISHED_TEXT", "wait", "fail", "finished_ranks", "poll", "states",
            "GRACE", "enter", "cannot_meet", "announce_abort", "aborted_peer",
@@ -64,39 +65,57 @@ _TAG = 0x5BB1  # the head of a notice: int64 (kind, length of its text)
 _TEXT_TAG = 0x5BB2  # the text of a notice, from the same peer
 _KINDS = ("finished", "stuck", "verdict", "aborted")  # a notice's kind, by its code in the head
 
-_comm: Any = None  # the duplicate of the world communicator (None for one process)
-_states: dict[int, str] = {}  # world rank -> what it is doing for good (finished / stuck in X)
-_verdict: str | None = None  # the final message, once a failure has been agreed on
-_broken = False  # this rank raised an exit-time mismatch: it must not wait at exit
-_sends: list[Any] = []  # notices in flight, with their buffers (kept alive until done)
 _MAX_NOTICE = 1 << 16  # bytes; longer texts are cut
-# One receive per peer, indexed by world rank (REQUEST_NULL for this rank): the head of
-# the peer's next notice, or, once the head has come, its text.
-_reqs: list[Any] = []
-_heads: Any = None  # int64 (size, 2): the heads' buffers
-_texts: dict[int, tuple[str, bytearray]] = {}  # peer -> (kind, buffer) of a text in flight
-_lock = threading.RLock()  # the receives are tested by the main and the watchdog thread
-_verdict_sends: list[Any] = []  # verdicts to finished ranks, matched before this rank exits
-# Checks and sm.comm collectives entered per group (the key names the kind and the group's
-# world ranks). A finished rank sends
-# its counts, so a peer whose check that rank took part in sees it and keeps waiting: the
-# exchange will complete (the finished rank contributed before it finished), where a
-# check numbered above the finished rank's count for the group never can.
-_checks: dict[str, int] = {}
-_peer_checks: dict[int, dict[str, int] | None] = {}
-_aborted: dict[int, str] = {}  # world rank -> the cause it is aborting the job with
+
+
+@dataclass
+class ExitState:
+    """This rank's side of the exit agreement: its communicator, the notices it has
+    received and sent, and the verdict once a failure has been agreed on."""
+
+    comm: Any = None  # the duplicate of the world communicator (None for one process)
+    # world rank -> what it is doing for good (finished / stuck in X)
+    states: dict[int, str] = field(default_factory=dict)
+    verdict: str | None = None  # the final message, once a failure has been agreed on
+    broken: bool = False  # this rank raised an exit-time mismatch: it must not wait at exit
+    sends: list[Any] = field(default_factory=list)  # notices in flight, with their buffers
+    # One receive per peer, indexed by world rank (REQUEST_NULL for this rank): the head of
+    # the peer's next notice, or, once the head has come, its text.
+    reqs: list[Any] = field(default_factory=list)
+    heads: Any = None  # int64 (size, 2): the heads' buffers
+    # peer -> (kind, buffer) of a text in flight
+    texts: dict[int, tuple[str, bytearray]] = field(default_factory=dict)
+    # the receives are tested by the main and the watchdog thread
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    # verdicts to finished ranks, matched before this rank exits
+    verdict_sends: list[Any] = field(default_factory=list)
+    # Checks and sm.comm collectives entered per group (the key names the kind and the
+    # group's world ranks). A finished rank sends its counts, so a peer whose check that
+    # rank took part in sees it and keeps waiting: the exchange will complete (the finished
+    # rank contributed before it finished), where a check numbered above the finished
+    # rank's count for the group never can.
+    checks: dict[str, int] = field(default_factory=dict)
+    peer_checks: dict[int, dict[str, int] | None] = field(default_factory=dict)
+    aborted: dict[int, str] = field(default_factory=dict)  # world rank -> its abort's cause
+
+    def take_verdict(self, text: str) -> None:
+        """Keep the first verdict heard."""
+        if self.verdict is None:
+            self.verdict = text
+
+
+STATE = ExitState()
 ANNOUNCE_WAIT = 2.0  # seconds an aborting rank waits for its peers to receive its cause
 
 
 def init() -> None:
     """Duplicate the world communicator and register the exit handler (collective, at import)."""
-    global _comm, _heads
-    if _comm is not None or MPI.COMM_WORLD.Get_size() == 1:
+    if STATE.comm is not None or MPI.COMM_WORLD.Get_size() == 1:
         return
-    _comm = MPI.COMM_WORLD.Dup()
-    me, size = _comm.Get_rank(), _comm.Get_size()
-    _heads = np.zeros((size, 2), dtype=np.int64)
-    _reqs[:] = [MPI.REQUEST_NULL] * size
+    STATE.comm = MPI.COMM_WORLD.Dup()
+    me, size = STATE.comm.Get_rank(), STATE.comm.Get_size()
+    STATE.heads = np.zeros((size, 2), dtype=np.int64)
+    STATE.reqs[:] = [MPI.REQUEST_NULL] * size
     for p in range(size):
         if p != me:
             _post_head(p)
@@ -105,22 +124,22 @@ def init() -> None:
 
 
 def _post_head(peer: int) -> None:
-    _reqs[peer] = _comm.Irecv([_heads[peer], MPI.INT64_T], source=peer, tag=_TAG)
+    STATE.reqs[peer] = STATE.comm.Irecv([STATE.heads[peer], MPI.INT64_T], source=peer, tag=_TAG)
 
 
 def _arrived() -> None:
-    """Take every notice that has arrived (call under ``_lock``)."""
+    """Take every notice that has arrived (call under ``STATE.lock``)."""
     while True:
-        done = MPI.Request.Testsome(_reqs)
+        done = MPI.Request.Testsome(STATE.reqs)
         if not done:  # None: no receive posted; []: none completed
             return
         for p in done:
-            text = _texts.pop(p, None)
+            text = STATE.texts.pop(p, None)
             if text is None:  # the head: post the receive of the text it announces
-                code, length = (int(v) for v in _heads[p])
+                code, length = (int(v) for v in STATE.heads[p])
                 buf = bytearray(length)
-                _texts[p] = (_KINDS[code], buf)
-                _reqs[p] = _comm.Irecv([buf, MPI.BYTE], source=p, tag=_TEXT_TAG)
+                STATE.texts[p] = (_KINDS[code], buf)
+                STATE.reqs[p] = STATE.comm.Irecv([buf, MPI.BYTE], source=p, tag=_TEXT_TAG)
             else:
                 _post_head(p)
                 _take(p, text[0], bytes(text[1]).decode(errors="replace"))
@@ -128,26 +147,24 @@ def _arrived() -> None:
 
 def _take(src: int, kind: str, text: str) -> None:
     """Record the notice of kind ``kind`` that rank ``src`` sent."""
-    global _verdict
     if kind == "verdict":
-        if _verdict is None:
-            _verdict = text
+        STATE.take_verdict(text)
     elif kind == "aborted":
-        _aborted.setdefault(src, text)
+        STATE.aborted.setdefault(src, text)
     elif kind == "finished":
         text, _, counts = text.partition("\0")
         try:
-            _peer_checks[src] = {k: int(v) for k, v in json.loads(counts).items()}
+            STATE.peer_checks[src] = {k: int(v) for k, v in json.loads(counts).items()}
         except ValueError:  # cut at _MAX_NOTICE: fall back to waiting GRACE seconds
-            _peer_checks[src] = None
-        _states.setdefault(src, text)
+            STATE.peer_checks[src] = None
+        STATE.states.setdefault(src, text)
     else:
-        _states.setdefault(src, text)
+        STATE.states.setdefault(src, text)
 
 
 def active() -> bool:
     """True when the agreement runs (a world of more than one process, after ``init``)."""
-    return _comm is not None
+    return STATE.comm is not None
 
 
 def fail(text: str, ranks: Sequence[int]) -> str:
@@ -159,32 +176,32 @@ def fail(text: str, ranks: Sequence[int]) -> str:
     """
     message = _fail(text, ranks)
     deadline = time.monotonic() + 2.0
-    while not MPI.Request.Testall(_verdict_sends) and time.monotonic() < deadline:
+    while not MPI.Request.Testall(STATE.verdict_sends) and time.monotonic() < deadline:
         time.sleep(0.002)
     return message
 
 
 def states() -> dict[int, str]:
     """What the ranks this rank has heard from are doing for good (world rank -> text)."""
-    return dict(_states)
+    return dict(STATE.states)
 
 
 def finished_ranks() -> list[int]:
     """World ranks known to have reached the end of the program."""
-    return sorted(r for r, t in _states.items() if t == FINISHED_TEXT)
+    return sorted(r for r, t in STATE.states.items() if t == FINISHED_TEXT)
 
 
 def poll() -> None:
     """Receive the notices that have arrived (cheap: one ``MPI_Testsome`` when none has)."""
-    if _comm is None:
+    if STATE.comm is None:
         return
-    with _lock:
+    with STATE.lock:
         _arrived()
 
 
 def announce_abort(cause: str) -> None:
     """Tell every other rank that this one is aborting the job with ``cause`` (called by
-    :func:`sbpmpi.comm.abort.abort` before ``MPI_Abort``), and wait up to
+    :func:`sbpmpi.comm.lifecycle.abort.abort` before ``MPI_Abort``), and wait up to
     :data:`ANNOUNCE_WAIT` seconds until each has received it: a rank waiting for a
     message or a check polls for it and raises :class:`~sbpmpi.errors.PeerAbortedError`
     with the cause, so its output says why the job ended before ``MPI_Abort`` ends it.
@@ -192,14 +209,14 @@ def announce_abort(cause: str) -> None:
     Nothing is sent by a rank ending with an agreed failure (its peers have the verdict)
     or aborting because a peer is (the peers have that one's cause).
     """
-    if _comm is None or _broken:
+    if STATE.comm is None or STATE.broken:
         return
-    with _lock:
+    with STATE.lock:
         _arrived()
-        if _aborted:
+        if STATE.aborted:
             return
-        me = _comm.Get_rank()
-        reqs = _notify("aborted", cause, [r for r in range(_comm.Get_size()) if r != me],
+        me = STATE.comm.Get_rank()
+        reqs = _notify("aborted", cause, [r for r in range(STATE.comm.Get_size()) if r != me],
                        synchronous=True)
     deadline = time.monotonic() + ANNOUNCE_WAIT
     while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
@@ -208,18 +225,18 @@ def announce_abort(cause: str) -> None:
 
 def aborted_peer() -> tuple[int, str] | None:
     """``(rank, cause)`` of the lowest rank known to be aborting the job, else None."""
-    if not _aborted:
+    if not STATE.aborted:
         return None
-    r = min(_aborted)
-    return r, _aborted[r]
+    r = min(STATE.aborted)
+    return r, STATE.aborted[r]
 
 
 def raise_if_aborted(doing: str) -> None:
     """Raise :class:`~sbpmpi.errors.PeerAbortedError` if a rank's abort notice has come
-    (this rank ``doing`` something that rank will never answer). Call under ``_lock``
+    (this rank ``doing`` something that rank will never answer). Call under ``STATE.lock``
     after :func:`_arrived`, or after :func:`poll`."""
-    if _aborted:
-        r, cause = min(_aborted.items())
+    if STATE.aborted:
+        r, cause = min(STATE.aborted.items())
         raise PeerAbortedError(f"rank {r} is aborting the job: {cause} (this rank was "
                                f"{doing})")
 
@@ -229,16 +246,16 @@ def _notify(kind: str, text: str, ranks: Sequence[int], synchronous: bool = Fals
 
     ``synchronous``: the text is sent with ``MPI_Issend``, so that its request completes
     only once the peer has received it."""
-    me = _comm.Get_rank()
+    me = STATE.comm.Get_rank()
     data = text.encode()[:_MAX_NOTICE]
     head = np.array([_KINDS.index(kind), len(data)], dtype=np.int64)
-    send = _comm.Issend if synchronous else _comm.Isend
+    send = STATE.comm.Issend if synchronous else STATE.comm.Isend
     reqs = []
     for r in ranks:
         if r != me:
-            reqs.append(_comm.Isend([head, MPI.INT64_T], dest=r, tag=_TAG))
+            reqs.append(STATE.comm.Isend([head, MPI.INT64_T], dest=r, tag=_TAG))
             reqs.append(send([data, MPI.BYTE], dest=r, tag=_TEXT_TAG))
-    _sends.append((reqs, data, head))
+    STATE.sends.append((reqs, data, head))
     return reqs
 
 
@@ -259,7 +276,7 @@ def enter(kind: str, ranks: Sequence[int]) -> tuple[str, int]:
     group alike, so a finished peer's counts tell whether it took part in this call.
     """
     key = _key(kind, ranks if isinstance(ranks, tuple) else tuple(ranks))
-    seq = _checks[key] = _checks.get(key, 0) + 1
+    seq = STATE.checks[key] = STATE.checks.get(key, 0) + 1
     return key, seq
 
 
@@ -276,12 +293,12 @@ def cannot_meet(rank: int, key: str, seq: int, strict: bool = False) -> bool:
     counts did not fit in its notice is unknown (True, unless ``strict``). A rank stuck
     in a failed check never takes part.
     """
-    state = _states.get(rank)
+    state = STATE.states.get(rank)
     if state is None:
         return False
     if state != FINISHED_TEXT:
         return True
-    counts = _peer_checks.get(rank)
+    counts = STATE.peer_checks.get(rank)
     if counts is None:
         return not strict
     return counts.get(key, 0) < seq
@@ -289,18 +306,17 @@ def cannot_meet(rank: int, key: str, seq: int, strict: bool = False) -> bool:
 
 def _fail(text: str, ranks: Sequence[int]) -> str:
     """Agree on the failure of a check of ``ranks`` that cannot complete; return the message."""
-    global _broken, _verdict
-    _broken = True
-    me = _comm.Get_rank()
-    _states[me] = text
-    _notify("stuck", text, [r for r in range(_comm.Get_size()) if r != me])
+    STATE.broken = True
+    me = STATE.comm.Get_rank()
+    STATE.states[me] = text
+    _notify("stuck", text, [r for r in range(STATE.comm.Get_size()) if r != me])
     deadline = time.monotonic() + GRACE
-    while time.monotonic() < deadline and any(r not in _states for r in ranks):
+    while time.monotonic() < deadline and any(r not in STATE.states for r in ranks):
         poll()
         time.sleep(0.002)
-    message = _compose(_states, ranks)
-    _verdict = message
-    _verdict_sends.extend(_notify("verdict", message, finished_ranks(), synchronous=True))
+    message = _compose(STATE.states, ranks)
+    STATE.verdict = message
+    STATE.verdict_sends.extend(_notify("verdict", message, finished_ranks(), synchronous=True))
     return message
 
 
@@ -312,18 +328,18 @@ def wait(request: Any, ranks: Sequence[int], text: str) -> str | None:
     and the posted notice receive (two ``MPI_Test``), yielding the core after a few polls
     so that peers sharing it progress; a long wait sleeps a millisecond between polls.
     """
-    if _comm is None:
+    if STATE.comm is None:
         request.Wait()
         return None
     key, seq = enter("check", ranks)
     spins = 0
     gone_since: float | None = None
     while not request.Test():
-        with _lock:
+        with STATE.lock:
             _arrived()
-        if _aborted:
+        if STATE.aborted:
             raise_if_aborted(f"in {text}")
-        if _states and any(cannot_meet(r, key, seq) for r in ranks):
+        if STATE.states and any(cannot_meet(r, key, seq) for r in ranks):
             if gone_since is None:
                 gone_since = time.monotonic()
             # only peers of unknown count: give the exchange GRACE seconds to complete
@@ -359,43 +375,43 @@ def _exit_failed(message: str) -> None:
 
 def _at_exit() -> None:
     """Tell every rank this one has finished; wait until all have, or until one is stuck."""
-    comm = _comm
+    comm = STATE.comm
     if comm is None or MPI.Is_finalized():
         return
     abort.wait_if_aborting()  # a thread is aborting the job: this rank must not finish
     me, size = comm.Get_rank(), comm.Get_size()
-    if _broken:  # this rank already ended with an agreed failure: do not wait for anyone
+    if STATE.broken:  # this rank already ended with an agreed failure: do not wait for anyone
         deadline = time.monotonic() + 2.0  # but let the finished ranks read the verdict
-        while not MPI.Request.Testall(_verdict_sends) and time.monotonic() < deadline:
+        while not MPI.Request.Testall(STATE.verdict_sends) and time.monotonic() < deadline:
             time.sleep(0.002)
         _exit_failed("")
     poll()
-    mine = _notify("finished", f"{FINISHED_TEXT}\0{json.dumps(_checks)}", range(size),
+    mine = _notify("finished", f"{FINISHED_TEXT}\0{json.dumps(STATE.checks)}", range(size),
                    synchronous=True)
     stuck_since: float | None = None
     delay = 0.0005
     while True:
         abort.wait_if_aborting()
         poll()
-        if _verdict is not None:
-            _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: {_verdict}")
-        if _aborted:
-            r, cause = min(_aborted.items())
+        if STATE.verdict is not None:
+            _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: {STATE.verdict}")
+        if STATE.aborted:
+            r, cause = min(STATE.aborted.items())
             _exit_failed(f"sbpmpi: rank {me}: PeerAbortedError: rank {r} is aborting the "
                          f"job: {cause} (this rank had {FINISHED_TEXT})")
-        stuck = [r for r, t in _states.items() if t != FINISHED_TEXT]
+        stuck = [r for r, t in STATE.states.items() if t != FINISHED_TEXT]
         if stuck:  # a peer's check failed because of us; its verdict is on the way
             if stuck_since is None:
                 stuck_since = time.monotonic()
             elif time.monotonic() - stuck_since > GRACE + 2.0:
                 _exit_failed(f"sbpmpi: rank {me}: CollectiveMismatchError: "
-                             f"{_compose(_states | {me: FINISHED_TEXT}, range(size))}")
-        elif len(_states) == size - 1 and MPI.Request.Testall(mine):
-            with _lock:  # every rank finished and has our notice: MPI_Finalize can go ahead
-                for req in _reqs:
+                             f"{_compose(STATE.states | {me: FINISHED_TEXT}, range(size))}")
+        elif len(STATE.states) == size - 1 and MPI.Request.Testall(mine):
+            with STATE.lock:  # every rank finished and has our notice: MPI_Finalize can go ahead
+                for req in STATE.reqs:
                     if req != MPI.REQUEST_NULL:
                         req.Cancel()
-                MPI.Request.Waitall(_reqs)
+                MPI.Request.Waitall(STATE.reqs)
             return
         time.sleep(delay)
         delay = min(delay * 1.5, 0.02)

@@ -3,7 +3,7 @@
 Every cross-rank check that finds the ranks doing different things (the consistency
 check of :mod:`sbpmpi.runtime.consistency`, comm's checked mode in :mod:`.checks`, a
 conversion's own agreement in checked mode and the exit-time agreement of
-:mod:`.exit_agreement`) raises or prints the same shape of message::
+:mod:`..lifecycle.exit_agreement`) raises or prints the same shape of message::
 
     ranks disagree on a collective step:
       rank 0: x.numpy(tensor((4,), float64, sbp=(S(0)), placement=cpu[0, 1, 2]))

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.layout import block_starts
-from . import checks
-from .buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
-from .call import Call, average, call, host_only
-from .dtypes import dtype_info
-from .gpu import route as _gpu
-from .group import Group, root_rank
-from .reduce_op import ReduceOp, mpi_reduction
+from ...core.layout import block_starts
+from ..agreement import checks
+from ..buffers import ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
+from ..call import Call, average, call, host_only
+from ..dtypes import dtype_info
+from ..gpu import route as _gpu
+from ..group import Group, root_rank
+from ..reduce_op import ReduceOp, mpi_reduction
 
 __all__ = ["all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "all_to_all_v"]
 
@@ -66,7 +66,7 @@ def _check_mine(m: ArrayMeta, counts: list[int], me: int, arg: str, carg: str, o
                          f"(this rank is group rank {me})")
 
 
-def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str,
+def _rooted_v(c: Call, arr: Any, x: Any, counts: Any, displs: Any, *, root_arg: str,
               root_world: int, to_root: bool) -> tuple[ArrayMeta, int, list[int], list[int],
                                                        int, ArrayMeta | None, Any]:
     """Checks of gather_v (``to_root``: the root receives ``x``) and scatter_v (the root
@@ -108,7 +108,8 @@ def all_gather_v(out: Any, arr: Any, counts: Sequence[int], displs: Sequence[int
     except (TypeError, ValueError) as e:
         c.refuse(e)
     sig = [("dtype", m.dtype.str), ("counts", cs), ("displs", d)] if checks.checking() else None
-    if c.gpu(_gpu.all_gather_v, m.on_gpu and mo.on_gpu, sig, out, arr, m, cs, d, need):
+    if c.gpu(_gpu.all_gather_v, m.on_gpu and mo.on_gpu, sig, out, arr, m, counts=cs, displs=d,
+             need=need):
         return
     with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)
@@ -123,7 +124,8 @@ def gather_v(arr: Any, out: Any, counts: Sequence[int], displs: Sequence[int] | 
 
     ``out`` is used on ``dst`` only (pass None elsewhere).
     """
-    _gather_scatter_v("gather_v", arr, out, counts, displs, "dst", dst, group)
+    _gather_scatter_v("gather_v", arr, out, counts, displs, root_arg="dst", root_world=dst,
+                      group=group)
 
 
 def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] | None = None,
@@ -132,17 +134,18 @@ def scatter_v(arr: Any, in_: Any, counts: Sequence[int], displs: Sequence[int] |
 
     ``in_`` is used on ``src`` only (pass None elsewhere).
     """
-    _gather_scatter_v("scatter_v", arr, in_, counts, displs, "src", src, group)
+    _gather_scatter_v("scatter_v", arr, in_, counts, displs, root_arg="src", root_world=src,
+                      group=group)
 
 
-def _gather_scatter_v(name: str, arr: Any, x: Any, counts: Any, displs: Any, root_arg: str,
+def _gather_scatter_v(name: str, arr: Any, x: Any, counts: Any, displs: Any, *, root_arg: str,
                       root_world: int, group: Group | None) -> None:
     """gather_v (every rank's ``arr`` goes to its block of the root's ``x``) and scatter_v
     (the root's ``x`` is cut into every rank's ``arr``): one body."""
     to_root = name == "gather_v"
     c = call(name, group)
-    m, root, cs, d, need, mx, t = _rooted_v(c, arr, x, counts, displs, root_arg, root_world,
-                                           to_root)
+    m, root, cs, d, need, mx, t = _rooted_v(c, arr, x, counts, displs, root_arg=root_arg,
+                                           root_world=root_world, to_root=to_root)
     if checks.checking():
         c.agree([("dtype", m.dtype.str), ("counts", cs), ("displs", d), (root_arg, root_world)])
     with stager(m.on_gpu or (mx is not None and mx.on_gpu)) as st:
@@ -222,8 +225,8 @@ def all_to_all_v(out: Any, out_counts: Sequence[int], arr: Any, in_counts: Seque
                         f"{op}: group rank {i} sends in_counts[{j}] = {ici[j]} elements to "
                         f"group rank {j}, which expects out_counts[{i}] = {ocj[i]}")
     # (checked mode agreed above, with the counts: the route takes a vote of its own)
-    if c.gpu(_gpu.all_to_all_v, m.on_gpu and mo.on_gpu, None, out, oc, od, oneed, arr, ic, idd,
-             m):
+    if c.gpu(_gpu.all_to_all_v, m.on_gpu and mo.on_gpu, None, out, arr, m, out_counts=oc,
+             out_displs=od, out_need=oneed, in_counts=ic, in_displs=idd):
         return
     with stager(m.on_gpu or mo.on_gpu) as st:
         sbuf = st.inp(arr, m)

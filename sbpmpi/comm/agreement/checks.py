@@ -5,7 +5,7 @@ error that every rank makes the same way (the usual SPMD case) is raised on ever
 In checked mode (``SBPMPI_COMM_CHECK=1``, or ``sm.config.update(comm_check=True)``: the
 setting :data:`sbpmpi.config.comm_check`) every collective first
 agrees on its local verdict and a signature (dtype, sizes, root, op) through
-:func:`.agreement.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
+:func:`.exchange.agree` (one 16-byte all-reduce of their fingerprint; the signatures are
 gathered only when they differ), so that an error made on one rank only, or ranks that
 disagree on sizes, raise the same clear error on every rank instead of hanging or
 corrupting data.
@@ -15,61 +15,72 @@ conversion) the calls skip their own exchange: their arguments follow from the a
 layouts.
 
 A call whose route the group decides together (the ``ipc`` GPU transport:
-:mod:`.gpu.route`) carries its rank's vote in the same exchange (:func:`agree_flag`).
+:mod:`..gpu.route`) carries its rank's vote in the same exchange (:func:`agree_flag`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from .. import config
-from ..errors import CollectiveMismatchError
-from . import agreement
-from .group import Group
+from ... import config
+from ...errors import CollectiveMismatchError
+from ..group import Group
+from . import exchange as agreement
 from .mismatch import mismatch_message
 
 __all__ = ["checking", "agree", "agree_flag", "agreed", "within_agreed", "disagreement"]
 
-# The calls test this flag first (through checking()): the setting, off inside agreed().
-_enabled: bool = config.comm_check.value
-_agreed_depth = 0
+@dataclass
+class CheckedMode:
+    """Checked mode's state on this rank: the flag the calls test first (the setting, off
+    inside :func:`agreed`) and how deep in :func:`agreed` blocks the rank is."""
+
+    enabled: bool = False
+    agreed_depth: int = 0
+
+    def refresh(self, _: object = None) -> None:
+        """Follow the setting (the hook :func:`sbpmpi.config.on_update` calls)."""
+        self.enabled = bool(config.comm_check.value) and not self.agreed_depth
+
+    def enter_agreed(self) -> None:
+        self.agreed_depth += 1
+        self.refresh()
+
+    def leave_agreed(self) -> None:
+        self.agreed_depth -= 1
+        self.refresh()
 
 
-def _refresh(_: object = None) -> None:
-    global _enabled
-    _enabled = config.comm_check.value and not _agreed_depth
-
-
-config.on_update("comm_check", _refresh)
+MODE = CheckedMode()
+MODE.refresh()
+config.on_update("comm_check", MODE.refresh)
 
 
 def checking() -> bool:
     """True in checked mode (the setting :data:`sbpmpi.config.comm_check`, outside
     :func:`agreed`)."""
-    return _enabled
+    return MODE.enabled
 
 
 def within_agreed() -> bool:
     """True inside :func:`agreed`: the ranks agreed on the whole step, its layouts included
     (so every rank's arrays are where the agreed placement says: host arrays on every rank,
     or device arrays on every rank)."""
-    return _agreed_depth > 0
+    return MODE.agreed_depth > 0
 
 
 @contextmanager
 def agreed() -> Iterator[None]:
     """Within the block, calls skip checked mode's exchange (the ranks agreed on the step
     that makes them, e.g. one layout conversion, in one exchange before it)."""
-    global _agreed_depth
-    _agreed_depth += 1
-    _refresh()
+    MODE.enter_agreed()
     try:
         yield
     finally:
-        _agreed_depth -= 1
-        _refresh()
+        MODE.leave_agreed()
 
 
 def _fmt(sig: Sequence[tuple[str, Any]]) -> str:
@@ -85,7 +96,7 @@ def agree(group: Group, op: str, err: BaseException | None,
     every rank in checked mode (``[]`` otherwise), for checks across ranks that give the
     same verdict everywhere.
     """
-    if not _enabled:
+    if not MODE.enabled:
         if err is not None:
             raise err
         return []

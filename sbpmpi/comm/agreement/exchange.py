@@ -9,7 +9,7 @@ same MPI calls and get an explanation instead of a hang:
 1. :func:`agree`: one non-blocking all-reduce (MAX) of two int64, a 63-bit fingerprint
    ``fp`` and ``-fp``: every rank learns whether all fingerprints are equal (``max(fp) ==
    -max(-fp)``). While it is in flight the rank polls for peers that reached the end of
-   the program (:func:`sbpmpi.comm.exit_agreement.wait`), so a check that can never
+   the program (:func:`sbpmpi.comm.lifecycle.exit_agreement.wait`), so a check that can never
    complete ends with the cause on every rank.
 2. Only when they differ, one all-gather of each rank's ``(text, detail)``: the caller
    explains the mismatch from them.
@@ -36,11 +36,11 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatchError, PeerAbortedError
-from . import exit_agreement
-from .group import WORLD, Group
-from .trace import ACTIVE, CommRecord, record_agreement
-from .watchdog import watch
+from ...errors import CollectiveMismatchError, PeerAbortedError
+from ..group import WORLD, Group
+from ..lifecycle import exit_agreement
+from ..lifecycle.watchdog import watch
+from ..trace import ACTIVE, CommRecord, record_agreement
 
 __all__ = ["MASK63", "CHECK_LABEL", "fingerprint_of", "members", "covers_world", "agree",
            "agree_flagged", "Agreement", "gather", "all_ok",

@@ -19,21 +19,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import config
+from ... import config
 
 __all__ = ["EXIT_CODE", "timeout", "watch", "watched", "active"]
 
 EXIT_CODE = 124
 _TIMEOUT = config.timeout  # read on every watched call
-
-_cond = threading.Condition()
-_entries: dict[int, _Entry] = {}
-_ids = itertools.count()
-_thread: threading.Thread | None = None
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,6 +46,46 @@ class _Entry:
     deadline: float
     thread_id: int
     thread_name: str
+
+
+@dataclass
+class WatchdogState:
+    """This process's watches: the timed blocks open now and the thread that checks their
+    deadlines; the exit watches open now, their thread, and whether the exit watch is on
+    (decided on first use, again after the setting changes)."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    entries: dict[int, _Entry] = field(default_factory=dict)
+    ids: Iterator[int] = field(default_factory=itertools.count)
+    thread: threading.Thread | None = None
+    open: list[_ExitWatch] = field(default_factory=list)
+    exit_thread: threading.Thread | None = None
+    exit_on: bool | None = None
+
+    def exit_watch_on(self) -> bool:
+        if self.exit_on is None:
+            from . import exit_agreement
+
+            self.exit_on = exit_agreement.active() and config.exit_watch.value
+        return self.exit_on
+
+    def forget_exit_on(self, _: object = None) -> None:
+        self.exit_on = None
+
+    def ensure_thread(self) -> None:
+        """Start the deadline thread (again, if it died)."""
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=_run, name="sbpmpi-watchdog", daemon=True)
+            self.thread.start()
+
+    def start_exit_thread(self) -> None:
+        if self.exit_thread is None:
+            self.exit_thread = threading.Thread(target=_exit_run, name="sbpmpi-exit-watch",
+                                                daemon=True)
+            self.exit_thread.start()
+
+
+STATE = WatchdogState()
 
 
 class _NullWatch:
@@ -92,46 +127,27 @@ class _Watch:
         now = time.monotonic()
         th = threading.current_thread()
         entry = _Entry(self._op, self._peers, now, now + self._seconds, th.ident or 0, th.name)
-        self._id = next(_ids)
-        with _cond:
-            _entries[self._id] = entry
-            _ensure_thread()
-            _cond.notify()
+        self._id = next(STATE.ids)
+        with STATE.cond:
+            STATE.entries[self._id] = entry
+            STATE.ensure_thread()
+            STATE.cond.notify()
 
     def __exit__(self, *exc: object) -> None:
-        with _cond:
-            _entries.pop(self._id, None)
+        with STATE.cond:
+            STATE.entries.pop(self._id, None)
 
 
 # -- the exit watch: on by default, no timeout --------------------------------------------------
 # A blocking call (an sm.comm collective) cannot poll for the "finished" notices of
-# sbpmpi.comm.exit_agreement itself. Without a timeout, watch() registers it in a list that a
+# sbpmpi.comm.lifecycle.exit_agreement itself. Without a timeout, watch() registers it in a list that a
 # daemon thread looks at every EXIT_POLL seconds: when a call has been open for more than
 # EXIT_AFTER seconds and one of its peers has reached the end of the program, the call can
 # never complete, so the thread agrees on the cause with the other ranks and aborts the job.
 # Cost per call: one small object and a list append/remove (under a microsecond).
 EXIT_POLL = 0.25
 EXIT_AFTER = 1.0
-_open: list[_ExitWatch] = []
-_exit_thread: threading.Thread | None = None
-_exit_on: bool | None = None
-
-
-def _exit_watch_on() -> bool:
-    global _exit_on
-    if _exit_on is None:
-        from . import exit_agreement
-
-        _exit_on = exit_agreement.active() and config.exit_watch.value
-    return _exit_on
-
-
-def _forget_exit_on(_: object) -> None:
-    global _exit_on
-    _exit_on = None
-
-
-config.on_update("exit_watch", _forget_exit_on)
+config.on_update("exit_watch", STATE.forget_exit_on)
 
 
 def _world_size() -> int:
@@ -157,22 +173,15 @@ class _ExitWatch:
 
     def __enter__(self) -> None:
         self.start = time.monotonic()
-        _open.append(self)
-        if _exit_thread is None:
-            _start_exit_thread()
+        STATE.open.append(self)
+        if STATE.exit_thread is None:
+            STATE.start_exit_thread()
 
     def __exit__(self, *exc: object) -> None:
         try:
-            _open.remove(self)
+            STATE.open.remove(self)
         except ValueError:
             pass
-
-
-def _start_exit_thread() -> None:
-    global _exit_thread
-    if _exit_thread is None:
-        _exit_thread = threading.Thread(target=_exit_run, name="sbpmpi-exit-watch", daemon=True)
-        _exit_thread.start()
 
 
 def _exit_run() -> None:
@@ -183,7 +192,7 @@ def _exit_run() -> None:
     while True:
         time.sleep(EXIT_POLL)
         now = time.monotonic()
-        late = [w for w in list(_open) if now - w.start > EXIT_AFTER]
+        late = [w for w in list(STATE.open) if now - w.start > EXIT_AFTER]
         if not late:
             continue
         exit_agreement.poll()
@@ -246,8 +255,8 @@ def watch(op: str, peers: Iterable[int] | Any = None, seconds: float | None = No
     if t is None:
         if watches_exits:
             return _NULL
-        return _ExitWatch(op, peers) if _exit_on or (_exit_on is None and _exit_watch_on()) \
-            else _NULL
+        on = STATE.exit_on
+        return _ExitWatch(op, peers) if on or (on is None and STATE.exit_watch_on()) else _NULL
     return _Watch(op, peers, t)
 
 
@@ -268,33 +277,27 @@ def watched(op: str) -> Callable[[F], F]:
 def active() -> list[tuple[str, tuple[int, ...] | None, float]]:
     """The watched blocks now open, as ``(op, peers, seconds so far)``, oldest first."""
     now = time.monotonic()
-    with _cond:
-        items = sorted(_entries.values(), key=lambda e: e.start)
+    with STATE.cond:
+        items = sorted(STATE.entries.values(), key=lambda e: e.start)
     return [(e.op, e.peers, now - e.start) for e in items]
 
 
-def _ensure_thread() -> None:
-    global _thread
-    if _thread is None or not _thread.is_alive():
-        _thread = threading.Thread(target=_run, name="sbpmpi-watchdog", daemon=True)
-        _thread.start()
-
-
 def _run() -> None:
+    cond, entries = STATE.cond, STATE.entries
     while True:
-        with _cond:
+        with cond:
             while True:
-                if not _entries:
-                    _cond.wait()
+                if not entries:
+                    cond.wait()
                     continue
                 now = time.monotonic()
-                late = min(_entries.values(), key=lambda e: e.deadline)
+                late = min(entries.values(), key=lambda e: e.deadline)
                 if late.deadline > now:
                     # a timer takes no more than TIMEOUT_MAX (config refuses longer timeouts;
                     # watch(seconds=...) may still pass one): wake up and look again
-                    _cond.wait(min(late.deadline - now, threading.TIMEOUT_MAX))
+                    cond.wait(min(late.deadline - now, threading.TIMEOUT_MAX))
                     continue
-                stack = [e for e in _entries.values() if e.thread_id == late.thread_id]
+                stack = [e for e in entries.values() if e.thread_id == late.thread_id]
                 break
         _fire(late, sorted(stack, key=lambda e: e.start))
 
@@ -306,7 +309,7 @@ def _describe_peers(peers: tuple[int, ...] | None, size: int) -> str:
 
 
 def _finished_peers(peers: tuple[int, ...] | None, size: int) -> list[int]:
-    """Peers known to have reached the end of the program (sbpmpi.comm.exit_agreement)."""
+    """Peers known to have reached the end of the program (sbpmpi.comm.lifecycle.exit_agreement)."""
     try:
         from . import exit_agreement
 

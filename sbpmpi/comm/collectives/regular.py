@@ -1,7 +1,7 @@
 """Buffer collectives on NumPy and GPU arrays, in place, as torch.distributed names them.
 
 Ranks given as ``src``/``dst`` are world ranks; ``group`` (default WORLD) picks the
-communicator. Arguments are checked before any communication (see :mod:`.checks`).
+communicator. Arguments are checked before any communication (see :mod:`..agreement.checks`).
 A buffer that receives data on any rank must be C-contiguous; non-contiguous inputs
 are copied. Each call is one mpi4py upper-case (buffer) call.
 """
@@ -14,15 +14,15 @@ from typing import Any, Literal, overload
 import numpy as np
 from mpi4py import MPI
 
-from . import checks
-from .buffers import HOST, ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
-from .call import Call, average, call, host_only
-from .collective_work import CollectiveWork
-from .dtypes import dtype_info
-from .gpu import route as _gpu
-from .group import Group, root_rank
+from ..agreement import checks
+from ..buffers import HOST, ArrayMeta, array_meta, check_same_dtype, output_array_meta, stager
+from ..call import Call, average, call, host_only
+from ..dtypes import dtype_info
+from ..gpu import route as _gpu
+from ..group import Group, root_rank
+from ..reduce_op import MPIReduction, ReduceOp, mpi_reduction
 from .listbufs import gather_list_in, list_metas, scatter_list_out
-from .reduce_op import MPIReduction, ReduceOp, mpi_reduction
+from .work import CollectiveWork
 
 __all__ = ["barrier", "broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
            "reduce_scatter", "all_to_all"]
@@ -109,7 +109,7 @@ def all_reduce(arr: Any, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
     """Reduce ``arr`` of every rank of ``group`` with ``op``; every rank gets the result.
 
     With ``async_op=True`` the reduction is started (``MPI_Iallreduce``) and a
-    :class:`~sbpmpi.comm.collective_work.CollectiveWork` is returned: ``arr`` holds the
+    :class:`~sbpmpi.comm.collectives.work.CollectiveWork` is returned: ``arr`` holds the
     result once its ``wait()`` (or a ``test()`` that returns True) has completed it, and
     must not be touched before. Every rank of the group starts its non-blocking
     collectives in the same order, as for blocking ones. Returns None otherwise.
@@ -175,7 +175,7 @@ def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
 
 
-def _blocks(x: Any, p: int, m: ArrayMeta, list_arg: str, arg: str, ref: str, op: str,
+def _blocks(x: Any, p: int, m: ArrayMeta, *, list_arg: str, arg: str, ref: str, op: str,
             output: bool) -> tuple[list[ArrayMeta] | None, ArrayMeta | None]:
     """Checks of ``x``, ``p`` blocks shaped like ``ref`` (meta ``m``): a list of arrays gives
     (their metas, None), one array (None, its meta)."""
@@ -202,7 +202,8 @@ def _rooted(c: Call, arr: Any, x: Any, arg: str, root_arg: str, root_world: int,
             return m, t, root, me, p, None, None
         if x is None:
             raise ValueError(f"{op}: {arg} is required on {root_arg} rank {root_world}")
-        return (m, t, root, me, p, *_blocks(x, p, m, arg, arg, "arr", op, to_root))
+        return (m, t, root, me, p, *_blocks(x, p, m, list_arg=arg, arg=arg, ref="arr", op=op,
+                                          output=to_root))
     except (TypeError, ValueError) as e:
         c.refuse(e)
 
@@ -273,7 +274,7 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
     group size x ``arr.size`` elements (e.g. shaped ``(group size, *arr.shape)``).
 
     With ``async_op=True`` (one output array only) the gather is started
-    (``MPI_Iallgather``) and a :class:`~sbpmpi.comm.collective_work.CollectiveWork` is
+    (``MPI_Iallgather``) and a :class:`~sbpmpi.comm.collectives.work.CollectiveWork` is
     returned, as :func:`all_reduce` does: the output holds the result once it completes,
     and neither array may be touched before. Returns None otherwise.
     """
@@ -287,7 +288,8 @@ def all_gather(out_list_or_array: Any, arr: Any, group: Group | None = None,
         m = array_meta(arr, "arr", op)
         t = dtype_info(m.dtype).mpi
         p = c.g.size
-        metas, mo = _blocks(out, p, m, "out_list", "out", "arr", op, True)
+        metas, mo = _blocks(out, p, m, list_arg="out_list", arg="out", ref="arr", op=op,
+                            output=True)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     sig = (_sig(m, size=m.size, **({"async_op": True} if async_op else {}))
@@ -347,7 +349,8 @@ def reduce_scatter(out: Any, in_list_or_array: Any, op: ReduceOp = ReduceOp.SUM,
         info = dtype_info(m.dtype)
         red = mpi_reduction(op, info)
         p = c.g.size
-        metas, mi = _blocks(x, p, m, "in_list", "input", "out", name, False)
+        metas, mi = _blocks(x, p, m, list_arg="in_list", arg="input", ref="out", op=name,
+                            output=False)
     except (TypeError, ValueError) as e:
         c.refuse(e)
     sig = _sig(m, size=m.size, op=op.name) if checks.checking() else None
@@ -393,7 +396,8 @@ def all_to_all(out: Any, in_: Any, group: Group | None = None) -> None:
                 raise ValueError(f"{name}: out has {mo.size} elements, not divisible by the "
                                  f"group size {p}")
             m = ArrayMeta.of(mo.dtype, mo.size // p, True, mo.on_gpu)
-        in_metas, mi = _blocks(in_, p, m, "in", "in", "out block", name, False)
+        in_metas, mi = _blocks(in_, p, m, list_arg="in", arg="in", ref="out block", op=name,
+                               output=False)
         t = dtype_info(m.dtype).mpi
     except (TypeError, ValueError) as e:
         c.refuse(e)

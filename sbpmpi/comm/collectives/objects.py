@@ -10,8 +10,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .call import call
-from .group import Group, root_rank
+from ..call import call
+from ..group import Group, root_rank
 
 __all__ = ["all_gather_object", "broadcast_object", "all_agree"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .buffers import HostStager
+from ..buffers import HostStager
 
 __all__ = ["CollectiveWork", "all_done"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import device_copy
-from .buffers import ArrayMeta, array_meta, check_output, check_same_dtype
+from ...backend import device_copy
+from ..buffers import ArrayMeta, array_meta, check_output, check_same_dtype
 
 __all__ = ["list_metas", "scatter_list_out", "gather_list_in"]
 
