@@ -4,8 +4,7 @@
   (a dataclass instance mutated through methods) or in a ``functools.cache``'d decision;
 - no function of ``sbpmpi`` takes 8 or more parameters that can be passed positionally
   (``self``/``cls`` not counted): a longer list takes a named parameter object or
-  keyword-only parameters (``*,``). :data:`LONG_POSITIONAL` names the few left, each with
-  who owns it.
+  keyword-only parameters (``*,``). :data:`LONG_POSITIONAL` would name any left (none).
 """
 
 from __future__ import annotations
@@ -18,11 +17,7 @@ LIMIT = 8
 
 #: Functions with LIMIT or more positional parameters, left to the developers who own their
 #: files (issue 42): path relative to sbpmpi/ -> function names.
-LONG_POSITIONAL: dict[str, set[str]] = {
-    "linalg/tall.py": {"tree"},
-    "linalg/tsqr.py": {"reduce_r"},
-    "optim/__init__.py": {"_moments"},
-}
+LONG_POSITIONAL: dict[str, set[str]] = {}
 
 
 def global_statements(source: str) -> list[int]:

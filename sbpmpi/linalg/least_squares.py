@@ -122,8 +122,8 @@ def _tall(a: GlobalTensor, b: GlobalTensor, dt: np.dtype, cut: float) -> LstsqRe
             return Root(xp.concatenate([xp.reshape(sol, (-1,)).astype(dt), res.astype(dt),
                                         xp.asarray([rank], dtype=dt), s.astype(dt)]), None)
 
-        payload = tall.tree("lstsq", xp, r_aug, view.team, n + k, at_root, size, 0,
-                            False).payload
+        payload = tall.tree("lstsq", xp, r_aug, view.team, n + k, at_root, payload_size=size,
+                            columns=0, want_w=False).payload
     rank = _shared_int(a, payload, n * k + k)
     sol = res = s = None
     if payload is not None:
@@ -155,8 +155,8 @@ def _wide(a: GlobalTensor, b: GlobalTensor, dt: np.dtype, cut: float) -> LstsqRe
             y, sv, rank = tall.solve_with_r(xp, xp.conj(r).T, rhs, cut)
             return Root(xp.concatenate([xp.asarray([rank], dtype=dt), sv.astype(dt)]), y)
 
-        leaf = tall.tree("lstsq", xp, factors.r, view.team, small, at_root, 1 + small, k,
-                         True)
+        leaf = tall.tree("lstsq", xp, factors.r, view.team, small, at_root,
+                         payload_size=1 + small, columns=k, want_w=True)
         payload = leaf.payload
         x_local = factors.q @ leaf.w
         if b.ndim == 1:

@@ -127,7 +127,7 @@ def _local_factors(view: TallView, want_q: bool) -> blocks.BlockQR:
 
 
 def tree(name: str, xp: ModuleType, r: Any, team: Team, n: int,
-         at_root: Callable[[Any], Root], payload_size: int, columns: int,
+         at_root: Callable[[Any], Root], *, payload_size: int, columns: int,
          want_w: bool) -> Leaf:
     """:func:`.tsqr.reduce_r` with a failure of ``at_root`` (LinAlgError: an SVD that did
     not converge on NaN input) raised on every rank: the payload carries a flag first."""
@@ -144,7 +144,8 @@ def tree(name: str, xp: ModuleType, r: Any, team: Team, n: int,
                                     xp.reshape(root.payload, (-1,)).astype(dtype)]),
                     root.transform)
 
-    leaf = reduce_r(xp, r, team, n, flagged, payload_size + 1, columns, want_w)
+    leaf = reduce_r(xp, r, team, n, flagged, payload_size=payload_size + 1, columns=columns,
+                    want_w=want_w)
     if bool(leaf.payload[0] != 0):
         raise np.linalg.LinAlgError(f"linalg.{name}: the SVD of the R factor did not converge")
     return Leaf(leaf.payload[1:], leaf.w)
@@ -152,8 +153,8 @@ def tree(name: str, xp: ModuleType, r: Any, team: Team, n: int,
 
 def _tree(name: str, view: TallView, r: Any, at_root: Callable[[Any], Root],
           payload_size: int, columns: int, want_w: bool) -> Leaf:
-    return tree(name, view.xp, r, view.team, view.short, at_root, payload_size, columns,
-                want_w)
+    return tree(name, view.xp, r, view.team, view.short, at_root, payload_size=payload_size,
+                columns=columns, want_w=want_w)
 
 
 def orthonormal(name: str, xp: ModuleType, block: Any, team: Team,
@@ -167,7 +168,8 @@ def orthonormal(name: str, xp: ModuleType, block: Any, team: Team,
     def at_root(r: Any) -> Root:
         return Root(xp.zeros((0,), dtype=r.dtype), xp.diag(phases(xp, xp.diagonal(r))))
 
-    leaf = tree(name, xp, factors.r, team, n, at_root, 0, n, True)
+    leaf = tree(name, xp, factors.r, team, n, at_root, payload_size=0, columns=n,
+                want_w=True)
     return blocks.times_in_place(xp, factors.q, leaf.w)
 
 

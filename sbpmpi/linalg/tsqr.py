@@ -92,7 +92,7 @@ def _subtree_r_rows(team: Team, start: int, width: int, n: int) -> int:
 
 
 def reduce_r(xp: ModuleType, r: Any, team: Team, n: int,
-             at_root: Callable[[Any], Root], payload_size: int, columns: int,
+             at_root: Callable[[Any], Root], *, payload_size: int, columns: int,
              want_w: bool) -> Leaf:
     """Reduce this rank's R (``r``, k_i x n) up the team's tree, run ``at_root`` on the
     whole R at the root (team index 0), and bring its payload (``payload_size``

@@ -13,7 +13,7 @@ from .optimizer import Optimizer, check_number
 __all__ = ["Adam", "AdamW", "moments", "moments_promoted"]
 
 
-def moments(xp: Any, s: Callable[[float], Any], m: Any, v: Any, g: Any, b1: float,
+def moments(xp: Any, s: Callable[[float], Any], m: Any, v: Any, g: Any, *, b1: float,
             b2: float, t: Any) -> None:
     """Adam's ``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2`` in place, with the
     scratch array ``t`` for the temporaries and ``s`` for the scalars
@@ -80,7 +80,7 @@ class Adam(Optimizer):
             xp.multiply(p, s(group["weight_decay"]), out=t1)
             g = xp.add(g, t1, out=t1)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        moments(xp, s, m, v, g, b1, b2, t2)
+        moments(xp, s, m, v, g, b1=b1, b2=b2, t=t2)
         xp.divide(v, s(1 - b2 ** step), out=t2)
         xp.sqrt(t2, out=t2)
         xp.add(t2, s(group["eps"]), out=t2)  # denom
@@ -121,7 +121,7 @@ class AdamW(Adam):
         if group["weight_decay"]:
             xp.multiply(p, s(1 - lr * group["weight_decay"]), out=p)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        moments(xp, s, m, v, g, b1, b2, t2)
+        moments(xp, s, m, v, g, b1=b1, b2=b2, t=t2)
         xp.sqrt(v, out=t2)
         xp.divide(t2, s(math.sqrt(1 - b2 ** step)), out=t2)
         xp.add(t2, s(group["eps"]), out=t2)  # denom
