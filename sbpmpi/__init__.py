@@ -13,6 +13,7 @@ from . import autograd as _autograd
 from . import comm, config, env, ops, protocols
 from . import conversion as _conversion
 from . import einops_backend as _einops_backend
+from . import names_from_above as _names_from_above
 from . import tape as _tape
 from . import tensor as _tensor
 from ._version import __version__
@@ -53,6 +54,10 @@ _exit_agreement.init()  # collective: the communicator that meets ranks at exit
 _world.init()  # the node split is collective: every rank takes part now, not in a later call
 _node.set_local_ranks(_world.get_local_rank(), _world.get_local_world_size())  # GPU, pool
 _einops_backend.register()  # einops' own front end on GlobalTensors, where einops is installed
+# sm.nn shows the parallel wing's names, as torch.nn does; the wing builds on nn, so they
+# are installed from here, above both, and imported on first use
+_names_from_above.install("sbpmpi.nn", dict.fromkeys(("DataParallel", "no_sync", "shard"),
+                                                     "sbpmpi.parallel"))
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {

@@ -3,12 +3,12 @@ graph (``sm.graph``): docs/graph.md, "Buffers planned once".
 
     mpiexec -n 2 python scripts/bench_graph_allocations.py [--reps 21] [--json out.json]
 
-Two steps, each as the tests of tests/graph build them: the MLP of
-``tests/graph/test_graph_capture.py`` in ``dp`` with Adam (7-6-3, float64, 64 rows) and
+Two steps, each as the tests of tests/capture build them: the MLP of
+``tests/capture/test_graph_capture.py`` in ``dp`` with Adam (7-6-3, float64, 64 rows) and
 the GPT of ``examples/train_gpt.py`` in ``dp`` with gradient buckets and AdamW (float64;
 ``--gpt`` sets its size, the tests' small one by default). For each, eager and replayed:
 the NumPy data bytes and allocations of one step (every allocation, counted with
-``tests/graph/numpy_allocations.py``), ``tracemalloc``'s peak over one step (all
+``tests/capture/numpy_allocations.py``), ``tracemalloc``'s peak over one step (all
 domains: NumPy's data and Python's objects), and the step's time: wall-clock seconds
 of the slowest rank and rank 0's CPU seconds (``time.process_time``: steadier than the
 wall clock on a machine shared with other jobs; MPI's waits spin, so at n > 1 it counts
@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "graph"), str(ROOT / "examples"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "tests" / "capture"), str(ROOT / "examples"), str(ROOT)]
 
 import train_gpt  # noqa: E402
 from numpy_allocations import counting  # noqa: E402

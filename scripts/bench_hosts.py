@@ -2,7 +2,7 @@
 
     python scripts/bench_hosts.py [--runs 3] [--rate 10gbit --delay 20us] [--json out.json]
 
-Root, Linux: the driver makes a cluster of hosts on this machine (tests/hosts_cluster.py:
+Root, Linux: the driver makes a cluster of hosts on this machine (tests/tools/hosts_cluster.py:
 network namespaces joined by a bridge, MPI started across them with the library's
 defaults), shapes each host's link (``tc netem``: ``--rate`` and ``--delay``, 10 Gbit/s
 and 20 us by default) so that the network, not shared memory, is the slow link, and
@@ -225,9 +225,9 @@ def _row_text(r: Row) -> str:
 # -- the driver -----------------------------------------------------------------------------
 
 def _hosts_cluster() -> Any:
-    """tests/hosts_cluster.py, loaded by path."""
+    """tests/tools/hosts_cluster.py, loaded by path."""
     spec = importlib.util.spec_from_file_location("_sbpmpi_hosts_cluster",
-                                                  ROOT / "tests" / "hosts_cluster.py")
+                                                  ROOT / "tests" / "tools" / "hosts_cluster.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

@@ -17,7 +17,7 @@ timeout (pytest-timeout, thread method), so a hang ends the run instead of CI.
 Prints one closing line ``total: N passed, N failed, N skipped``.
 
 ``--hosts K`` runs across K hosts, each a network namespace of this machine
-(tests/hosts_cluster.py; root, Linux): the MPI tests at K x ``--ppn`` ranks (2 per host
+(tests/tools/hosts_cluster.py; root, Linux): the MPI tests at K x ``--ppn`` ranks (2 per host
 by default), then the tests that start jobs of their own (faults, the abort runner, the
 exit agreement) with one rank per host. The MPI library keeps its defaults. Where the
 hosts cannot be made (not root, no ``ip``), it says why and runs nothing.
@@ -80,8 +80,8 @@ def glue_mpiexec_args(argv: list[str]) -> list[str]:
 
 
 def hosts_cluster():  # noqa: ANN201 - a module
-    """tests/hosts_cluster.py, loaded by path (it imports nothing of sbpmpi)."""
-    path = ROOT / "tests" / "hosts_cluster.py"
+    """tests/tools/hosts_cluster.py, loaded by path (it imports nothing of sbpmpi)."""
+    path = ROOT / "tests" / "tools" / "hosts_cluster.py"
     spec = importlib.util.spec_from_file_location("_sbpmpi_hosts_cluster", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -159,7 +159,7 @@ def main() -> int:
         # a SIGTERM (a CI runner's time limit) ends through the ``with``: the hosts go too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with hc.start(a.hosts, mpiexec=mpiexec_cmd()) as cluster:
-            print(f"hosts: {', '.join(cluster.names)} (tests/hosts_cluster.py)", flush=True)
+            print(f"hosts: {', '.join(cluster.names)} (tests/tools/hosts_cluster.py)", flush=True)
             return run(a, mpiexec_args, cluster)
     return run(a, mpiexec_args, None)
 

@@ -8,6 +8,13 @@ statement counts, also those inside functions, and ``importlib.import_module`` o
 (:data:`MPI_OUTSIDE_COMM` is empty and stays so). ``docs/architecture.md`` describes the
 same order.
 
+The packages above autograd are ordered too (:data:`LAYERS`, from ``functions`` to
+``root``): each imports only packages of the layers below it. The packages of one layer
+are independent of one another unless the layer says they are peers (``peers=True``:
+one unit split in files, such as the tensor and its tape): an arrow between two
+packages of a layer without peers is reported like an arrow up, since nothing says which
+way it may run.
+
 No import circle: the graph whose nodes are the modules of ``sbpmpi`` (a package is its
 ``__init__``) and whose edges are every import the walk above finds has no strongly
 connected component of two or more modules, except those in :data:`KNOWN_CIRCLES`. An
@@ -27,39 +34,58 @@ from __future__ import annotations
 import ast
 import pathlib
 from collections.abc import Collection
+from typing import NamedTuple
 
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sbpmpi"
 
-#: Layers from the bottom up: (name, module prefixes). The longest matching prefix wins.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("sbpmpi._version", "sbpmpi.errors", "sbpmpi.config", "sbpmpi.core")),
-    ("boxing", ("sbpmpi.boxing",)),
-    ("platform", ("sbpmpi.backend",)),
-    ("comm", ("sbpmpi.comm", "sbpmpi.env")),  # sm.env shows comm.world's rank and size
-    ("runtime", ("sbpmpi.runtime",)),
+#: The composition root: ``sbpmpi/__init__`` alone (its prefix matches no submodule).
+ROOT = "sbpmpi"
+
+
+class Layer(NamedTuple):
+    """One layer: its name, the module prefixes it holds, and whether its packages may
+    import one another (``peers``) or are independent."""
+
+    name: str
+    prefixes: tuple[str, ...]
+    peers: bool = False
+
+
+#: Layers from the bottom up. The longest matching prefix wins.
+LAYERS: tuple[Layer, ...] = (
+    # the pure base: errors, settings, the layout vocabulary, the names installed from above
+    Layer("core", ("sbpmpi._version", "sbpmpi.errors", "sbpmpi.config", "sbpmpi.core",
+                   "sbpmpi.names_from_above"), peers=True),
+    Layer("boxing", ("sbpmpi.boxing",)),
+    Layer("platform", ("sbpmpi.backend",)),
+    Layer("comm", ("sbpmpi.comm", "sbpmpi.env"), peers=True),  # sm.env shows comm.world
+    Layer("runtime", ("sbpmpi.runtime",)),
     # the tape and grad mode sit beside the tensor, under the ops that write to them
-    ("tensor", ("sbpmpi.tensor", "sbpmpi.tape", "sbpmpi.grad_mode", "sbpmpi.creation",
-                "sbpmpi.conversion")),
-    ("ops", ("sbpmpi.ops",)),
-    ("autograd", ("sbpmpi.autograd",)),
-    ("api", ("sbpmpi", "sbpmpi.protocols", "sbpmpi.explain", "sbpmpi.visualize",
-             "sbpmpi.testing", "sbpmpi.checkpoint", "sbpmpi.nn", "sbpmpi.optim",
-             "sbpmpi.parallel", "sbpmpi.zero", "sbpmpi.array_api", "sbpmpi.contraction", "sbpmpi.stencil",
-             "sbpmpi.einops_backend", "sbpmpi.pipeline", "sbpmpi.amp", "sbpmpi.capture")),
-    ("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort")),
+    Layer("tensor", ("sbpmpi.tensor", "sbpmpi.tape", "sbpmpi.grad_mode", "sbpmpi.creation",
+                     "sbpmpi.conversion"), peers=True),
+    Layer("ops", ("sbpmpi.ops",)),
+    Layer("autograd", ("sbpmpi.autograd",)),
+    # the top, in the order of its arrows: functions of tensors, each on its own
+    Layer("functions", ("sbpmpi.linalg", "sbpmpi.amp", "sbpmpi.optim", "sbpmpi.capture",
+                        "sbpmpi.checkpoint", "sbpmpi.stencil", "sbpmpi.testing",
+                        "sbpmpi.visualize")),
+    Layer("array_api", ("sbpmpi.array_api",)),  # its linalg extension is sm.linalg's face
+    # faces over the namespace: NumPy's protocols, sm.einsum, sm.explain
+    Layer("faces", ("sbpmpi.protocols", "sbpmpi.contraction", "sbpmpi.explain")),
+    Layer("einops", ("sbpmpi.einops_backend",)),  # einops' einsum is sm.einsum
+    Layer("nn", ("sbpmpi.nn",)),  # sm.nn.Graph is capture's, the moved names checkpoint's
+    Layer("training", ("sbpmpi.parallel", "sbpmpi.pipeline")),  # both on nn modules
+    Layer("aliases", ("sbpmpi.zero",)),  # sbpmpi.zero: parallel.zero's old name
+    Layer("root", (ROOT,)),
+    Layer("tools", ("sbpmpi.tools", "sbpmpi.__main__", "sbpmpi.launch", "sbpmpi.abort"),
+          peers=True),  # the tools and their entry points
 )
 
-#: (importer, imported) pairs that go up the layers, or close a package-level circle
-#: inside one layer, on purpose, with the reason.
+#: (importer, imported) pairs that go up the layers, or join two packages of a layer
+#: without peers, on purpose, with the reason.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {
-    ("sbpmpi.nn", "sbpmpi.parallel"):
-        "sm.nn.DataParallel, no_sync and shard are the public names of the parallel wing "
-        "(as torch.nn.parallel under torch.nn); the wing builds on nn.module, so the two "
-        "packages of the api layer point at each other, but no module does back: "
-        "nn/__init__ looks the names up on first use -> parallel -> nn.module "
-        "(test_no_import_circles; test_the_parallel_wing_imports_first_or_second)",
     ("sbpmpi", "sbpmpi.launch"):
         "sm.launch is the public name of the launcher's functions (README: expect_world, "
         "find_mpiexec); imported only when a program touches sm.launch",
@@ -93,9 +119,9 @@ MODULES = _modules()
 
 def layer_of(module: str) -> int:
     best, level = -1, -1
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best:
+    for i, layer in enumerate(LAYERS):
+        for p in layer.prefixes:
+            if (module == p or (p != ROOT and module.startswith(p + "."))) and len(p) > best:
                 best, level = len(p), i
     assert level >= 0, f"{module} is in no layer: add it to LAYERS"
     return level
@@ -231,8 +257,8 @@ def test_imports_follow_the_layer_order() -> None:
             if layer_of(t) > layer_of(m) and not any(
                     (m == a or m.startswith(a + ".")) and (t == b or t.startswith(b + "."))
                     for a, b in UPWARD_ALLOWED):
-                bad.append(f"{m}:{line} ({LAYERS[layer_of(m)][0]}) imports {t} "
-                           f"({LAYERS[layer_of(t)][0]})")
+                bad.append(f"{m}:{line} ({LAYERS[layer_of(m)].name}) imports {t} "
+                           f"({LAYERS[layer_of(t)].name})")
     assert not bad, "imports against the layer order:\n" + "\n".join(bad)
 
 
@@ -354,20 +380,24 @@ def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]
 
 
 def arrows_up(pgraph: dict[str, dict[str, str]]) -> list[str]:
-    """Package-level arrows from a lower layer to a higher one, not in UPWARD_ALLOWED."""
+    """Package-level arrows from a lower layer to a higher one, or between two packages
+    of a layer without peers, not in UPWARD_ALLOWED."""
     bad = []
     for a, edges in sorted(pgraph.items()):
         for b, where in sorted(edges.items()):
-            if layer_of(b) > layer_of(a) and (a, b) not in UPWARD_ALLOWED:
-                bad.append(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]}) "
-                           f"at {where}")
+            la, lb = layer_of(a), layer_of(b)
+            across = lb == la and not LAYERS[la].peers
+            if (lb > la or across) and (a, b) not in UPWARD_ALLOWED:
+                bad.append(f"{a} ({LAYERS[la].name}) -> {b} ({LAYERS[lb].name}) at {where}"
+                           + (": the packages of this layer are not peers" if across else ""))
     return bad
 
 
 def test_package_arrows_point_down() -> None:
-    """Each package imports only packages of its own layer or below (ops never imports
-    autograd: the tape sits under the ops), and the package-level graph has no circle
-    (the lookups of UPWARD_ALLOWED aside)."""
+    """Each package imports only packages of the layers below it, or of its own layer
+    where that layer's packages are peers (ops never imports autograd: the tape sits under
+    the ops; nn never imports the parallel wing), and the package-level graph has no
+    circle (the lookups of UPWARD_ALLOWED aside)."""
     pgraph = package_graph(_package_graph())
     bad = arrows_up(pgraph)
     assert not bad, "package-level arrows that run back up:\n" + "\n".join(bad)
@@ -393,6 +423,31 @@ def test_the_package_walk_sees_an_arrow_up() -> None:
                       "sbpmpi.autograd": {"sbpmpi.ops": "sbpmpi.autograd.engine:1"}}
     assert arrows_up(pgraph) == ["sbpmpi.ops (ops) -> sbpmpi.autograd (autograd) at "
                                  "sbpmpi.ops.x:2"]
+
+
+def test_the_package_walk_sees_the_order_of_the_top() -> None:
+    """The checker itself, on the top: nn handing on the parallel wing's names (as
+    nn/__init__ did) is an arrow up; optim reaching capture crosses a layer whose packages
+    are independent; the tensor reaching its tape stays inside a layer of peers; the
+    parallel wing building on nn points down."""
+    sources = {
+        "sbpmpi.nn": (PKG / "nn" / "__init__.py",
+                      "def __getattr__(name):\n    from .. import parallel\n"),
+        "sbpmpi.parallel": (PKG / "parallel" / "__init__.py", "from ..nn import Module\n"),
+        "sbpmpi.optim": (PKG / "optim" / "__init__.py", "from ..capture import graph\n"),
+        "sbpmpi.capture": (PKG / "capture" / "__init__.py", ""),
+        "sbpmpi.tensor": (PKG / "tensor.py", "from . import tape\n"),
+        "sbpmpi.tape": (PKG / "tape.py", ""),
+    }
+    pgraph = package_graph(import_graph(sources))
+    assert arrows_up(pgraph) == [
+        "sbpmpi.nn (nn) -> sbpmpi.parallel (training) at sbpmpi.nn:2",
+        "sbpmpi.optim (functions) -> sbpmpi.capture (functions) at sbpmpi.optim:1: the "
+        "packages of this layer are not peers"]
+    assert layer_of("sbpmpi.parallel.zero.stage3") > layer_of("sbpmpi.nn.module") > \
+        layer_of("sbpmpi.capture.replay") > layer_of("sbpmpi.autograd.engine")
+    with pytest.raises(AssertionError, match="sbpmpi.made_up is in no layer"):
+        layer_of("sbpmpi.made_up")  # the root's prefix holds its __init__ alone
 
 
 # ---- GlobalTensor owns its fields -------------------------------------------------------------
@@ -545,15 +600,23 @@ def test_the_state_walk_sees_lists_sets_and_empty_dicts() -> None:
 @pytest.mark.parametrize("first", ["sbpmpi.parallel", "sbpmpi.parallel.zero",
                                    "sbpmpi.parallel.data_parallel", "sbpmpi.nn", "sbpmpi"])
 def test_the_parallel_wing_imports_first_or_second(first: str) -> None:
-    """sm.nn re-exports the wing, which builds on nn.module: whichever a program imports
-    first, both load and the names are the same objects (a fresh interpreter each)."""
+    """sm.nn shows the wing's names, installed from above by sbpmpi/__init__ (the wing
+    builds on nn.module): whichever a program imports first, both load and the names are
+    the same objects, and importing sm.nn alone loads no module of the wing (a fresh
+    interpreter each)."""
     import os
     import subprocess
     import sys
 
-    code = (f"import {first}\nimport sbpmpi.nn as nn, sbpmpi.parallel as par\n"
-            "assert nn.DataParallel is par.DataParallel and nn.shard is par.shard\n"
-            "assert nn.no_sync is par.no_sync\nfrom sbpmpi.nn import DataParallel\n"
+    alone = first in ("sbpmpi", "sbpmpi.nn")
+    code = (f"import sys\nimport {first}\n"
+            + ("assert not [m for m in sys.modules if m.startswith('sbpmpi.parallel')]\n"
+               if alone else "")
+            + "import sbpmpi.nn as nn\ndp, ns, sh = nn.DataParallel, nn.no_sync, nn.shard\n"
+            "import sbpmpi.parallel as par\n"
+            "assert dp is par.DataParallel and sh is par.shard and ns is par.no_sync\n"
+            "from sbpmpi.nn import DataParallel\nassert DataParallel is dp\n"
+            "assert {'DataParallel', 'no_sync', 'shard'} <= set(dir(nn))\n"
             "print('imports ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, cwd=PKG.parent,

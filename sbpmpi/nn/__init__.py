@@ -8,7 +8,10 @@ their functional forms, gradient clipping, data parallelism and ZeRO.
   ``embedding``, ``layer_norm``, ``dropout``.
 - :mod:`.clip`: ``clip_grad_norm_``.
 - ``DataParallel``, ``no_sync`` and ``shard`` (ZeRO) are the parallel wing's
-  (:mod:`sbpmpi.parallel`), under the names torch gives them here.
+  (:mod:`sbpmpi.parallel`), shown here under the names torch gives them. The wing builds
+  on this package, so it is the composition root (``sbpmpi/__init__``) that installs
+  them here, from above (:mod:`sbpmpi.names_from_above`); this package names no layer
+  above it.
 
 Layouts are the user's choice, per parameter (see :mod:`.layers`). Backward gives each
 parameter its gradient in its own layout, so any :mod:`sbpmpi.optim` optimizer updates
@@ -20,6 +23,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .. import names_from_above as _above
 from .clip import clip_grad_norm_
 from .containers import ModuleList, Sequential
 from .functional import (
@@ -46,21 +50,14 @@ _MOVED = {"save_training_state": "checkpoint.save_training_state",
           "load_training_state": "checkpoint.load_training_state"}
 
 
-#: The parallel wing's names (:mod:`sbpmpi.parallel`), looked up on first use: the wing
-#: builds on ``nn.module``, so importing it here would make ``import sbpmpi.parallel``
-#: (which runs this ``__init__`` first) ask a package that is still loading.
-_PARALLEL = ("DataParallel", "no_sync", "shard")
-
-
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PARALLEL) | {"Graph"})  # the lazy names too (autodoc, completion)
+    # the names loaded on first use too (autodoc, completion)
+    return sorted(set(globals()) | _above.names(__name__) | {"Graph"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PARALLEL:
-        from .. import parallel
-
-        value = globals()[name] = getattr(parallel, name)
+    if name in _above.names(__name__):  # DataParallel, no_sync, shard
+        value = globals()[name] = _above.load(__name__, name)
         return value
     if name == "Graph":  # OneFlow's nn.Graph: a step captured and replayed (sm.graph)
         from ..capture import Graph

@@ -1,6 +1,6 @@
 """Every registered op in float16 and bfloat16, against NumPy in float32, at n = 1..4.
 
-For every op's examples (tests/op_examples.py) the float arrays are rounded to the half
+For every op's examples (tests/ops/op_examples.py) the float arrays are rounded to the half
 dtype (the examples' values, multiples of 1/8 in small ranges, are exact in both), the op
 runs through its full path for split, broadcast and partial operands on every mesh of
 tests/ops/test_op_table.py, and its result equals NumPy's on the float32 arrays within a

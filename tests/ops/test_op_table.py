@@ -1,6 +1,6 @@
 """Table-wide tests over the whole op registry, no skip list, at n = 1..4 (uneven splits).
 
-For every registered op (its examples in tests/op_examples.py; an op without one fails):
+For every registered op (its examples in tests/ops/op_examples.py; an op without one fails):
 
 - every row of its signature table, resolved for the example's operands, on a 1-D mesh of
   all ranks, one of all ranks but rank 0, and a 2x2 mesh (n = 4, rows combined over both
@@ -47,7 +47,7 @@ def meshes():
 
 
 def example(name, k):
-    assert name in EXAMPLES, f"op {name!r} has no example in tests/op_examples.py"
+    assert name in EXAMPLES, f"op {name!r} has no example in tests/ops/op_examples.py"
     return EXAMPLES[name][k]
 
 

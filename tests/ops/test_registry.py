@@ -5,7 +5,7 @@ Walks the surfaces by which an op can be reached (``sm.<name>``, ``sm.ops.<name>
 the array API's elementwise names, ``sm.explain``) and checks each against
 :data:`sbpmpi.ops.registry.REGISTRY`; checks that every differentiable entry has a
 backward rule and no rule lacks an entry; and that every op has an example for the
-table-wide tests (tests/op_examples.py). Metadata only, no MPI.
+table-wide tests (tests/ops/op_examples.py). Metadata only, no MPI.
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ def start(cpus: int | None = None, timeout: float = 60, hosts: Any = None) -> Sl
     ``timeout`` seconds. Use as a context manager to stop it.
 
     One node, this machine, by default. ``hosts``: a running ``hosts_cluster.HostsCluster``
-    (tests/hosts_cluster.py): a node per host, its ``slurmd`` inside the host's namespaces
+    (tests/tools/hosts_cluster.py): a node per host, its ``slurmd`` inside the host's namespaces
     and named after it, ``slurmctld`` on this machine at the hosts' bridge address.
     """
     why = unavailable()

@@ -1,4 +1,4 @@
-"""Jobs across hosts: a private cluster of two hosts on this machine (tests/hosts_cluster.py),
+"""Jobs across hosts: a private cluster of two hosts on this machine (tests/tools/hosts_cluster.py),
 MPI started across them with the library's defaults, the GPT example's 2d layout (data
 parallel across the hosts, tensor parallel inside each) against its NumPy reference, and
 ``sbatch -N 2`` of the shipped CPU script on a Slurm whose ``slurmd`` runs in each host.

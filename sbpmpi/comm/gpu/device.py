@@ -1,7 +1,7 @@
 """The device operations the CUDA IPC transport needs, and their CUDA implementation.
 
 :class:`Device` is the whole interface: the IPC protocol (:mod:`.ipc`) is written against
-it, so that a stand-in over host memory (``tests/fake_ipc.py``) can drive the protocol
+it, so that a stand-in over host memory (``tests/comm/gpu/fake_ipc.py``) can drive the protocol
 on a machine without a GPU. :class:`CupyDevice` implements it with CuPy's runtime API
 (``ipcGetMemHandle`` / ``ipcOpenMemHandle`` / ``ipcCloseMemHandle``, ``memcpyAsync``) and
 the driver's ``cuMemGetAddressRange_v2`` / ``cuPointerGetAttribute`` (through ctypes:

@@ -30,9 +30,9 @@ machines apart by boot id, not hostname, and would otherwise pass messages betwe
 
 By hand::
 
-    python tests/hosts_cluster.py run -k 2 --ppn 2 -- python -m sbpmpi info   # mpiexec -n 4
-    python tests/hosts_cluster.py up -k 2      # prints the environment, stops on Ctrl-C
-    python tests/hosts_cluster.py clean        # what dead clusters left behind
+    python tests/tools/hosts_cluster.py run -k 2 --ppn 2 -- python -m sbpmpi info   # mpiexec -n 4
+    python tests/tools/hosts_cluster.py up -k 2      # prints the environment, stops on Ctrl-C
+    python tests/tools/hosts_cluster.py clean        # what dead clusters left behind
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def _family(mpiexec: str) -> str:
 def _write_scripts(c: HostsCluster, mpiexec: str) -> None:
     cases = "\n".join(f"    {h.name}|{h.address}) ns={h.name} uts={h.uts} ;;" for h in c.hosts)
     c.ssh.write_text(f"""#!/bin/sh
-# ssh stand-in of the cluster of hosts {c.id} (tests/hosts_cluster.py): runs the command
+# ssh stand-in of the cluster of hosts {c.id} (tests/tools/hosts_cluster.py): runs the command
 # inside the host's network and UTS namespaces. Options (hydra and PRRTE pass -x) are skipped.
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -339,7 +339,7 @@ exec ip netns exec "$ns" nsenter --uts="$uts" -- sh -c "$*"
 """)
     first = c.hosts[0]
     c.mpiexec_wrapper.write_text(f"""#!/bin/sh
-# mpiexec run inside the first host of cluster {c.id} (tests/hosts_cluster.py)
+# mpiexec run inside the first host of cluster {c.id} (tests/tools/hosts_cluster.py)
 exec {shlex.join(first.prefix())} {shlex.quote(mpiexec)} "$@"
 """)
     c.ssh.chmod(0o755)
