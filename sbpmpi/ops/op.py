@@ -8,7 +8,8 @@ shards and records the call for autograd. Repeated local-only calls take the dis
 fast path (:mod:`.dispatch`).
 
 An op's group is the ranks of its operands' placements (every candidate of inference
-lies on one of them, so its conversions and output do too): the check runs over that
+lies on one of them, so its conversions and output do too; the world where a partner's
+data decides the output layout, ``exactness.risky_partners``): the check runs over that
 group and its local steps fold into that group's running hash
 (:mod:`sbpmpi.runtime.consistency`). A rank outside the group makes no check and no MPI
 call for the op: it wraps an empty shard in the output layout, and remembers the call
@@ -69,14 +70,15 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
     """
     inf = infer(call)
     best = inf.best
-    ranks = step_ranks(*(x.placement for x in call.tensors))
+    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
+    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed;
+    # every rank of the world takes part, as the output layout depends on that decision
+    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    ranks = None if partners else step_ranks(*(x.placement for x in call.tensors))
     if is_outside(ranks):  # no check, no conversion, no kernel on this rank
         return _outside(call, best, site)
     group = step_group(ranks)
     meta = (call.operands, call.params)
-    # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
-    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
-    partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
     agreed = False  # whether the ranks agreed on this step (then on its conversions too)
     if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
                        for o, lay in zip(call.operands, best.inputs)):
