@@ -8,7 +8,9 @@ layout change: the destination layout is derived from ``placement=``/``sbp=`` by
 rank before any communication) and the local shard is converted by ``redistribute``
 (which validates and plans the conversion once per layouts and dtype). ``x.to_global``
 adds the cross-rank consistency check (``SBPMPI_CHECK``), described once per distinct
-step by :func:`sbpmpi.runtime.consistency.conversion_check`.
+step by :func:`sbpmpi.runtime.consistency.conversion_check`, over the conversion's group
+(the ranks of the source and destination placements); a rank outside it makes no check
+and no MPI call: its result is an empty shard in the destination layout.
 
 In comm's checked mode (``SBPMPI_COMM_CHECK=1``) a conversion makes one agreement
 exchange: the consistency check's when the caller made it (``agreed=True``), else
@@ -29,7 +31,7 @@ from .boxing.plan import Plan
 from .core.layout import Layout
 from .core.placement import Placement
 from .core.sbp import SBP, Broadcast, Partial
-from .env import get_world_size
+from .env import get_rank, get_world_size
 from .runtime import explain_layouts, plan_for_layouts, redistribute
 from .runtime.consistency import (
     TO_GLOBAL,
@@ -37,9 +39,12 @@ from .runtime.consistency import (
     check_step,
     conversion_check,
     conversion_meta,
+    is_outside,
     step_check,
+    step_ranks,
 )
 from .runtime.recording import RECORDERS
+from .runtime.redistribution import program_for
 from .tensor import GlobalTensor
 
 __all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination",
@@ -129,9 +134,17 @@ def convert(x: GlobalTensor, placement: Placement | None = None,
             sbp: SBP | Sequence[SBP] | None = None,
             grad_sbp: SBP | Sequence[SBP] | None = None) -> GlobalTensor:
     """``x.to_global(placement, sbp, grad_sbp=grad_sbp)``: the consistency check
-    (``SBPMPI_CHECK``; it covers ``grad_sbp`` when given), then :func:`box` (collective
-    over the world). ``grad_sbp`` is validated here, before any communication of the
-    conversion; :func:`grad_destination` gives its layout to the tape."""
+    (``SBPMPI_CHECK``; it covers ``grad_sbp`` when given) over the conversion's group,
+    then :func:`box` (collective over that group). ``grad_sbp`` is validated here, before
+    any communication of the conversion; :func:`grad_destination` gives its layout to the
+    tape. A rank outside the group validates the arguments alike and gets an empty shard
+    (no check, no MPI call)."""
+    ranks = _conversion_ranks(x, placement)
+    if is_outside(ranks):
+        dst = _destination(x, placement, sbp)
+        if grad_sbp is not None:
+            grad_destination(x, grad_sbp)
+        return _outside(x, dst)
     # checked before the arguments are validated, so that ranks passing different ones get
     # the mismatch rather than each its own error
     if grad_sbp is None:
@@ -139,12 +152,34 @@ def convert(x: GlobalTensor, placement: Placement | None = None,
     else:
         grad_meta = conversion_meta(x, None, grad_sbp).sbp  # normalised against x's mesh
         step = step_check(TO_GLOBAL, (*conversion_meta(x, placement, sbp), grad_meta))
-    agreed = check_step(TO_GLOBAL, step)
-    check_broadcast_shards(x, "x.to_global input")
+    agreed = check_step(TO_GLOBAL, step, ranks)
+    check_broadcast_shards(x, "x.to_global input", ranks)
     dst = _destination(x, placement, sbp)
     if grad_sbp is not None:
         grad_destination(x, grad_sbp)
     return _converted(x, dst, agreed)
+
+
+def _conversion_ranks(x: Any, placement: Any) -> tuple[int, ...] | None:
+    """The group of ``x.to_global(placement, ...)``: the ranks of ``x``'s placement and of
+    ``placement``; the world where either is not what it should be (the conversion then
+    refuses it on every rank, after a world-wide check)."""
+    if type(x) is not GlobalTensor:
+        return None
+    if placement is None:
+        return step_ranks(x._layout.placement)
+    if not isinstance(placement, Placement):
+        return None
+    return step_ranks(x._layout.placement, placement)
+
+
+def _outside(x: GlobalTensor, dst: Layout) -> GlobalTensor:
+    """``x`` converted to ``dst`` on a rank outside both placements: nothing moves, but the
+    conversion is validated as on the members (its cached program)."""
+    if dst is x._layout:
+        return x
+    program_for(x._layout, dst, x._dtype)  # a conversion without a meaning raises here too
+    return GlobalTensor(np.empty(dst.local_shape(get_rank()), dtype=x._dtype), dst, x._dtype)
 
 
 def box(x: GlobalTensor, placement: Placement | None = None,

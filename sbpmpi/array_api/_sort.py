@@ -8,11 +8,13 @@ axes run their own groups), with ``p`` ranks and ``n`` elements along the dim:
 
 1. each rank sorts its block along the dim (stable), one row per position of the other
    dims (a *fiber*);
-2. each rank takes up to ``OVERSAMPLE * p`` regular samples of its sorted rows and the
-   samples are gathered (``all_gather_v``, a few elements per rank); every rank picks the
-   same ``p - 1`` splitters, weighted quantiles of the samples;
-3. each rank cuts its sorted rows at the splitters and the cut positions are gathered
-   (``all_gather``, ``p`` ints per rank): every rank knows what every rank sends;
+2. each rank takes up to ``min(OVERSAMPLE * p, MAX_SAMPLES)`` regular samples of its
+   sorted rows; they are gathered on the chain's first rank (``gather_v``), which picks
+   ``p - 1`` splitters, weighted quantiles of the samples, and broadcasts them
+   (``broadcast``, ``p - 1`` values);
+3. each rank cuts its sorted rows at the splitters; one ``all_to_all`` of two ints per
+   pair (where each piece starts, how long it is) tells each rank what it receives from
+   whom, one ``all_gather`` of one int per rank every bucket's size;
 4. one ``all_to_all_v`` sends each piece to the rank of its bucket (argsort: the values
    and their global indices packed in one byte buffer); each rank merges what it got
    (a stable sort of the concatenated sorted runs);
@@ -20,8 +22,11 @@ axes run their own groups), with ``p`` ranks and ``n`` elements along the dim:
    bucket is a contiguous range of the result per fiber, so it goes to the few ranks
    whose blocks overlap it (in 1-D its own and the neighbouring ones).
 
-Three collectives (two of ``O(p)`` elements per rank) and one point-to-point exchange,
-whatever ``p``; a rank sends its block twice (all-to-all, then back to the layout).
+Four small collectives and one all-to-all of the data, then one point-to-point exchange,
+whatever ``p``. What a rank sends and receives in the sample, splitter and count phases
+is ``O(p)`` (the first rank receives at most ``MAX_SAMPLES`` samples per rank; nothing is
+all-gathered from every rank to every rank but one int); a rank sends its block twice
+(all-to-all, then back to the layout).
 
 Elements are ordered by (fiber, key, global index) lexicographically, so splitters cut
 runs of equal keys deterministically and ties come out as the stable kernel of
@@ -53,6 +58,9 @@ __all__ = ["Chain", "OVERSAMPLE", "sample_sort", "sample_unique", "taking_dim"]
 TAG = 23
 #: Samples per rank and per rank of the chain: more samples, better balanced buckets.
 OVERSAMPLE = 16
+#: At most this many samples per rank, so that the rank picking the splitters gathers
+#: ``O(p)`` of them (each splitter is then off its quantile by at most ``n / 2048``).
+MAX_SAMPLES = 1024
 
 
 class Chain:
@@ -128,15 +136,21 @@ def _local_sort(xp: ModuleType, rows: Any, vstart: int, n: int, flip_in: bool) -
 
 
 def _sample_counts(fibers: int, sizes: Sequence[int], p: int) -> list[int]:
-    return [min(fibers * m, OVERSAMPLE * p) for m in sizes]
+    return [min(fibers * m, OVERSAMPLE * p, MAX_SAMPLES) for m in sizes]
+
+
+def _packed_width(dtype: np.dtype) -> int:
+    """Bytes of one packed (value, int64) row (:func:`_pack`)."""
+    return dtype.itemsize + 8
 
 
 def _splitters(xp: ModuleType, rows: _Rows, chain: Chain, group: comm.Group, n: int
                ) -> _Splitters:
-    """Regular samples of every rank's sorted rows, gathered; the same weighted quantiles
-    on every rank."""
+    """Regular samples of every rank's sorted rows, gathered on the chain's first rank;
+    it picks the weighted quantiles and broadcasts them (``p - 1`` splitters)."""
     p, me = len(chain.ranks), chain.me
     fibers, m = rows.values.shape
+    dtype = rows.values.dtype
     counts = _sample_counts(fibers, chain.sizes, p)
     c, total = counts[me], fibers * m
     at = (2 * np.arange(c, dtype=np.int64) + 1) * total // (2 * c) if c else \
@@ -144,18 +158,32 @@ def _splitters(xp: ModuleType, rows: _Rows, chain: Chain, group: comm.Group, n: 
     at_x = xp.asarray(at)
     key = xp.asarray(at // max(m, 1)) * n + rows.vidx.reshape(-1)[at_x]
     mine = _pack(xp, rows.values.reshape(-1)[at_x], key)
-    width = mine.shape[1]
-    got = xp.empty((sum(counts), width), dtype=np.uint8)
-    comm.all_gather_v(got, mine, [k * width for k in counts], group=group)
-    values, keys = (_host(a) for a in _unpack(xp, got, rows.values.dtype))
+    width = _packed_width(dtype)
+    root = chain.ranks[0]
+    got = xp.empty((sum(counts), width), dtype=np.uint8) if me == 0 else None
+    comm.gather_v(mine, got, [k * width for k in counts], dst=root, group=group)
+    picked = xp.empty((p - 1, width), dtype=np.uint8)
+    if me == 0:
+        assert got is not None
+        picked[...] = xp.asarray(_pick(_host(got), dtype, counts, chain.sizes, fibers, n, p))
+    comm.broadcast(picked, root, group=group)
+    values, keys = (_host(a) for a in _unpack(xp, picked, dtype))
+    return _Splitters(keys // n, values, keys % n)
+
+
+def _pick(got: np.ndarray, dtype: np.dtype, counts: Sequence[int], sizes: Sequence[int],
+          fibers: int, n: int, p: int) -> np.ndarray:
+    """The ``p - 1`` splitters among the gathered samples (packed rows): the weighted
+    quantiles of (fiber, value, virtual global index), each sample weighing the elements
+    of its rank it stands for."""
+    values, keys = _unpack(np, got, dtype)
     fiber, vidx = keys // n, keys % n
-    weight = np.repeat([fibers * s / k if k else 0.0 for s, k in zip(chain.sizes, counts)],
-                       counts)
+    weight = np.repeat([fibers * s / k if k else 0.0 for s, k in zip(sizes, counts)], counts)
     order = np.lexsort((vidx, values, fiber))
     cum = np.cumsum(weight[order])
     want = np.arange(1, p) * (fibers * n / p)
     pick = order[np.minimum(np.searchsorted(cum, want, side="left"), len(order) - 1)]
-    return _Splitters(fiber[pick], values[pick], vidx[pick])
+    return got[pick]
 
 
 def _cuts(xp: ModuleType, rows: _Rows, sp: _Splitters) -> list[int]:
@@ -173,36 +201,44 @@ def _cuts(xp: ModuleType, rows: _Rows, sp: _Splitters) -> list[int]:
 
 
 class _Plan(NamedTuple):
-    """Who sends what: ``sends[i][j]`` elements from chain rank ``i`` to bucket ``j``."""
+    """Who sends what, as far as this rank needs it (``O(p)``): ``send`` (elements to
+    each bucket), ``recv`` (elements from each chain rank), ``recv_from`` (where in its
+    sorted rows, read fiber by fiber, the piece chain rank ``i`` sends here starts) and
+    ``held`` (every bucket's size)."""
 
-    cut: np.ndarray  # (p, p + 1): chain rank i's cut positions, 0 first and its total last
-    sends: np.ndarray  # (p, p)
+    send: np.ndarray  # (p,)
+    recv: np.ndarray  # (p,)
+    recv_from: np.ndarray  # (p,)
+    held: np.ndarray  # (p,)
 
 
 def _plan(xp: ModuleType, cuts: list[int], chain: Chain, group: comm.Group, fibers: int
           ) -> _Plan:
-    p = len(chain.ranks)
-    mine = np.array(cuts, dtype=np.int64)
-    got = np.empty((p, p - 1), dtype=np.int64)
-    comm.all_gather(got, mine, group=group)
-    total = np.array([fibers * m for m in chain.sizes], dtype=np.int64)[:, None]
-    cut = np.concatenate([np.zeros((p, 1), dtype=np.int64), got, total], axis=1)
-    return _Plan(cut, np.diff(cut, axis=1))
+    """One all-to-all of two ints per pair (where each piece starts and how long it is),
+    one all-gather of each bucket's size: ``O(p)`` ints per rank."""
+    p, me = len(chain.ranks), chain.me
+    cut = np.array([0, *cuts, fibers * chain.sizes[me]], dtype=np.int64)
+    mine = np.stack([cut[:-1], np.diff(cut)], axis=1)  # (p, 2): start, count per bucket
+    got = np.empty((p, 2), dtype=np.int64)
+    comm.all_to_all(got, mine, group=group)
+    held = np.empty(p, dtype=np.int64)
+    comm.all_gather(held, got[:, 1].sum(keepdims=True), group=group)
+    return _Plan(mine[:, 1].copy(), got[:, 1].copy(), got[:, 0].copy(), held)
 
 
 def _exchange(xp: ModuleType, rows: _Rows, plan: _Plan, chain: Chain, group: comm.Group,
               indices: bool, flip_in: bool) -> tuple[Any, Any]:
     """The one all-to-all: this rank's bucket, merged (values, and the real global indices
     for argsort), in (fiber, value, virtual global index) order."""
-    p, me = len(chain.ranks), chain.me
+    p = len(chain.ranks)
     dtype = rows.values.dtype
     values = rows.values.reshape(-1)
     payload = _pack(xp, values, rows.gidx.reshape(-1)) if indices else values
     width = payload.shape[1] if indices else 1
-    recv_counts = plan.sends[:, me]
+    recv_counts = plan.recv
     got = xp.empty((int(recv_counts.sum()),) + payload.shape[1:], dtype=payload.dtype)
     comm.all_to_all_v(got, [int(k) * width for k in recv_counts], payload,
-                      [int(k) * width for k in plan.sends[me]], group=group)
+                      [int(k) * width for k in plan.send], group=group)
     vals, gidx = _unpack(xp, got, dtype) if indices else (got, None)
     # runs in virtual block order, so that the stable merge keeps equal elements in order
     runs = list(zip(block_starts(recv_counts.tolist()), recv_counts.tolist(), range(p)))
@@ -211,8 +247,8 @@ def _exchange(xp: ModuleType, rows: _Rows, plan: _Plan, chain: Chain, group: com
     fibers = rows.values.shape[0]
     fiber = None
     if fibers > 1:
-        fiber = xp.concatenate([xp.arange(plan.cut[i, me], plan.cut[i, me + 1]) //
-                                max(chain.sizes[i], 1) for _, _, i in runs]
+        fiber = xp.concatenate([xp.arange(plan.recv_from[i], plan.recv_from[i] + k) //
+                                max(chain.sizes[i], 1) for _, k, i in runs]
                                ) if runs else xp.zeros(0, dtype=np.int64)
     if flip_in:
         pick = xp.concatenate([xp.arange(s, s + k) for s, k, _ in runs])
@@ -307,7 +343,7 @@ def sample_sort(x: GlobalTensor, d: int, descending: bool, indices: bool) -> Glo
         plan = _plan(xp, _cuts(xp, mine, sp), chain, group, fibers)
         vals, gidx = _exchange(xp, mine, plan, chain, group, indices, flip_in)
         target = _Target(np.asarray(chain.starts), np.asarray(chain.sizes), n)
-        out = _to_layout(xp, gidx if indices else vals, plan.sends.sum(axis=0), chain, target,
+        out = _to_layout(xp, gidx if indices else vals, plan.held, chain, target,
                          fibers, descending)
     out = xp.moveaxis(xp.ascontiguousarray(out).reshape(moved), -1, d)
     return GlobalTensor(xp.ascontiguousarray(out).astype(dtype, copy=False), layout, dtype)
@@ -337,15 +373,15 @@ class Unique(NamedTuple):
 def _inverse(xp: ModuleType, gidx: Any, ids: Any, plan: _Plan, chain: Chain,
              group: comm.Group) -> Any:
     """Each element's distinct-value number sent back to its place: the all-to-all
-    reversed (bucket j returns to rank i the ``plan.sends[i][j]`` elements it got)."""
+    reversed (this bucket returns to chain rank i the ``plan.recv[i]`` elements it got)."""
     me = chain.me
     starts = np.asarray(chain.starts)
     dest = np.searchsorted(starts, _host(gidx), side="right") - 1
     order = xp.asarray(np.argsort(dest, kind="stable"))
     pairs = xp.stack([gidx[order], ids[order]], axis=1)
-    got = xp.empty((int(plan.sends[me].sum()), 2), dtype=np.int64)
-    comm.all_to_all_v(got, [2 * int(k) for k in plan.sends[me]], pairs,
-                      [2 * int(k) for k in plan.sends[:, me]], group=group)
+    got = xp.empty((int(plan.send.sum()), 2), dtype=np.int64)
+    comm.all_to_all_v(got, [2 * int(k) for k in plan.send], pairs,
+                      [2 * int(k) for k in plan.recv], group=group)
     out = xp.empty(chain.sizes[me], dtype=np.int64)
     out[got[:, 0] - chain.starts[me]] = got[:, 1]
     return out
@@ -370,7 +406,7 @@ def sample_unique(x: GlobalTensor, sbp: Any, inverse: bool) -> Unique:
     sp = _splitters(xp, mine, chain, group, n)
     plan = _plan(xp, _cuts(xp, mine, sp), chain, group, 1)
     vals, gidx = _exchange(xp, mine, plan, chain, group, True, False)
-    held = plan.sends.sum(axis=0)
+    held = plan.held
     lasts = xp.empty((p, 1), dtype=vals.dtype)
     comm.all_gather(lasts, vals[-1:] if held[me] else xp.zeros(1, dtype=vals.dtype),
                     group=group)

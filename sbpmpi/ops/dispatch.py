@@ -14,6 +14,11 @@ Invalidation: :func:`clear` (called by ``inference.clear_cache``, so also when t
 cost table in use changes: the caller of :func:`lookup` calls
 ``inference.clear_if_table_changed`` first). With
 ``SBPMPI_DEBUG=1`` every call takes the full path (strict checks run each step).
+
+A rank outside a call's group (the ranks of its operands' placements) remembers every
+call it can key, whether the members move data or not: it makes no check and no MPI call
+for it, so its repeated call is a lookup and an empty shard in the cached layout
+(:data:`OUTSIDE`).
 Arguments that are not plain hashable values (lists, arrays, slices) are never cached.
 """
 
@@ -34,12 +39,16 @@ from ..tensor import GlobalTensor
 from .kernel import Kernel, local_result
 from .precision import needs_widening
 
-__all__ = ["Fast", "Source", "From", "key", "lookup", "remember", "clear", "entries", "SIZE"]
+__all__ = ["Fast", "Source", "From", "OUTSIDE", "key", "lookup", "remember", "clear", "entries",
+           "SIZE"]
 
 #: Most entries kept; the cache is emptied when full (a loop has few distinct calls).
 SIZE = 4096
 _FAST: dict[tuple[Any, ...], Fast] = {}
 _PLAIN = (bool, int, str, type(None), np.dtype, np.integer, np.bool_)
+#: The ``ranks`` of an entry remembered on a rank outside the call's group: it folds
+#: nothing into any check.
+OUTSIDE = "outside"
 
 
 def _arg_key(v: Any) -> Any:
@@ -109,7 +118,9 @@ class Source(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class Fast:
     """What a repeated local-only call needs: where its operands come from, the kernel,
-    the output layout and dtype, this rank's output shard shape, and the step's check."""
+    the output layout and dtype, this rank's output shard shape, and the step's check
+    with the group whose running hash it folds into (``ranks``: a step group of
+    :func:`sbpmpi.runtime.consistency.step_ranks`, or :data:`OUTSIDE`, with no step)."""
 
     name: str
     sources: tuple[Source, ...]  # per operand
@@ -119,9 +130,10 @@ class Fast:
     output: Layout
     dtype: np.dtype
     shape: tuple[int, ...]
-    step: StepCheck  # what consistency.note_step folds for this call (a function of the key)
+    step: StepCheck | None  # what consistency.note_step folds (a function of the key)
     view: bool = False  # a view op (getitem): the result views operand 0 (nothing moved)
     widened: bool = False  # half-width operands computed in float32 (ops.precision)
+    ranks: tuple[int, ...] | str | None = None  # the step's group, or OUTSIDE
 
     def operands(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.identity:
@@ -131,8 +143,8 @@ class Fast:
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GlobalTensor:
         """Run the call: fold the step into the check, compute, wrap, record for autograd."""
         ops = self.operands(args, kwargs)
-        if check_enabled():
-            note_known_step(self.step)
+        if self.step is not None and check_enabled():
+            note_known_step(self.step, self.ranks)  # type: ignore[arg-type]
         xp = self.xp
         if xp is None:
             out = GlobalTensor(np.empty(self.shape, dtype=self.dtype), self.output, self.dtype)
@@ -162,9 +174,10 @@ def lookup(k: tuple[Any, ...]) -> Fast | None:
 
 def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
              operands: tuple[Any, ...], kernel: Any, xp: ModuleType | None, *, output: Layout,
-             dtype: np.dtype, shape: tuple[int, ...], step: StepCheck, name: str,
-             view: bool = False) -> None:
-    """Store the entry of a call that ran on local shards only (see the module doc)."""
+             dtype: np.dtype, shape: tuple[int, ...], step: StepCheck | None, name: str,
+             view: bool = False, ranks: tuple[int, ...] | str | None = None) -> None:
+    """Store the entry of a call that ran on local shards only, or of any call on a rank
+    outside its group (``ranks`` :data:`OUTSIDE`, no ``step``; see the module doc)."""
     sources: list[Source] = []
     for o in operands:
         src: Source | None = None
@@ -187,7 +200,7 @@ def remember(k: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
     if len(_FAST) >= SIZE:
         _FAST.clear()
     _FAST[k] = Fast(name, tuple(sources), identity, kernel, xp, output, np.dtype(dtype),
-                    tuple(shape), step, view, needs_widening(name, operands))
+                    tuple(shape), step, view, needs_widening(name, operands), ranks)
 
 
 def clear() -> None:

@@ -6,6 +6,14 @@ consistency check when data moves (and notes a local step otherwise), converts e
 operand with :func:`sbpmpi.runtime.redistribute`, calls the op's kernel on the local
 shards and records the call for autograd. Repeated local-only calls take the dispatch
 fast path (:mod:`.dispatch`).
+
+An op's group is the ranks of its operands' placements (every candidate of inference
+lies on one of them, so its conversions and output do too; the world where a partner's
+data decides the output layout, ``exactness.risky_partners``): the check runs over that
+group and its local steps fold into that group's running hash
+(:mod:`sbpmpi.runtime.consistency`). A rank outside the group makes no check and no MPI
+call for the op: it wraps an empty shard in the output layout, and remembers the call
+for the fast path whatever the op moves, so that a repeated call costs it a lookup.
 """
 
 from __future__ import annotations
@@ -26,14 +34,18 @@ from ..runtime.consistency import (
     check_collective,
     check_enabled,
     debug_enabled,
+    is_outside,
     note_known_step,
     note_step,
     step_check,
+    step_group,
+    step_ranks,
 )
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from . import autocast, dispatch, inference
 from .call import OpCall
+from .dispatch import OUTSIDE
 from .exactness import partners_finite, risky_partners
 from .inference import clear_if_table_changed, infer
 from .kernel import local_result
@@ -58,31 +70,37 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
     """
     inf = infer(call)
     best = inf.best
-    meta = (call.operands, call.params)
     # a row exact for finite values only (P * B -> P, ...) with a tensor partner: its data
-    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed
+    # decides, so the ranks agree on it (one flag) and re-infer without such rows if needed;
+    # every rank of the world takes part, as the output layout depends on that decision
     partners = risky_partners(best.signatures, call.name, call.operands, call.out_dtype)
+    ranks = None if partners else step_ranks(*(x.placement for x in call.tensors))
+    if is_outside(ranks):  # no check, no conversion, no kernel on this rank
+        return _outside(call, best, site)
+    group = step_group(ranks)
+    meta = (call.operands, call.params)
     agreed = False  # whether the ranks agreed on this step (then on its conversions too)
     if partners or any(isinstance(o, GlobalTensor) and o.layout != lay
                        for o, lay in zip(call.operands, best.inputs)):
-        agreed = check_collective(call.name, meta)  # data moves: all ranks must agree now
+        # data moves: the group's ranks must agree now
+        agreed = check_collective(call.name, meta, group)
     elif site is None or debug_enabled():
-        note_step(call.name, meta)  # local only: verified at the next check
+        note_step(call.name, meta, ranks)  # local only: verified at the group's next check
     else:  # the same, and remembered for the fast path with the step described once
         step = step_check(call.name, meta)
         if check_enabled():
-            note_known_step(step)
+            note_known_step(step, ranks)
         out = best.output
         me = get_rank()
         xp = backend.get_xp(out.placement.type) if me in out.placement else None
         dispatch.remember(site.key, site.args, site.kwargs, call.operands, call.kernel, xp,
                           output=out, dtype=call.out_dtype, shape=out.local_shape(me), step=step,
-                          name=call.name, view=call.view)
-    if partners and not all_ok(partners_finite(call.name, call.operands, partners)):
+                          name=call.name, view=call.view, ranks=ranks)
+    if partners and not all_ok(partners_finite(call.name, call.operands, partners), group):
         best = infer(call, exact_only=True).best  # the check above covered the operands
     for o in call.operands:
         if isinstance(o, GlobalTensor):
-            check_broadcast_shards(o, f"{call.name} operand")  # SBPMPI_DEBUG=1 only
+            check_broadcast_shards(o, f"{call.name} operand", ranks)  # SBPMPI_DEBUG=1 only
     args: list[Any] = []
     for o, lay in zip(call.operands, best.inputs):
         if not isinstance(o, GlobalTensor):
@@ -110,6 +128,26 @@ def run_call(call: OpCall, site: CallSite | None = None) -> GlobalTensor:
         result._mark_view(call.operands[0])
     elif call.view:
         result._mark_copy(copy_note(call, best.inputs[0]))
+    return result
+
+
+def _outside(call: OpCall, best: Any, site: CallSite | None) -> GlobalTensor:
+    """The result of ``call`` on a rank outside its group: an empty shard in the output
+    layout (marked a view or a copy as on the members), remembered for the fast path."""
+    out = best.output
+    me = get_rank()
+    shape = out.local_shape(me)
+    result = GlobalTensor(np.empty(shape, dtype=call.out_dtype), out, call.out_dtype)
+    view = call.view and call.operands[0].layout == best.inputs[0]
+    if view:
+        result._mark_view(call.operands[0])
+    elif call.view:  # a copy: its note names the move, so it is not remembered
+        result._mark_copy(copy_note(call, best.inputs[0]))
+        return result
+    if site is not None and not debug_enabled():
+        dispatch.remember(site.key, site.args, site.kwargs, call.operands, call.kernel, None,
+                          output=out, dtype=call.out_dtype, shape=shape, step=None,
+                          name=call.name, view=view, ranks=OUTSIDE)
     return result
 
 

@@ -13,9 +13,19 @@ all agree. Only when they do not are the descriptions gathered, and every rank
 raises the same :class:`~sbpmpi.errors.CollectiveMismatchError` naming each side.
 
 Steps that do not communicate (elementwise ops on matching layouts) need no exchange
-of their own: :func:`note_step` folds their fingerprint into a running hash that the
-next check on the world compares, so a divergence surfaces at the next step that
-communicates, with the recent local steps of each rank in the message.
+of their own: :func:`note_step` folds their fingerprint into a running hash of their
+group that the next check on that group compares, so a divergence surfaces at the next
+step of the group that communicates, with the recent local steps of each rank in the
+message.
+
+Checks are scoped to a step's group (:func:`step_ranks`: the ranks of the placements it
+touches, an op's operands, their converted layouts and its output; a conversion's source
+and destination). The members agree over the group's communicator (``comm.get_group``,
+made by the members alone, ``MPI_Comm_create_group``) and fold their local steps into the
+group's own running hash; a rank outside the group makes no exchange and folds nothing
+(:func:`is_outside`), so a rank pays nothing for the ops of placements it does not
+belong to. Checks of the whole world (``x.numpy()``, a pipeline's transfers, the
+end-of-program agreement) stay world-wide and compare the world's running hash.
 
 The setting ``check`` (``SBPMPI_CHECK=0``) turns the checks off (benchmarks); ``debug``
 (``SBPMPI_DEBUG=1``) adds :func:`check_broadcast_shards`, which verifies that the shards
@@ -53,7 +63,7 @@ import numpy as np
 from .. import config
 from ..comm import agreement
 from ..comm.agreement.mismatch import SAME_CALLS, mismatch_message
-from ..comm.group import WORLD, Group
+from ..comm.group import WORLD, Group, get_group
 from ..core.layout import Layout
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, Partial, Split, normalize_nd_sbp
@@ -74,6 +84,9 @@ __all__ = [
     "ShardDigest",
     "check_collective",
     "check_step",
+    "step_ranks",
+    "step_group",
+    "is_outside",
     "note_step",
     "note_known_step",
     "agree_on_conversion",
@@ -284,44 +297,97 @@ def _fingerprint(check: StepCheck, seed: bytes) -> int:
         agreement.fingerprint_of(check.text, seed)
 
 
+#: The ranks of a step's group: sorted world ranks, or None for the whole world.
+Ranks = tuple[int, ...] | None
+
+
+@functools.lru_cache(maxsize=1024)
+def _union(placements: tuple[Placement, ...], world: int) -> Ranks:
+    ranks = sorted({int(r) for pl in placements for r in pl.rank_list})
+    return None if len(ranks) == world else tuple(ranks)
+
+
+def step_ranks(*placements: Placement) -> Ranks:
+    """The group of a step on ``placements``: the sorted world ranks of their union, or
+    None when that is the whole world (no communication; cached)."""
+    return _union(placements, len(WORLD.ranks))
+
+
+def step_group(ranks: Ranks) -> Group | None:
+    """The group over ``ranks`` (None: the world); on first use collective over its
+    members only (``MPI_Comm_create_group``), so ranks outside never call it."""
+    return None if ranks is None else get_group(ranks)
+
+
+def is_outside(ranks: Ranks) -> bool:
+    """True on a rank outside the step group ``ranks``: it makes no check for the step."""
+    return ranks is not None and WORLD.rank not in ranks
+
+
 _NO_STEPS = bytes(8)
-_pending = _NO_STEPS  # running hash of the local steps noted since the last world check
-_recent: collections.deque[str] = collections.deque(maxlen=6)
-_pending_n = 0
 
 
-def note_step(what: str, meta: Any = ()) -> None:
-    """Record a step that does not communicate; the next world check verifies it too.
+class _Pending:
+    """The local steps a group's members noted since the group's last check: their
+    running hash, their number and the last few texts (for the mismatch message)."""
+
+    __slots__ = ("digest", "count", "recent")
+
+    def __init__(self) -> None:
+        self.digest = _NO_STEPS
+        self.count = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=6)
+
+    def fold(self, step: StepCheck) -> None:
+        self.digest = hashlib.blake2b(self.digest + step.digest, digest_size=8).digest()
+        self.recent.append(step.text)
+        self.count += 1
+
+    def reset(self) -> None:
+        self.digest, self.count = _NO_STEPS, 0
+        self.recent.clear()
+
+
+# per group (None: the world); a rank holds the groups it is a member of only
+_PENDING: dict[Ranks, _Pending] = {None: _Pending()}
+
+
+def _pending_of(ranks: Ranks) -> _Pending:
+    p = _PENDING.get(ranks)
+    if p is None:
+        p = _PENDING[ranks] = _Pending()
+    return p
+
+
+def note_step(what: str, meta: Any = (), ranks: Ranks = None) -> None:
+    """Record a step that does not communicate; the next check on its group verifies it.
 
     For ops that run on local shards only: they cannot deadlock, but ranks that disagree
     would compute different values. Instead of an exchange per op, the step's fingerprint
-    is folded into a running hash that the next :func:`check_collective` on the world
-    compares, so a divergence is reported at the next step that communicates, naming
-    the recent local steps of each rank. Costs a few microseconds, no communication;
-    with ``SBPMPI_DEBUG=1`` it is a full :func:`check_collective` (collective).
+    is folded into the running hash of its group ``ranks`` (:func:`step_ranks`; None: the
+    world) that the next :func:`check_collective` on that group compares, so a
+    divergence is reported at the next step of the group that communicates, naming the
+    recent local steps of each rank. Costs a few microseconds, no communication; with
+    ``SBPMPI_DEBUG=1`` it is a full :func:`check_collective` on the group (collective).
+    Call it on the members of the group only.
     """
     if not check_enabled():
         return
     if debug_enabled():  # strict: every step is checked at once
-        check_collective(what, meta)
+        check_collective(what, meta, step_group(ranks))
         return
-    note_known_step(step_check(what, meta))
+    note_known_step(step_check(what, meta), ranks)
 
 
-def note_known_step(step: StepCheck) -> None:
+def note_known_step(step: StepCheck, ranks: Ranks = None) -> None:
     """Fold a local step whose :func:`step_check` the caller made once and kept (the ops'
-    dispatch fast path); the caller checks that checking is on and debug mode off. Same
-    effect as :func:`note_step` with that step."""
-    global _pending, _pending_n
-    _pending = hashlib.blake2b(_pending + step.digest, digest_size=8).digest()
-    _recent.append(step.text)
-    _pending_n += 1
-
-
-def _reset_pending() -> None:
-    global _pending, _pending_n
-    _pending, _pending_n = _NO_STEPS, 0
-    _recent.clear()
+    dispatch fast path) into the running hash of its group ``ranks``; the caller checks
+    that checking is on and debug mode off. Same effect as :func:`note_step` with that
+    step."""
+    p = _PENDING.get(ranks)
+    if p is None:
+        p = _pending_of(ranks)
+    p.fold(step)
 
 
 class ConversionMeta(NamedTuple):
@@ -389,36 +455,41 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
         return False
     _stats["checks"] += 1
     if group is None:
-        world, n = True, len(WORLD.ranks)
+        ranks: Ranks = None
     elif group.comm is None:
         return False
     else:
-        world, n = agreement.covers_world(group), len(group.ranks)
-    if n == 1:
+        ranks = None if agreement.covers_world(group) else tuple(sorted(group.ranks))
+    pending = _pending_of(ranks)
+    if len(WORLD.ranks if group is None else group.ranks) == 1:
+        pending.reset()  # nobody to disagree with: its local steps are checked
         return True
     step = step_check(what, meta)
-    return _agree(what, step.text, _fingerprint(step, _pending if world else _NO_STEPS),
-                  group, world)
+    return _agree(what, step.text, _fingerprint(step, pending.digest), group, pending)
 
 
-def check_step(what: str, step: StepCheck) -> bool:
-    """:func:`check_collective` on the world for a step whose :func:`step_check` (or
-    :func:`conversion_check`) the caller made: the same exchange and result, without
-    describing the step again."""
+def check_step(what: str, step: StepCheck, ranks: Ranks = None) -> bool:
+    """:func:`check_collective` on the step group ``ranks`` (None: the world; call it on
+    its members only) for a step whose :func:`step_check` (or :func:`conversion_check`)
+    the caller made: the same exchange and result, without describing the step again."""
     if not _CHECK.value:
         return False
     _stats["checks"] += 1
-    if len(WORLD.ranks) == 1:
+    pending = _PENDING.get(ranks) or _pending_of(ranks)
+    if len(WORLD.ranks) == 1 or (ranks is not None and len(ranks) == 1):
+        pending.reset()
         return True
-    return _agree(what, step.text, _fingerprint(step, _pending), None, True)
+    return _agree(what, step.text, _fingerprint(step, pending.digest), step_group(ranks),
+                  pending)
 
 
-def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> bool:
-    """The exchange of :func:`check_collective`: True when the ranks of ``group`` agree."""
+def _agree(what: str, text: str, fp: int, group: Group | None, pending: _Pending) -> bool:
+    """The exchange of :func:`check_collective`: True when the ranks of ``group`` agree
+    (``pending``: the group's local steps, which the exchange compared)."""
     _stats["exchanges"] += 1
-    texts = agreement.agree(fp, what, text, lambda: (text + _local_steps(world), None), group)
-    if world:
-        _reset_pending()
+    texts = agreement.agree(fp, what, text, lambda: (text + _local_steps(pending), None),
+                            group)
+    pending.reset()
     if texts is None:
         return True
     raise CollectiveMismatchError(
@@ -434,8 +505,9 @@ class ConversionSig(NamedTuple):
 
 
 def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
-    """Comm's checked mode: every rank of the world must ask for the same conversion (one
-    agreement exchange), for a conversion no consistency check covered.
+    """Comm's checked mode: every rank of the conversion's group (:func:`step_ranks` of
+    both placements) must ask for the same conversion (one agreement exchange), for a
+    conversion no consistency check covered; a rank outside the group does nothing.
 
     Raises
     ------
@@ -444,31 +516,39 @@ def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
     CollectiveMismatchError
         On every rank, when some rank is in another kind of step.
     """
+    ranks = step_ranks(src.placement, dst.placement)
+    if is_outside(ranks):
+        return
+    group = step_group(ranks)
     sig = ConversionSig(str(src), str(dst), dtype.str)
     text = f"box({sig.src} -> {sig.dst}, {dtype})"
     sigs = agreement.agree(agreement.fingerprint_of(repr(sig)), "box", text,
-                           lambda: (text, sig))
+                           lambda: (text, sig), group)
     if sigs is None:
         return
     texts = [t for t, _ in sigs]
     details = [d for _, d in sigs]
+    members = agreement.members(group)[1]
     if not all(isinstance(d, ConversionSig) for d in details):  # another kind of step
-        raise CollectiveMismatchError(mismatch_message(texts, agreement.members(None)[1]))
+        raise CollectiveMismatchError(mismatch_message(texts, members))
     first = details[0]
-    for r, s in enumerate(details):
+    for r, s in zip(members, details):
         if s != first:
-            raise ValueError(f"box: ranks disagree on the conversion: rank 0 converts "
+            raise ValueError(f"box: ranks disagree on the conversion: rank {members[0]} "
+                             f"converts "
                              f"{first.src} to {first.dst} ({np.dtype(first.dtype)}) but rank "
                              f"{r} converts {s.src} to {s.dst} ({np.dtype(s.dtype)})")
 
 
-def _local_steps(world: bool) -> str:
-    """`` (after N local steps: ...)``, what this rank did since the last world check."""
-    if not (world and _pending_n):
+def _local_steps(pending: _Pending) -> str:
+    """`` (after N local steps: ...)``, what this rank did in the group since its last
+    check."""
+    n = pending.count
+    if not n:
         return ""
-    return (f" (after {_pending_n} local step{'s' if _pending_n > 1 else ''}"
-            f"{', the last: ' if _pending_n > len(_recent) else ': '}"
-            + ", ".join(_recent) + ")")
+    return (f" (after {n} local step{'s' if n > 1 else ''}"
+            f"{', the last: ' if n > len(pending.recent) else ': '}"
+            + ", ".join(pending.recent) + ")")
 
 
 def _shard_hash(local: Any) -> int:
@@ -488,11 +568,12 @@ class ShardDigest(NamedTuple):
     digest: int
 
 
-def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
+def check_broadcast_shards(x: Any, what: str = "tensor", ranks: Ranks = None) -> None:
     """In debug mode, raise on every rank unless shards along broadcast mesh axes are identical.
 
-    Collective over the world (every rank calls it, members of ``x.placement`` or not);
-    a no-op unless ``SBPMPI_DEBUG=1``. Compares a hash of each shard, not the data.
+    Collective over the step group ``ranks`` (None: the world; every rank of it calls
+    it, members of ``x.placement`` or not); a no-op unless ``SBPMPI_DEBUG=1``. Compares a
+    hash of each shard, not the data.
     """
     if not _DEBUG.value:
         return
@@ -503,8 +584,9 @@ def check_broadcast_shards(x: Any, what: str = "tensor") -> None:
         return
     coord = pl.coord_of(WORLD.rank)
     mine = None if coord is None else ShardDigest(coord, _shard_hash(x.to_local()))
-    entries = agreement.gather(mine, f"SBPMPI_DEBUG shard check of {what}")
-    held = {r: e for r, e in enumerate(entries) if e is not None}
+    group = step_group(ranks)
+    entries = agreement.gather(mine, f"SBPMPI_DEBUG shard check of {what}", group)
+    held = {r: e for r, e in zip(agreement.members(group)[1], entries) if e is not None}
     coords = {r: tuple(e.coord) for r, e in held.items()}
     problems = []
     for a in axes:

@@ -31,8 +31,10 @@ SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=False
 SOME = settings(max_examples=30, **SETTINGS)
 DTYPES = [np.float64, np.float32, np.int64, np.int8, np.uint8, np.bool_]
 POINT_TO_POINT = {"isend", "irecv"}
-#: a sample sort: samples gathered, cut positions gathered, one all-to-all
-COLLECTIVES = {"all_gather_v": 1, "all_gather": 1, "all_to_all_v": 1}
+#: a sample sort: samples gathered on one rank, splitters broadcast, piece bounds by one
+#: all-to-all, bucket sizes all-gathered, one all-to-all of the data
+COLLECTIVES = {"gather_v": 1, "broadcast": 1, "all_to_all": 1, "all_gather": 1,
+               "all_to_all_v": 1}
 
 
 def reference(a: np.ndarray, axis: int, descending: bool, indices: bool) -> np.ndarray:
@@ -105,8 +107,8 @@ def chain_of(x) -> tuple[int, ...]:
 
 
 def check_messages(trace, x) -> None:
-    """Three collectives over the ranks that split the sorted axis (one of them the
-    all-to-all), then point-to-point messages among those ranks only; none at all where
+    """Five collectives over the ranks that split the sorted axis (one of them the
+    all-to-all of the data), then point-to-point messages among those ranks only; none at all where
     one rank holds the axis or the ranks' blocks are all empty."""
     chain = chain_of(x)
     if len(chain) == 1 or x.shape[0] == 0 or 0 in x.to_local().shape[1:]:
@@ -191,8 +193,9 @@ def test_sort_on_a_mesh_runs_per_group_of_the_other_mesh_axis(a, descending, ind
 @pytest.mark.mpi
 @pytest.mark.parametrize("indices", [False, True])
 def test_sort_makes_one_all_to_all_whatever_the_ranks(indices):
-    # issue 43: merge-split took p rounds of whole blocks; a sample sort makes three
-    # collectives (two of O(p) elements per rank) and sends each element twice
+    # issue 43: merge-split took p rounds of whole blocks; a sample sort makes one
+    # all-to-all of the data, small collectives of O(p) elements per rank, and sends
+    # each element twice
     a = np.random.default_rng(3).normal(size=64 * size + 3).round(1)
     x = place(a, "split")
     fn = xp.argsort if indices else xp.sort
@@ -211,7 +214,49 @@ def test_sort_makes_one_all_to_all_whatever_the_ranks(indices):
     assert t.nbytes("isend") <= 3 * block * 8
     # the samples: at most OVERSAMPLE * p per rank
     from sbpmpi.array_api._sort import OVERSAMPLE
-    assert t.nbytes("all_gather_v") <= OVERSAMPLE * size * 16
+    assert t.nbytes("gather_v") <= OVERSAMPLE * size * 16
+
+
+def small_phase_bytes(trace) -> dict[str, int]:
+    """Bytes this rank handed to MPI in the sample, splitter and count phases, per
+    collective (comm's records: a rooted call's buffer counts on its root only)."""
+    return {op: trace.nbytes(op) for op in ("gather_v", "broadcast", "all_to_all",
+                                            "all_gather")}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("indices", [False, True])
+def test_sample_sort_small_phases_grow_linearly_with_the_ranks(indices):
+    # issue 43: the samples were all-gathered (16 p samples from every rank to every
+    # rank) and the cut positions too (p ints to every rank): O(p^2) per rank. Now the
+    # samples go to one rank, which broadcasts p - 1 splitters, and the counts travel by
+    # one all-to-all of two ints per pair: bytes per rank at most c * p.
+    a = np.random.default_rng(11).normal(size=40 * size + 1)
+    x = place(a, "split")
+    chain = chain_of(x)
+    with sm.trace() as t:
+        out = (xp.argsort if indices else xp.sort)(x)
+    want = reference(a, 0, False, indices)
+    assert np.array_equal(out.numpy(), want.astype(np.int64) if indices else want)
+    if size == 1:
+        assert len(t) == 0
+        return
+    check_messages(t, x)
+    from sbpmpi.array_api._sort import OVERSAMPLE
+    sent = small_phase_bytes(t)
+    row = 8 + 8  # a sample or splitter: its float64 value and its int64 key
+    assert sent["gather_v"] <= OVERSAMPLE * size * row  # own samples only
+    root = chain[0]
+    assert sent["broadcast"] == ((size - 1) * row if rank == root else 0)
+    assert sent["all_to_all"] == 2 * 8 * size  # (start, count) per destination
+    assert sent["all_gather"] == 8  # its bucket's size
+    assert sum(sent.values()) <= (OVERSAMPLE + 4) * row * size
+    # received: the rooted calls name their root, the others their group; nothing of
+    # O(p) arrives from every rank at every rank but the one int of all_gather
+    gathers = [r for r in t.records if r.op == "gather_v"]
+    assert len(gathers) == 1 and gathers[0].peer == root
+    bcasts = [r for r in t.records if r.op == "broadcast"]
+    assert len(bcasts) == 1 and bcasts[0].peer == root
 
 
 @pytest.mark.mpi
@@ -314,10 +359,10 @@ def test_unique_of_a_split_vector_by_sample_sort(a):
     if size > 1 and a.size:
         # the sort's all-to-all, then the inverse's; gathers of O(p) elements only
         assert t.count("all_to_all_v") == 2, t.ops()
-        assert set(t.ops()) <= {"all_gather_v", "all_gather", "all_to_all_v"} | POINT_TO_POINT
+        assert set(t.ops()) <= set(COLLECTIVES) | POINT_TO_POINT
         from sbpmpi.array_api._sort import OVERSAMPLE
-        assert t.nbytes("all_gather_v") <= OVERSAMPLE * size * 16
-        assert t.nbytes("all_gather") <= 3 * 16 * size
+        assert t.nbytes("gather_v") <= OVERSAMPLE * size * 16
+        assert t.nbytes("all_gather") <= 3 * 16
 
 
 @pytest.mark.mpi
