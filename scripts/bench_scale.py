@@ -283,4 +283,5 @@ if __name__ == "__main__":
         sys.path.insert(0, os.environ.get("PYTHONPATH", ROOT))
         worker(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), set(json.loads(sys.argv[5])))
     else:
+        sys.path.insert(0, ROOT)  # the GPT prediction: this checkout's planner
         main()
