@@ -361,7 +361,7 @@ class Plan:
         rows = [head]
         for i, s in enumerate(self.steps, 1):
             if s.kind == "send_recv":
-                comms = f"{len(s.groups)} p2p pair{'s' if len(s.groups) != 1 else ''}"
+                comms = f"point to point, {s.messages} message{'s' if s.messages != 1 else ''}/rank"
                 change = (f"{sbp_text(s.src.sbp)} -> {sbp_text(s.dst.sbp)} on "
                           f"{ranks_text(s.dst.placement)}")
             else:

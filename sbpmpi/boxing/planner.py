@@ -37,6 +37,7 @@ from .cost import (
     primitive_seconds,
     step_seconds,
 )
+from .p2p_cost import EXACT_PAIRS, P2pTraffic, p2p_traffic
 from .plan import (
     Plan,
     PlanChoice,
@@ -47,7 +48,7 @@ from .plan import (
     span_kind,
     transition_kind,
 )
-from .schedule import broadcast_members, is_contiguous_box, relative, slots_of, transfer_schedule
+from .schedule import broadcast_members, transfer_schedule
 from .search import Edge, InEdge, Node, ranked_plans
 
 __all__ = ["candidate_plans", "plan_conversion", "send_recv_step", "axis_change_seconds",
@@ -235,70 +236,48 @@ def _cross_device(src: Layout, dst: Layout) -> str:
 
 @functools.lru_cache(maxsize=16384)
 def send_recv_step(src: Layout, dst: Layout, itemsize: int, table: CostTable) -> Step:
-    """The point-to-point step moving ``src`` to ``dst``, with its modelled cost."""
-    sched = transfer_schedule(src, dst)
-    sent: dict[int, int] = {}
-    recv: dict[int, int] = {}
-    msgs: dict[int, int] = {}
-    copied: dict[int, int] = {}
-    for t in sched:
-        n = math.prod(b - a for a, b in t.box) * itemsize
-        if t.src == t.dst:
-            copied[t.dst] = copied.get(t.dst, 0) + n
-            continue
-        sent[t.src] = sent.get(t.src, 0) + n
-        recv[t.dst] = recv.get(t.dst, 0) + n
-        msgs[t.src] = msgs.get(t.src, 0) + 1
-        msgs[t.dst] = msgs.get(t.dst, 0) + 1
-        r1 = src.local_ranges(t.src)
-        r2 = dst.local_ranges(t.dst)
-        assert r1 is not None and r2 is not None
-        if not is_contiguous_box(relative(t.box, r1), [b - a for a, b in r1]):
-            copied[t.src] = copied.get(t.src, 0) + n
-        if not is_contiguous_box(relative(t.box, r2), [b - a for a, b in r2]):
-            copied[t.dst] = copied.get(t.dst, 0) + n
-    reduce_op = None
-    src_ops = reduce_ops(src.sbp)
-    if src_ops:
-        reduce_op = next(iter(src_ops))
-        for r in dst.placement.rank_list:
-            k = slots_of(src, dst, r)
-            if k > 1:
-                copied[r] = copied.get(r, 0) + (k - 1) * math.prod(dst.local_shape(r)) * itemsize
+    """The point-to-point step moving ``src`` to ``dst``, with its modelled cost: the
+    busiest rank's bytes and messages (:func:`.p2p_cost.p2p_traffic`), never the list of
+    every rank's blocks."""
+    t = p2p_traffic(src, dst, itemsize)
     dev = _cross_device(src, dst)
-    ms = max(msgs.values(), default=0)
-    nb = max(max(sent.values(), default=0), max(recv.values(), default=0))
-    cb = max(copied.values(), default=0)
-    secs = (primitive_seconds("p2p", ms, nb, dev, table) if ms else 0.0)
-    if table.topology is not None and ms:
-        secs = max(secs, _crossing_p2p_seconds(sched, itemsize, table))
-    secs = secs + copy_seconds(cb, dev, table) + step_seconds(dev, table)  # summed as before
-    if reduce_op is not None and not any(slots_of(src, dst, r) > 1
-                                         for r in dst.placement.rank_list):
-        reduce_op = None
-    pairs = tuple(sorted({(t.src, t.dst) for t in sched if t.src != t.dst}))
-    return Step(kind="send_recv", src=src, dst=dst, op=reduce_op, groups=pairs,
-                send_bytes=max(sent.values(), default=0), recv_bytes=max(recv.values(), default=0),
-                copy_bytes=cb, messages=ms, seconds=secs)
+    nb = max(t.send, t.recv)
+    secs = primitive_seconds("p2p", t.messages, nb, dev, table) if t.messages else 0.0
+    if table.topology is not None and t.messages:
+        secs = max(secs, _crossing_p2p_seconds(src, dst, t, itemsize, table))
+    secs = secs + copy_seconds(t.copy, dev, table) + step_seconds(dev, table)
+    return Step(kind="send_recv", src=src, dst=dst, op=t.op, send_bytes=t.send,
+                recv_bytes=t.recv, copy_bytes=t.copy, messages=t.messages, seconds=secs)
 
 
-def _crossing_p2p_seconds(sched: Sequence, itemsize: int, table: CostTable) -> float:
+def _crossing_p2p_seconds(src: Layout, dst: Layout, t: P2pTraffic, itemsize: int,
+                          table: CostTable) -> float:
     """The time of a point-to-point step's messages between hosts on the network: the
-    busiest host's link (bytes out or in) and the most such messages of one rank."""
+    busiest host's link (bytes out or in) and the most such messages of one rank. Counted
+    over the schedule on small placements (as :func:`.p2p_cost.p2p_traffic`); above, each
+    rank's bytes are taken to cross, the ranks of one host sharing its link."""
     topo = table.topology
     assert topo is not None
+    if src.placement.size * dst.placement.size > EXACT_PAIRS:
+        per_host: dict[int, int] = {}
+        for r in set(src.placement.rank_list) | set(dst.placement.rank_list):
+            per_host[topo.nodes[r]] = per_host.get(topo.nodes[r], 0) + 1
+        if len(per_host) < 2:
+            return 0.0
+        return network_seconds("p2p", t.messages,
+                               max(per_host.values()) * max(t.send, t.recv), table)
     out: dict[int, int] = {}
     into: dict[int, int] = {}
     msgs: dict[int, int] = {}
-    for t in sched:
-        a, b = topo.nodes[t.src], topo.nodes[t.dst]
+    for tr in transfer_schedule(src, dst):
+        a, b = topo.nodes[tr.src], topo.nodes[tr.dst]
         if a == b:
             continue
-        n = math.prod(hi - lo for lo, hi in t.box) * itemsize
+        n = math.prod(hi - lo for lo, hi in tr.box) * itemsize
         out[a] = out.get(a, 0) + n
         into[b] = into.get(b, 0) + n
-        msgs[t.src] = msgs.get(t.src, 0) + 1
-        msgs[t.dst] = msgs.get(t.dst, 0) + 1
+        msgs[tr.src] = msgs.get(tr.src, 0) + 1
+        msgs[tr.dst] = msgs.get(tr.dst, 0) + 1
     if not msgs:
         return 0.0
     load = max(max(out.values(), default=0), max(into.values(), default=0))

@@ -112,7 +112,7 @@ class Placement:
         Bound for the ranks; the current world size by default.
     """
 
-    __slots__ = ("_type", "_ranks", "_key", "_index", "_groups")
+    __slots__ = ("_type", "_ranks", "_key", "_hash", "_index", "_groups")
 
     def __init__(self, type: str, ranks: Any, *, world_size: int | None = None) -> None:
         if not isinstance(type, str) or type not in DEVICE_TYPES:
@@ -157,6 +157,7 @@ class Placement:
         self._type = type
         self._ranks = arr
         self._key = (type, arr.shape, tuple(int(r) for r in arr.flat))
+        self._hash = hash(self._key)  # once: placements key the plan caches (O(ranks) to hash)
         self._index = {int(r): i for i, r in enumerate(arr.flat)}
         # (axis, span) -> (the groups along those mesh axes, each rank's group)
         self._groups: dict[tuple[int, int], tuple[tuple[tuple[int, ...], ...],
@@ -204,10 +205,14 @@ class Placement:
 
     def coord_of(self, rank: int) -> tuple[int, ...] | None:
         """Mesh coordinate of ``rank``, or None if it is not in the placement."""
-        i = self._index.get(rank)
+        i = self._index.get(rank)  # type: ignore[call-overload]
         if i is None:
             return None
-        return tuple(int(c) for c in np.unravel_index(i, self.hierarchy))
+        coord = []
+        for n in reversed(self._ranks.shape):  # row-major, as np.unravel_index
+            i, c = divmod(i, n)
+            coord.append(c)
+        return tuple(reversed(coord))
 
     def rank_at(self, coord: Sequence[int]) -> int:
         """World rank at mesh coordinate ``coord``."""
@@ -237,7 +242,7 @@ class Placement:
             moved = np.moveaxis(r, list(range(axis, axis + span)),
                                 list(range(r.ndim - span, r.ndim)))
             rows = moved.reshape(-1, math.prod(self.hierarchy[axis:axis + span]))
-            groups = tuple(tuple(int(x) for x in row) for row in rows)
+            groups = tuple(map(tuple, rows.tolist()))
             got = self._groups[axis, span] = (groups, {x: g for g in groups for x in g})
         return got
 
@@ -245,7 +250,7 @@ class Placement:
         return isinstance(other, Placement) and self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return self._hash
 
     def __repr__(self) -> str:
         return f"placement(type={self._type!r}, ranks={self._ranks.tolist()})"

@@ -17,7 +17,7 @@ from mpi4py import MPI
 import sbpmpi as sm
 from sbpmpi import backend
 from sbpmpi.backend import host_pool
-from sbpmpi.runtime import execute
+from sbpmpi.runtime import collective_steps, packing
 
 MIB = 1 << 20
 
@@ -357,7 +357,7 @@ def test_conversions_in_a_loop_never_share_live_memory(monkeypatch, every_array)
                                              ((3, 10, 2), 1, [4, 3, 3]), ((7, 4), 0, [3, 2, 2]),
                                              ((2, 6), 1, [6]), ((4, 0, 3), 1, [0, 0])])
 def test_pack_and_unpack_leave_out_one_block(shape, dim, sizes):
-    _pack, _unpack = execute._pack, execute._unpack
+    _pack, _unpack = packing.pack, packing.unpack
     x = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
     starts = np.cumsum([0] + sizes)
     blocks = [np.take(x, range(starts[q], starts[q + 1]), axis=dim) for q in range(len(sizes))]
@@ -381,7 +381,7 @@ def test_all_to_all_and_reduce_scatter_steps_against_numpy(monkeypatch, threshol
     2-d and 3-d tensors, with the own block handled locally (threshold 0) and with the
     default choice; every result is compared with NumPy while all are held alive."""
     if threshold is not None:  # read by the compiled steps at every call
-        monkeypatch.setattr(execute, "OWN_BLOCK_BYTES", threshold)
+        monkeypatch.setattr(collective_steps, "OWN_BLOCK_BYTES", threshold)
     meshes = [sm.placement("cpu", list(range(size)))]
     if size == 4:
         meshes.append(sm.placement("cpu", [[0, 1], [2, 3]]))

@@ -345,10 +345,10 @@ def test_calibrate_gives_the_same_table_everywhere():
 def test_long_messages_are_split_where_mpi_lacks_large_counts():
     from sbpmpi.boxing.plan import Plan
     from sbpmpi.boxing.planner import send_recv_step
-    from sbpmpi.runtime import execute, redistribution
+    from sbpmpi.runtime import execute, p2p_steps, redistribution
 
-    old = execute.MAX_COUNT
-    execute.MAX_COUNT = 7  # as if one message could hold 7 elements
+    old = p2p_steps.MAX_COUNT
+    p2p_steps.MAX_COUNT = 7  # as if one message could hold 7 elements
     redistribution.clear_cache()
     try:
         chk = Checker()
@@ -367,7 +367,7 @@ def test_long_messages_are_split_where_mpi_lacks_large_counts():
             chk.fail(f"expected messages in pieces, got\n{t}")
         chk.done()
     finally:
-        execute.MAX_COUNT = old
+        p2p_steps.MAX_COUNT = old
         redistribution.clear_cache()
 
 
