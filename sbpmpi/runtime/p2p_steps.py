@@ -81,8 +81,9 @@ class LocalCopy(NamedTuple):
     dst_at: tuple[slice, ...]
 
 
-class _Scratch(NamedTuple):
-    """A block received into scratch memory, copied into slot ``slot`` at ``at`` after."""
+class PendingCopy(NamedTuple):
+    """A block received into a temporary array (``buf``, from ``backend.empty``), copied
+    into slot ``slot`` at ``at`` once its message has arrived."""
 
     slot: int
     at: tuple[slice, ...]
@@ -127,7 +128,7 @@ class MovesInFlight(NamedTuple):
     place once they have arrived."""
 
     works: tuple[comm.Work, ...]
-    later: tuple[_Scratch, ...]
+    later: tuple[PendingCopy, ...]
     bufs: Sequence[Any]
 
     def finish(self) -> None:
@@ -153,14 +154,14 @@ def start_moves(moves: Moves, a: Any, bufs: Sequence[Any], xp_in: Any, xp_out: A
     copied; ``finish()`` on the result completes it (``a`` must not be written before)."""
     dt = a.dtype
     works: list[comm.Work] = []
-    later: list[_Scratch] = []
+    later: list[PendingCopy] = []
     limit = MAX_COUNT
     for rv in moves.receives:
         if rv.contiguous:
             target = bufs[rv.slot][rv.at] if rv.at else bufs[rv.slot]
         else:
             target = backend.empty(xp_out, rv.shape, dt)
-            later.append(_Scratch(rv.slot, rv.at, target))
+            later.append(PendingCopy(rv.slot, rv.at, target))
         for piece in _pieces(target, limit):
             works.append(comm.irecv(piece, rv.peer, TAG))
     for sd in moves.sends:
