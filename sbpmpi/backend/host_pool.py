@@ -12,12 +12,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
+from ..core.modes import Scope, current_modes, enter, leave
 from .node import local_ranks
 
 __all__ = [
     "empty",
     "Reuse",
-    "REUSING",
     "host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
@@ -230,8 +230,9 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
     (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
-    if REUSING and REUSING[-1].thread == threading.get_ident():
-        return REUSING[-1].empty(xp, shape, dtype)  # a captured graph's conversion
+    reuse = current_modes().reuse  # per thread: another thread's arrays are its own
+    if reuse is not None:
+        return reuse.empty(xp, shape, dtype)  # a captured graph's conversion
     return _empty(xp, shape, dtype)
 
 
@@ -246,13 +247,13 @@ class Reuse:
     A request of another shape or dtype than recorded gets a new array.
     """
 
-    __slots__ = ("arrays", "recorded", "pos", "thread")
+    __slots__ = ("arrays", "recorded", "pos", "scope")
 
     def __init__(self) -> None:
         self.arrays: list[Any] = []
         self.recorded = False
         self.pos = 0
-        self.thread = 0  # the thread running the call (another thread's arrays are its own)
+        self.scope: Scope | None = None  # while entered: the ``reuse`` field of the modes
 
     def empty(self, xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         if not self.recorded:
@@ -269,18 +270,15 @@ class Reuse:
         return _empty(xp, shape, dtype)
 
     def __enter__(self) -> Reuse:
-        self.thread = threading.get_ident()
-        REUSING.append(self)
+        self.scope = enter("reuse", self)
         self.pos = 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        REUSING.pop()
+        if self.scope is not None:
+            leave(self.scope)
+            self.scope = None
         self.recorded = True
-
-
-#: The active :class:`Reuse` (the innermost last); empty outside a graph's replay.
-REUSING: list[Reuse] = []
 
 
 def _empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:

@@ -285,9 +285,21 @@ def _fingerprint(check: StepCheck, seed: bytes) -> int:
 
 
 _NO_STEPS = bytes(8)
-_pending = _NO_STEPS  # running hash of the local steps noted since the last world check
+
+
+class _Pending:
+    """The local steps noted since the last world check: their running hash and number
+    (the texts of the last few are in ``_recent``)."""
+
+    __slots__ = ("digest", "count")
+
+    def __init__(self) -> None:
+        self.digest = _NO_STEPS
+        self.count = 0
+
+
+_PENDING = _Pending()
 _recent: collections.deque[str] = collections.deque(maxlen=6)
-_pending_n = 0
 
 
 def note_step(what: str, meta: Any = ()) -> None:
@@ -312,15 +324,14 @@ def note_known_step(step: StepCheck) -> None:
     """Fold a local step whose :func:`step_check` the caller made once and kept (the ops'
     dispatch fast path); the caller checks that checking is on and debug mode off. Same
     effect as :func:`note_step` with that step."""
-    global _pending, _pending_n
-    _pending = hashlib.blake2b(_pending + step.digest, digest_size=8).digest()
+    p = _PENDING
+    p.digest = hashlib.blake2b(p.digest + step.digest, digest_size=8).digest()
     _recent.append(step.text)
-    _pending_n += 1
+    p.count += 1
 
 
 def _reset_pending() -> None:
-    global _pending, _pending_n
-    _pending, _pending_n = _NO_STEPS, 0
+    _PENDING.digest, _PENDING.count = _NO_STEPS, 0
     _recent.clear()
 
 
@@ -397,7 +408,7 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
     if n == 1:
         return True
     step = step_check(what, meta)
-    return _agree(what, step.text, _fingerprint(step, _pending if world else _NO_STEPS),
+    return _agree(what, step.text, _fingerprint(step, _PENDING.digest if world else _NO_STEPS),
                   group, world)
 
 
@@ -410,7 +421,7 @@ def check_step(what: str, step: StepCheck) -> bool:
     _stats["checks"] += 1
     if len(WORLD.ranks) == 1:
         return True
-    return _agree(what, step.text, _fingerprint(step, _pending), None, True)
+    return _agree(what, step.text, _fingerprint(step, _PENDING.digest), None, True)
 
 
 def _agree(what: str, text: str, fp: int, group: Group | None, world: bool) -> bool:
@@ -464,10 +475,11 @@ def agree_on_conversion(src: Layout, dst: Layout, dtype: np.dtype) -> None:
 
 def _local_steps(world: bool) -> str:
     """`` (after N local steps: ...)``, what this rank did since the last world check."""
-    if not (world and _pending_n):
+    if not (world and _PENDING.count):
         return ""
-    return (f" (after {_pending_n} local step{'s' if _pending_n > 1 else ''}"
-            f"{', the last: ' if _pending_n > len(_recent) else ': '}"
+    n = _PENDING.count
+    return (f" (after {n} local step{'s' if n > 1 else ''}"
+            f"{', the last: ' if n > len(_recent) else ': '}"
             + ", ".join(_recent) + ")")
 
 
