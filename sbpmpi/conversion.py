@@ -179,7 +179,7 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
             # a step being captured as a graph: the copy is replayed too
             if (recorder := current_modes().recorder) is not None:
                 recorder.kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
-                                    lambda a, out, s: xp.copyto(out, a[0]))
+                                lambda a, out, s: xp.copyto(out, a[0]))
     return GlobalTensor(local, dst, x._dtype)
 
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
-from ..core.modes import Scope, current_modes, enter, leave
+from ..core.modes import DEFAULT_MODES, Scope, current_modes, enter, leave
 from .node import local_ranks
 
 __all__ = [
@@ -230,9 +230,9 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
     (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
-    reuse = current_modes().reuse  # per thread: another thread's arrays are its own
-    if reuse is not None:
-        return reuse.empty(xp, shape, dtype)  # a captured graph's conversion
+    modes = current_modes()  # per thread: another thread's arrays are its own
+    if modes is not DEFAULT_MODES and modes.reuse is not None:
+        return modes.reuse.empty(xp, shape, dtype)  # a captured graph's conversion
     return _empty(xp, shape, dtype)
 
 

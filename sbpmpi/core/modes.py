@@ -25,10 +25,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["AutocastState", "Modes", "Scope", "current_modes", "enter", "leave"]
+__all__ = ["AutocastState", "DEFAULT_MODES", "Modes", "Scope", "current_modes", "enter", "leave"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AutocastState:
     """Whether autocast is on, and its low dtype (``sm.autocast``, :mod:`sbpmpi.ops.autocast`)."""
 
@@ -61,8 +61,11 @@ class Modes(NamedTuple):
 
 
 _INDEX: dict[str, int] = {name: i for i, name in enumerate(Modes._fields)}
-_DEFAULT = Modes()
-_MODES: ContextVar[Modes] = ContextVar("sbpmpi_modes", default=_DEFAULT)
+#: The state outside every block (one object: a state equal to it is this one), so
+#: ``current_modes() is DEFAULT_MODES`` is the cheapest test that no mode is on, made by
+#: the per-op path before it reads the fields.
+DEFAULT_MODES = Modes()
+_MODES: ContextVar[Modes] = ContextVar("sbpmpi_modes", default=DEFAULT_MODES)
 
 #: The :class:`Modes` in force: ``current_modes().grad``, ... (the context variable's
 #: own ``get``, so a read costs no Python frame: the ops read it on every call).
@@ -83,7 +86,8 @@ def _with(state: Modes, index: int, value: Any) -> Modes:
     are entered per backward rule and per replayed conversion)."""
     fields = list(state)
     fields[index] = value
-    return tuple.__new__(Modes, fields)
+    new = tuple.__new__(Modes, fields)
+    return DEFAULT_MODES if new == DEFAULT_MODES else new
 
 
 def enter(field: str, value: Any) -> Scope:

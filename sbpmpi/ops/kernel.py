@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.dtypes import HALF, float32
 from ..core.layout import Layout
-from ..core.modes import current_modes
+from ..core.modes import DEFAULT_MODES, current_modes
 from ..env import get_rank
 from .precision import needs_widening, widen
 
@@ -172,13 +172,14 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
                            f"{tuple(res.shape)}, layout {layout} expects {shape} on rank "
                            f"{get_rank()}")
     # a step being captured as a graph (sm.graph): replayed as this call
-    if (recorder := current_modes().recorder) is not None:
+    modes = current_modes()  # outside every mode (the common case): one identity test
+    if modes is not DEFAULT_MODES and (recorder := modes.recorder) is not None:
         recorder.kernel(name, (name, kernel, shape, dtype, layout),
-                            lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
-                                                   shards=a, view=view),
-                            args, res, None if into is None or view else
-                            _bound(into, xp, shape, getattr(kernel, "into_scratch", False),
-                                   computed if widened else None))
+                        lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
+                                               shards=a, view=view),
+                        args, res, None if into is None or view else
+                        _bound(into, xp, shape, getattr(kernel, "into_scratch", False),
+                               computed if widened else None))
     return res
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from .. import backend
 from ..comm.agreement import all_ok
 from ..core.keywords import ALIASES, KeywordAliases
-from ..core.modes import current_modes
+from ..core.modes import DEFAULT_MODES, current_modes
 from ..env import get_rank
 from ..runtime import redistribute
 from ..runtime.consistency import (
@@ -164,11 +164,13 @@ class GlobalOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         kwargs = self.canonical_keywords(kwargs)
         modes = current_modes()
-        if modes.autocast.enabled:  # inside sm.autocast: the operands cast as its lists say
+        plain = modes is DEFAULT_MODES  # no mode on (the common case): one test
+        if not plain and modes.autocast.enabled:
+            # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
-        if k is not None and modes.lazy_partials:  # chosen without the partial charge
-            k = (*k, "lazy partial outputs")
+        if k is not None and not plain and modes.lazy_partials:
+            k = (*k, "lazy partial outputs")  # chosen without the partial charge
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)

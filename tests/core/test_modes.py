@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sbpmpi as sm
-from sbpmpi.core.modes import AutocastState, Modes, current_modes
+from sbpmpi.core.modes import DEFAULT_MODES, AutocastState, Modes, current_modes
 from sbpmpi.ops.autocast import current as autocast_state
 from sbpmpi.ops.inference import lazy_partial_outputs
 from sbpmpi.parallel.reducer import no_sync
@@ -122,6 +122,7 @@ def test_set_grad_enabled_as_a_function_inside_another_block_keeps_its_change():
     with sm.set_grad_enabled(False):
         assert not sm.is_grad_enabled()
     assert sm.is_grad_enabled()
+    assert current_modes() is DEFAULT_MODES  # the per-op path's one test finds it again
 
 
 def test_blocks_left_out_of_order_restore_their_own_field():
