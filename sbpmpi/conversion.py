@@ -29,6 +29,7 @@ from . import backend
 from .boxing.explanation import Explanation
 from .boxing.plan import Plan
 from .core.layout import Layout
+from .core.modes import current_modes
 from .core.placement import Placement
 from .core.sbp import SBP, Broadcast, Partial
 from .env import get_rank, get_world_size
@@ -43,7 +44,6 @@ from .runtime.consistency import (
     step_check,
     step_ranks,
 )
-from .runtime.recording import RECORDERS
 from .runtime.redistribution import program_for
 from .tensor import GlobalTensor
 
@@ -211,9 +211,10 @@ def _converted(x: GlobalTensor, dst: Layout, agreed: bool) -> GlobalTensor:
             # backend.empty: a call that reuses its arrays (backend.Reuse) gets this one too
             kept, local = local, backend.empty(xp, local.shape, local.dtype)
             xp.copyto(local, kept)
-            if RECORDERS:  # a step being captured as a graph: the copy is replayed too
-                RECORDERS[0].kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
-                                    lambda a, out, s: xp.copyto(out, a[0]))
+            # a step being captured as a graph: the copy is replayed too
+            if (recorder := current_modes().recorder) is not None:
+                recorder.kernel("copy", ("copy", dst), lambda a: a[0].copy(), [kept], local,
+                                lambda a, out, s: xp.copyto(out, a[0]))
     return GlobalTensor(local, dst, x._dtype)
 
 
@@ -226,8 +227,9 @@ def gather_global(x: GlobalTensor, *, agreed: bool = False) -> np.ndarray:
     """The whole value of ``x`` as a new NumPy array on every world rank (collective).
 
     ``agreed``: as for :func:`box`."""
-    if RECORDERS:  # a step being captured as a graph (sm.graph) cannot read a value
-        RECORDERS[0].host_read(f"a read of the value of a tensor of shape {x.shape}")
+    # a step being captured as a graph (sm.graph) cannot read a value
+    if (recorder := current_modes().recorder) is not None:
+        recorder.host_read(f"a read of the value of a tensor of shape {x.shape}")
     world = _world(get_world_size())
     y = box(x, world, (Broadcast(),), agreed=agreed)
     out = y.to_local()

@@ -21,11 +21,11 @@ from .core import random as _random
 from .core.dtypes import as_dtype, float32, is_bfloat16, is_floating, is_half
 from .core.dtypes import below_one as largest_below_one
 from .core.layout import Layout
+from .core.modes import current_modes
 from .core.placement import Placement
 from .core.reduction import identity_value
 from .core.sbp import SBP, check_partials
 from .env import get_rank
-from .runtime.recording import RECORDERS
 from .tensor import GlobalTensor
 
 __all__ = ["randn", "rand", "zeros", "ones", "full", "arange", "tensor", "to_global"]
@@ -225,8 +225,9 @@ def tensor(data: Any, *, placement: Placement | None = None,
     value = value.astype(dt, copy=False)  # once, so a bad cast fails on every rank
     # a copy: the shard must not alias the caller's array
     out = _build(layout, dt, lambda xp, r: xp.array(value[tuple(slice(a, b) for a, b in r)]))
-    if RECORDERS:  # a step being captured as a graph (sm.graph): data may be its input
-        RECORDERS[0].created(("tensor", layout, dt), lambda d: tensor(
+    # a step being captured as a graph (sm.graph): data may be its input
+    if (recorder := current_modes().recorder) is not None:
+        recorder.created(("tensor", layout, dt), lambda d: tensor(
             d, placement=placement, sbp=sbp, dtype=dtype)._local, data, out._local,
             _shard_into(layout))
     return out

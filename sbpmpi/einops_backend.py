@@ -11,6 +11,7 @@ einops is installed, so nothing is imported when it is not. Each method is a fun
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any
 
@@ -21,20 +22,15 @@ __all__ = ["register", "BACKEND_NAME"]
 #: The backend's ``framework_name``: the module einops checks is imported.
 BACKEND_NAME = "sbpmpi"
 
-_backend_class: type | None = None
-
-
 def _xp() -> Any:
     from . import array_api
 
     return array_api
 
 
+@functools.cache
 def register() -> type | None:
     """Define the einops backend of GlobalTensor (once); None when einops is not installed."""
-    global _backend_class
-    if _backend_class is not None:
-        return _backend_class
     if importlib.util.find_spec("einops") is None:
         return None
     from einops._backends import AbstractBackend
@@ -88,5 +84,4 @@ def register() -> type | None:
 
             return einsum(pattern, *x)
 
-    _backend_class = SbpmpiBackend
-    return _backend_class
+    return SbpmpiBackend

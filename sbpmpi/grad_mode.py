@@ -1,4 +1,8 @@
-"""Grad mode: whether ops on tensors that require grad are recorded on the tape."""
+"""Grad mode: whether ops on tensors that require grad are recorded on the tape.
+
+The mode is the ``grad`` field of the scoped modes (:mod:`sbpmpi.core.modes`): per thread,
+as in torch (a new thread starts with grad on), restored by every block on exit.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,16 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .core.modes import Scope, current_modes, enter, leave
+
 __all__ = ["is_grad_enabled", "set_grad_enabled", "no_grad", "enable_grad"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-_enabled = [True]
 
 
 def is_grad_enabled() -> bool:
     """True when ops record the tape (the default; False inside ``sm.no_grad()``)."""
-    return _enabled[0]
+    return current_modes().grad
 
 
 class set_grad_enabled:  # noqa: N801 - used as a function and a context manager, as in torch
@@ -25,27 +30,28 @@ class set_grad_enabled:  # noqa: N801 - used as a function and a context manager
         if not isinstance(mode, bool):
             raise TypeError(f"set_grad_enabled: mode must be a bool, got {type(mode).__name__} "
                             f"{mode!r}")
-        self._prev = _enabled[0]
-        _enabled[0] = mode
+        self._scope = enter("grad", mode)
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _enabled[0] = self._prev
+        leave(self._scope)
 
 
 class _Mode:
     _mode = True
 
+    def __init__(self) -> None:
+        self._scopes: list[Scope] = []  # one per entry: an instance may be entered nested
+
     def __enter__(self) -> None:
-        self._prev = _enabled[0]
-        _enabled[0] = self._mode
+        self._scopes.append(enter("grad", self._mode))
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _enabled[0] = self._prev
+        leave(self._scopes.pop())
 
     def __call__(self, fn: _F) -> _F:
         """Use as a decorator: run ``fn`` in this mode."""
@@ -53,12 +59,11 @@ class _Mode:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            prev = _enabled[0]
-            _enabled[0] = mode
+            scope = enter("grad", mode)
             try:
                 return fn(*args, **kwargs)
             finally:
-                _enabled[0] = prev
+                leave(scope)
 
         return wrapped  # type: ignore[return-value]
 

@@ -15,6 +15,8 @@ backward. Leaves are always kept as they are (backward adds into their ``.grad``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -22,10 +24,11 @@ import numpy as np
 
 from .core.dtypes import is_floating
 from .core.layout import Layout
+from .core.modes import current_modes, enter, leave
 from .grad_mode import is_grad_enabled
 from .tensor import GlobalTensor
 
-__all__ = ["Node", "Saves", "SAVES", "CAPTURE", "held_bytes", "record_op", "record_conversion", "differentiable", "detached",
+__all__ = ["Node", "Saves", "SAVES", "capturing", "held_bytes", "record_op", "record_conversion", "differentiable", "detached",
            "check_requires_grad", "check_grad_value"]
 
 
@@ -125,8 +128,9 @@ def record_op(name: str, operands: tuple[Any, ...], args: tuple[Any, ...],
     operands, args, kept = _saved(name, operands, args, out)
     node = Node(name, operands, args, kwargs, kept, needs)
     out._set_node(node)
-    if CAPTURE:
-        CAPTURE[-1].append(node)
+    nodes = current_modes().tape_capture
+    if nodes is not None:
+        nodes.append(node)
     return out
 
 
@@ -144,14 +148,23 @@ def record_conversion(src: GlobalTensor, out: GlobalTensor,
     kwargs = {} if grad is None else {"grad_sbp": grad.sbp}
     node = Node("to_global", (src,), (), kwargs, detached(out), (True,))
     out._set_node(node)
-    if CAPTURE:
-        CAPTURE[-1].append(node)
+    nodes = current_modes().tape_capture
+    if nodes is not None:
+        nodes.append(node)
     return out
 
 
-#: The lists that the nodes recorded now are appended to, innermost last (an activation
-#: recomputation's region, ``sm.nn.checkpoint``, collects its nodes there); empty: none.
-CAPTURE: list[list[Node]] = []
+@contextmanager
+def capturing() -> Iterator[list[Node]]:
+    """The nodes recorded while the block runs (an activation recomputation's region,
+    ``sm.nn.checkpoint``), in order; an inner block's nodes are its own. The list is the
+    ``tape_capture`` field of the scoped modes (:mod:`sbpmpi.core.modes`)."""
+    nodes: list[Node] = []
+    scope = enter("tape_capture", nodes)
+    try:
+        yield nodes
+    finally:
+        leave(scope)
 
 
 def _enabled_for(operands: tuple[Any, ...], out: GlobalTensor) -> bool:

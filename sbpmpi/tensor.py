@@ -10,51 +10,53 @@ import numpy as np
 
 from .core.keywords import ALIASES, accepting_aliases
 from .core.layout import Layout
+from .core.modes import current_modes
 from .core.placement import Placement
 from .core.sbp import SBP, NdSbp
 from .env import get_rank
 from .errors import CopyWriteError
 from .runtime import halo as _halo
-from .runtime import recording as _recording
 from .runtime.consistency import check_collective
 
 __all__ = ["GlobalTensor", "CopySource", "bind_layers_above", "bind_array_api"]
 
-# The modules GlobalTensor's methods delegate to: the layers above (the ops for
-# operators and methods, autograd for backward, the NumPy protocols), and beside this
-# one the tape (requires_grad, grad, the record of x.to_global) and conversion
-# (x.to_global, x.numpy). They import this module, so they are bound here by
-# ``sbpmpi/__init__`` at import (:func:`bind_layers_above`) instead of being imported
-# from here.
-_ops: Any = None
-_autograd: Any = None
-_protocols: Any = None
-_conversion: Any = None
-_tape: Any = None
+class _LayersAbove:
+    """The modules GlobalTensor's methods delegate to: the layers above (the ops for
+    operators and methods, autograd for backward, the NumPy protocols, the Array API
+    namespace's loader, called on first use so that importing sbpmpi does not import the
+    namespace), and beside this one the tape (requires_grad, grad, the record of
+    x.to_global) and conversion (x.to_global, x.numpy). They import this module, so
+    ``sbpmpi/__init__`` binds them here at import (:func:`bind_layers_above`,
+    :func:`bind_array_api`) instead of this module importing them."""
+
+    __slots__ = ("ops", "autograd", "protocols", "conversion", "tape", "array_api_loader")
+
+    def __init__(self) -> None:
+        self.ops: Any = None
+        self.autograd: Any = None
+        self.protocols: Any = None
+        self.conversion: Any = None
+        self.tape: Any = None
+        self.array_api_loader: Any = None
+
+
+_ABOVE = _LayersAbove()
 
 
 def bind_layers_above(ops: Any, autograd: Any, protocols: Any, conversion: Any,
                       tape: Any) -> None:
     """Bind the modules GlobalTensor's methods delegate to (called once by ``sbpmpi``)."""
-    global _ops, _autograd, _protocols, _conversion, _tape
-    _ops, _autograd, _protocols, _conversion = ops, autograd, protocols, conversion
-    _tape = tape
-
-
-# The Array API namespace (sbpmpi.array_api, above this layer): a loader bound by
-# ``sbpmpi/__init__`` (:func:`bind_array_api`), called on first use so that importing
-# sbpmpi does not import the namespace.
-_array_api_loader: Any = None
+    _ABOVE.ops, _ABOVE.autograd, _ABOVE.protocols = ops, autograd, protocols
+    _ABOVE.conversion, _ABOVE.tape = conversion, tape
 
 
 def bind_array_api(loader: Any) -> None:
     """Bind the loader of ``sbpmpi.array_api`` (called once by ``sbpmpi``)."""
-    global _array_api_loader
-    _array_api_loader = loader
+    _ABOVE.array_api_loader = loader
 
 
 def _xp() -> Any:
-    return _array_api_loader()
+    return _ABOVE.array_api_loader()
 
 
 class CopySource(NamedTuple):
@@ -176,8 +178,9 @@ class GlobalTensor:
         """Store ``grad`` as ``.grad`` without the user-facing checks of the ``grad``
         setter: the engine and the data-parallel reducers have made it in the leaf's
         layout, or in the layout their stage keeps it in (ZeRO 1: unreduced)."""
-        if _recording.RECORDERS:  # a step being captured as a graph (sm.graph)
-            _recording.RECORDERS[0].set_grad(self, grad)
+        # a step being captured as a graph (sm.graph)
+        if (recorder := current_modes().recorder) is not None:
+            recorder.set_grad(self, grad)
         self._grad = grad
 
     def _set_node(self, node: Any) -> None:
@@ -243,7 +246,7 @@ class GlobalTensor:
         written back into ``x``, as a view's would be)."""
         if not self.shape:
             raise TypeError("iteration over a 0-d global tensor")
-        return _protocols.iterate(self)  # type: ignore[no-any-return]
+        return _ABOVE.protocols.iterate(self)  # type: ignore[no-any-return]
 
     # -- views and copies ---------------------------------------------------------------
     # Basic indexing that moves no data (``x[k]`` with ints, slices, None and ``...`` on
@@ -278,7 +281,7 @@ class GlobalTensor:
 
     def numpy(self) -> np.ndarray:
         """The whole global value as a NumPy array, on every rank (collective)."""
-        return _conversion.gather_global(  # type: ignore[no-any-return]
+        return _ABOVE.conversion.gather_global(  # type: ignore[no-any-return]
             self, agreed=check_collective("x.numpy", (self,)))
 
     def halo(self, depth: Any, boundary: Any = "none", value: Any = 0.0) -> _halo.Halo:
@@ -322,10 +325,10 @@ class GlobalTensor:
             linear: the gradient is all-reduced there, and everything before ``h`` sees
             a broadcast gradient. Only the layout changes, never the value.
         """
-        out = _conversion.convert(self, placement, sbp, grad_sbp)
+        out = _ABOVE.conversion.convert(self, placement, sbp, grad_sbp)
         if self._requires_grad:  # a differentiable step (sbpmpi.autograd)
-            grad = None if grad_sbp is None else _conversion.grad_destination(self, grad_sbp)
-            out = _tape.record_conversion(self, out, grad)
+            grad = None if grad_sbp is None else _ABOVE.conversion.grad_destination(self, grad_sbp)
+            out = _ABOVE.tape.record_conversion(self, out, grad)
         return out
 
     def item(self) -> Any:
@@ -336,28 +339,28 @@ class GlobalTensor:
 
     # -- Python and NumPy protocols (sbpmpi.protocols; collective where they read data) ----
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return _protocols.array(self, dtype, copy)
+        return _ABOVE.protocols.array(self, dtype, copy)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        return _protocols.array_ufunc(ufunc, method, *inputs, **kwargs)
+        return _ABOVE.protocols.array_ufunc(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        return _protocols.array_function(func, types, args, kwargs)
+        return _ABOVE.protocols.array_function(func, types, args, kwargs)
 
     def __bool__(self) -> bool:
-        return _protocols.to_bool(self)
+        return _ABOVE.protocols.to_bool(self)
 
     def __float__(self) -> float:
-        return _protocols.to_scalar(self, float)  # type: ignore[no-any-return]
+        return _ABOVE.protocols.to_scalar(self, float)  # type: ignore[no-any-return]
 
     def __int__(self) -> int:
-        return _protocols.to_scalar(self, int)  # type: ignore[no-any-return]
+        return _ABOVE.protocols.to_scalar(self, int)  # type: ignore[no-any-return]
 
     def __complex__(self) -> complex:
-        return _protocols.to_scalar(self, complex)  # type: ignore[no-any-return]
+        return _ABOVE.protocols.to_scalar(self, complex)  # type: ignore[no-any-return]
 
     def __index__(self) -> int:
-        return _protocols.to_index(self)
+        return _ABOVE.protocols.to_index(self)
 
     def __repr__(self) -> str:
         sbp = ", ".join(repr(s) for s in self.sbp)
@@ -378,7 +381,7 @@ class GlobalTensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> GlobalTensor:
         """Set ``requires_grad`` on a leaf (floating dtypes only); returns ``self``."""
-        self._requires_grad = _tape.check_requires_grad(self, requires_grad)
+        self._requires_grad = _ABOVE.tape.check_requires_grad(self, requires_grad)
         return self
 
     @property
@@ -388,7 +391,7 @@ class GlobalTensor:
 
     @grad.setter
     def grad(self, value: GlobalTensor | None) -> None:
-        self._set_grad(_tape.check_grad_value(self, value))
+        self._set_grad(_ABOVE.tape.check_grad_value(self, value))
 
     @property
     def is_leaf(self) -> bool:
@@ -411,7 +414,7 @@ class GlobalTensor:
 
     def backward(self, gradient: GlobalTensor | None = None) -> None:
         """Accumulate gradients into the ``.grad`` of the leaves (collective)."""
-        _autograd.backward(self, gradient)
+        _ABOVE.autograd.backward(self, gradient)
 
     # -- operators: installed from the op registry -------------------------------------
     # ``sbpmpi.ops.operators.install`` sets every operator method (+ - * / // % ** @ & | ^
@@ -475,7 +478,7 @@ class GlobalTensor:
 
     # -- methods: computed by sbpmpi.ops ---------------------------------------------------
     def _op(self, name: str, *args: Any, **kw: Any) -> Any:
-        return getattr(_ops, name)(*args, **kw)
+        return getattr(_ABOVE.ops, name)(*args, **kw)
 
     @property
     def T(self) -> Any:

@@ -239,8 +239,8 @@ class CheckReport:
 def _cases(values: Sequence[Any], pls: Sequence[Placement],
            sbps: Sequence[Sequence[Any] | None] | None, max_combos: int | None, seed: int,
            report: CheckReport, label: str) -> Iterator[tuple[list[Any], str]]:
-    """Per placement and sampled combination of input SBPs: the arguments (arrays made
-    global tensors with random partial operands, scalars as they are) and a description;
+    """Per placement and sampled combination of input SBPs: the arguments (arrays
+    made global tensors with random partial operands, scalars as they are) and a description;
     counts the cases in ``report``."""
     is_t = [isinstance(v, np.ndarray) for v in values]
     for pl in pls:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.recording import RECORDERS
+from ..core.modes import current_modes
 from ..tape import Node
 from ..tensor import GlobalTensor
 
@@ -64,8 +64,8 @@ def run_hook(hook: Callable[..., Any], *args: Any) -> Any:
     """``hook(*args)``; while a step is captured as a graph (``sm.graph``) the call is
     recorded and replayed as it is (the data-parallel reducer's writes into its buckets
     and its non-blocking all-reduces with it)."""
-    if RECORDERS:
-        with RECORDERS[0].host_call(hook, args, ()):
+    if (recorder := current_modes().recorder) is not None:
+        with recorder.host_call(hook, args, ()):
             return hook(*args)
     return hook(*args)
 

@@ -63,14 +63,23 @@ def cuda_device_count() -> int:
     return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
 
 
-_bound: int | None = None
+class _Binding:
+    """The GPU this process bound with :func:`bind_device` (None before): bound once."""
+
+    __slots__ = ("device",)
+
+    def __init__(self) -> None:
+        self.device: int | None = None
+
+
+_BINDING = _Binding()
 
 
 def device_to_bind() -> int:
     """The GPU :func:`bind_device` binds this process to (``local_rank % device_count``),
     without binding it: naming the GPU must not create a CUDA context."""
-    if _bound is not None:
-        return _bound
+    if _BINDING.device is not None:
+        return _BINDING.device
     cp = _cupy()
     if cp is None:
         raise RuntimeError("no CUDA device: CuPy is not installed or sees no GPU")
@@ -79,12 +88,11 @@ def device_to_bind() -> int:
 
 def bind_device() -> int:
     """Bind this process to GPU ``local_rank % device_count`` once; return the device id."""
-    global _bound
-    if _bound is None:
+    if _BINDING.device is None:
         dev = device_to_bind()
         _cupy().cuda.Device(dev).use()  # type: ignore[union-attr]
-        _bound = dev
-    return _bound
+        _BINDING.device = dev
+    return _BINDING.device
 
 
 def get_xp(device_type: str) -> ModuleType:
@@ -105,7 +113,7 @@ def get_xp(device_type: str) -> ModuleType:
 
 def current_device() -> int | None:
     """The GPU this process bound with :func:`bind_device`, or None."""
-    return _bound
+    return _BINDING.device
 
 
 def is_device_array(a: Any) -> bool:

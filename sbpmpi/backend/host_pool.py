@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import config
+from ..core.modes import DEFAULT_MODES, Scope, current_modes, enter, leave
 from .memory import Block, BlockPool
 from .node import local_ranks
 
 __all__ = [
     "empty",
     "Reuse",
-    "REUSING",
     "host_pool_limit",
     "host_pool_stats",
     "clear_host_pool",
@@ -166,8 +165,9 @@ def empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
     garbage: it is never shared by two live arrays. The setting ``host_pool_bytes``
     (``SBPMPI_HOST_POOL_BYTES``; ``0``: off) caps the idle memory the pool keeps.
     """
-    if REUSING and REUSING[-1].thread == threading.get_ident():
-        return REUSING[-1].empty(xp, shape, dtype)  # a captured graph's conversion
+    modes = current_modes()  # per thread: another thread's arrays are its own
+    if modes is not DEFAULT_MODES and modes.reuse is not None:
+        return modes.reuse.empty(xp, shape, dtype)  # a captured graph's conversion
     return _empty(xp, shape, dtype)
 
 
@@ -182,13 +182,13 @@ class Reuse:
     A request of another shape or dtype than recorded gets a new array.
     """
 
-    __slots__ = ("arrays", "recorded", "pos", "thread")
+    __slots__ = ("arrays", "recorded", "pos", "scope")
 
     def __init__(self) -> None:
         self.arrays: list[Any] = []
         self.recorded = False
         self.pos = 0
-        self.thread = 0  # the thread running the call (another thread's arrays are its own)
+        self.scope: Scope | None = None  # while entered: the ``reuse`` field of the modes
 
     def empty(self, xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:
         if not self.recorded:
@@ -205,18 +205,15 @@ class Reuse:
         return _empty(xp, shape, dtype)
 
     def __enter__(self) -> Reuse:
-        self.thread = threading.get_ident()
-        REUSING.append(self)
+        self.scope = enter("reuse", self)
         self.pos = 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        REUSING.pop()
+        if self.scope is not None:
+            leave(self.scope)
+            self.scope = None
         self.recorded = True
-
-
-#: The active :class:`Reuse` (the innermost last); empty outside a graph's replay.
-REUSING: list[Reuse] = []
 
 
 def _empty(xp: ModuleType, shape: int | tuple[int, ...], dtype: Any) -> Any:

@@ -13,6 +13,7 @@ beyond ``|x| = 6``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from typing import Any
@@ -78,22 +79,16 @@ def _erf_numpy(x: np.ndarray) -> np.ndarray:
     return np.copysign(out, x.astype(np.float64)).astype(dt, copy=False)
 
 
-_UNKNOWN: Any = object()
-# SciPy's erf, None without SciPy; looked up at the first erf call, not at import: SciPy
-# reads SCIPY_ARRAY_API once, at its own first import, so importing it here would fix that
-# choice before a program that imports sbpmpi has had a chance to set the variable.
-_scipy_erf: Any = _UNKNOWN
-
-
+@functools.cache
 def _scipy() -> Any:
-    """``scipy.special.erf``, or None without SciPy (imported at the first call)."""
-    global _scipy_erf
-    if _scipy_erf is _UNKNOWN:
-        try:
-            _scipy_erf = importlib.import_module("scipy.special").erf
-        except ImportError:
-            _scipy_erf = None
-    return _scipy_erf
+    """``scipy.special.erf``, or None without SciPy (imported at the first call, not at
+    import: SciPy reads SCIPY_ARRAY_API once, at its own first import, so importing it
+    here would fix that choice before a program that imports sbpmpi has had a chance to
+    set the variable)."""
+    try:
+        return importlib.import_module("scipy.special").erf
+    except ImportError:
+        return None
 
 
 def erf(x: Any, out: Any = None) -> Any:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..comm.agreement import raise_if_any
 from ..comm.trace import Trace, trace
+from ..core.modes import current_modes, enter, leave
 from ..tensor import GlobalTensor
 
 __all__ = ["GraphBreak", "Call", "SetGrad", "HostCall", "TensorRef", "External", "Recording",
@@ -277,18 +278,16 @@ class StepRecorder:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         """Record while the block runs; then check its collectives were all conversions."""
-        from ..runtime.recording import RECORDERS
-
-        if RECORDERS:
+        if current_modes().recorder is not None:
             raise GraphBreak("sm.graph: a graph called inside the capture of another "
                              "graph (nested graphs are not supported)")
         with trace() as t:
             self._trace = t
-            RECORDERS.append(self)  # type: ignore[arg-type]
+            scope = enter("recorder", self)  # the ``recorder`` field of the scoped modes
             try:
                 yield
             finally:
-                RECORDERS.remove(self)  # type: ignore[arg-type]
+                leave(scope)
                 self._trace = None
         inside = {i for a, b in self.rec.conversions for i in range(a, b)}
         bad = next((r for i, r in enumerate(t.records) if i not in inside), None)
@@ -313,8 +312,8 @@ def _reshaped_into(into: Callable[[list[Any], Any, Any], None],
 
 
 def _equal(x: Any, y: Any) -> bool:
-    """Whether two recorded arguments are the same value (arrays by content, NaN equal;
-    global tensors: the same object)."""
+    """Whether two recorded arguments are the same value (arrays by content, NaN
+    equal; global tensors: the same object)."""
     if isinstance(x, GlobalTensor) or isinstance(y, GlobalTensor):
         return x is y
     if is_array(x) or is_array(y):

@@ -20,42 +20,50 @@ _W0 = 0x9E3779B9
 _W1 = 0xBB67AE85
 _MASK = 0xFFFFFFFF
 
-_seed = 0
-_calls = 0
+
+
+class _Streams:
+    """Where the random streams stand: the seed and the number of random creations made
+    with it (process-wide, as torch's default generator)."""
+
+    __slots__ = ("seed", "calls")
+
+    def __init__(self) -> None:
+        self.seed = 0
+        self.calls = 0
+
+
+_STREAMS = _Streams()
 
 
 def manual_seed(seed: int) -> None:
     """Set the seed of all random creation and restart its call counter."""
-    global _seed, _calls
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-    _seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    _calls = 0
+    set_state((int(seed) & 0xFFFFFFFFFFFFFFFF, 0))
 
 
 def initial_seed() -> int:
     """Return the current seed."""
-    return _seed
+    return _STREAMS.seed
 
 
 def get_state() -> tuple[int, int]:
     """``(seed, call counter)``: where the random streams stand (an activation
     recomputation replays its forward's draws from here)."""
-    return _seed, _calls
+    return _STREAMS.seed, _STREAMS.calls
 
 
 def set_state(state: tuple[int, int]) -> None:
     """Put the random streams back to ``state`` (from :func:`get_state`)."""
-    global _seed, _calls
-    _seed, _calls = int(state[0]), int(state[1])
+    _STREAMS.seed, _STREAMS.calls = int(state[0]), int(state[1])
 
 
 def next_stream() -> tuple[int, int]:
     """Return ``(seed, call number)`` for the next random tensor and advance the counter."""
-    global _calls
-    c = _calls
-    _calls += 1
-    return _seed, c
+    c = _STREAMS.calls
+    _STREAMS.calls = c + 1
+    return _STREAMS.seed, c
 
 
 def philox4x32(xp: ModuleType, ctr: Sequence[Any], key: tuple[int, int]) -> list[Any]:

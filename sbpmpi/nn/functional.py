@@ -53,8 +53,8 @@ def cross_entropy(logits: GlobalTensor, labels: Any, ignore_index: int = -100) -
     ``logits`` has shape ``(N, C)`` in any layout: a split batch gives a partial-sum
     loss, reduced when read; split classes (vocab parallel, ``split(1)``) are never
     gathered: two all-reduces of shapes ``(N, 1)`` and ``(N, 2)`` forward, none backward.
-    ``labels`` holds ``N`` integer classes in ``[0, C)``: a GlobalTensor, or an array made
-    global here with the batch's split of ``logits``. Rows labelled ``ignore_index``
+    ``labels`` holds ``N`` integer classes in ``[0, C)``: a GlobalTensor, or an array
+    made global here with the batch's split of ``logits``. Rows labelled ``ignore_index``
     contribute nothing and the mean is over the others (NaN when none is left, as
     torch). Other labels outside ``[0, C)`` add 0 to the sum but count in the mean (they
     are not checked: that would need communication).
@@ -129,8 +129,8 @@ def layer_norm(x: GlobalTensor, weight: GlobalTensor | None = None,
     ``var`` is the biased variance (as torch). Where no mesh axis splits ``x``'s last
     dim (every rank holds whole rows: broadcast, or a split batch or sequence dim), the
     normalization is one op, :func:`sbpmpi.ops.normalize`, with its own backward (a
-    partial ``x`` is all-reduced first). Where the last dim is split, it is written with
-    global ops: the mean and the variance are partial sums that each take one all-reduce
+    partial ``x`` is all-reduced first). Where the last dim is split, it is written
+    with global ops: the mean and the variance are partial sums that each take one all-reduce
     of the reduced shape (``x.shape[:-1] + (1,)``), never a gather of ``x``. ``weight``
     and ``bias`` have shape ``(x.shape[-1],)`` (or are None).
     """

@@ -33,7 +33,7 @@ from ..core import random as _random
 from ..grad_mode import enable_grad
 from ..ops import autocast as _autocast
 from ..ops.registry import REGISTRY
-from ..tape import CAPTURE, Node
+from ..tape import Node, capturing
 from ..tensor import GlobalTensor
 
 __all__ = ["checkpoint", "SELECTIVE_OPS"]
@@ -111,12 +111,10 @@ class _Region:
             return
         before = _random.get_state()
         _random.set_state(self.rng)
-        CAPTURE.append([])
         try:
-            with enable_grad(), _autocast.using(self.autocast_state):
+            with capturing() as new, enable_grad(), _autocast.using(self.autocast_state):
                 self.fn(*self.args, **self.kwargs)
         finally:
-            new = CAPTURE.pop()
             _random.set_state(before)  # the streams stand where they would without a rerun
         if [n.name for n in new] != [n.name for n in self.nodes]:
             raise RuntimeError(
@@ -156,10 +154,7 @@ def checkpoint(fn: Callable[..., Any], *args: Any, policy: Any = "full",
         raise TypeError(f"checkpoint: fn must be callable, got {type(fn).__name__}")
     keep = _policy(policy)
     region = _Region(fn, args, kwargs, _random.get_state(), _autocast.current())
-    CAPTURE.append([])
-    try:
+    with capturing() as nodes:
         out = fn(*args, **kwargs)
-    finally:
-        nodes = CAPTURE.pop()
     region.drop(nodes, keep)
     return out

@@ -14,25 +14,25 @@ half-width copies), and the engine casts each gradient to its input's dtype. The
 runs the rules with autocast suspended (:func:`suspended`), so a ``backward()`` called
 inside the block computes the same gradients as one outside it.
 
-The state is a stack of :class:`AutocastState` (read with :func:`current`), so an
-activation recomputation can rerun a forward under the state it first ran in
-(:func:`using`).
+The state is the ``autocast`` field of the scoped modes (:mod:`sbpmpi.core.modes`, an
+:class:`AutocastState`; read it with :func:`current`), so an activation recomputation can
+rerun a forward under the state it first ran in (:func:`using`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from ..core.dtypes import HALF, as_dtype, float32, is_floating
+from ..core.modes import AutocastState, Scope, current_modes, enter, leave
 from ..tensor import GlobalTensor
 
-__all__ = ["ACTIVE", "LOW", "FLOAT32", "AutocastState", "autocast", "current", "using", "suspended",
+__all__ = ["LOW", "FLOAT32", "AutocastState", "autocast", "current", "using", "suspended",
            "cast_operands", "low_dtype"]
 
 #: Ops that run in the low dtype inside autocast.
@@ -46,51 +46,28 @@ FLOAT32: frozenset[str] = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class AutocastState:
-    """Whether autocast is on, and its low dtype."""
-
-    enabled: bool = False
-    dtype: np.dtype | None = None  # the low dtype while enabled
-
-
 _OFF = AutocastState()
-_stack: list[AutocastState] = [_OFF]
-#: Whether the state in force is on: the one test an op call makes (a module attribute).
-ACTIVE = False
-
-
-def _push(state: AutocastState) -> None:
-    global ACTIVE
-    _stack.append(state)
-    ACTIVE = state.enabled
-
-
-def _pop() -> None:
-    global ACTIVE
-    _stack.pop()
-    ACTIVE = _stack[-1].enabled
 
 
 def current() -> AutocastState:
     """The autocast state in force."""
-    return _stack[-1]
+    return current_modes().autocast
 
 
 def low_dtype() -> np.dtype | None:
     """The low dtype while autocast is on, else None."""
-    s = _stack[-1]
+    s = current_modes().autocast
     return s.dtype if s.enabled else None
 
 
 @contextmanager
 def using(state: AutocastState) -> Iterator[None]:
     """Run the block under ``state`` (a recomputation under its forward's state)."""
-    _push(state)
+    scope = enter("autocast", state)
     try:
         yield
     finally:
-        _pop()
+        leave(scope)
 
 
 def suspended() -> Any:
@@ -119,14 +96,15 @@ class autocast:  # noqa: N801 - torch's name
         if dt not in HALF:
             raise ValueError(f"autocast: dtype must be sm.bfloat16 or sm.float16, got {dt}")
         self.state = AutocastState(bool(enabled), dt)
+        self._scopes: list[Scope] = []  # one per entry: a decorator may recurse
 
     def __enter__(self) -> autocast:
-        _push(self.state)
+        self._scopes.append(enter("autocast", self.state))
         return self
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _pop()
+        leave(self._scopes.pop())
 
     def __call__(self, fn: Any) -> Any:
         import functools
@@ -155,7 +133,7 @@ def cast_operands(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
                   ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args`` and ``kwargs`` of op ``name`` cast as autocast says (unchanged when off or
     when the op is on neither list)."""
-    s = _stack[-1]
+    s = current_modes().autocast
     if not s.enabled:
         return args, kwargs
     if name in LOW:

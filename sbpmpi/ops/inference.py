@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 from ..boxing.plan import why_meaningless as _boxing_refusal
 from ..boxing.planner import axis_change_seconds, send_recv_step
 from ..core.layout import Layout
+from ..core.modes import current_modes, enter, leave
 from ..core.placement import Placement
 from ..core.sbp import SBP, Broadcast, NdSbp, Partial
 from ..runtime import conversion_cost, cost_table
@@ -56,8 +57,7 @@ from .signature import Resolved, admissible, format_table, resolve
 __all__ = ["Candidate", "Inference", "infer", "TIE_RTOL", "PRUNE_ABOVE", "PRUNE_KEEP",
            "AxisEstimate", "ComboRank", "axis_change_cost", "axis_reduce_cost",
            "axis_estimates", "needed_layouts", "may_be_refused", "combo_rank", "choose",
-           "clear_cache", "clear_if_table_changed", "refusal", "lazy_partial_outputs",
-           "LAZY_PARTIAL"]
+           "clear_cache", "clear_if_table_changed", "refusal", "lazy_partial_outputs"]
 
 #: Totals within this relative distance of the cheapest count as ties.
 TIE_RTOL = 1e-9
@@ -96,20 +96,17 @@ _COSTS: dict[tuple[Layout, Layout, int], float] = {}
 _CACHE: dict[tuple[Any, ...], tuple[tuple[Candidate, ...], int, bool]] = {}
 _CACHE_SIZE = 4096
 _table: list[Any] = [None]  # the cost-table version the caches were filled under
-#: True inside :func:`lazy_partial_outputs` (a module attribute: the op call reads it).
-LAZY_PARTIAL = False
 
 
 @contextmanager
 def lazy_partial_outputs() -> Iterator[None]:
     """Inside, inference charges nothing for a partial output's later reduction (the
     calls' fast-path keys say so: their entries apart from those chosen with it)."""
-    global LAZY_PARTIAL
-    old, LAZY_PARTIAL = LAZY_PARTIAL, True
+    scope = enter("lazy_partials", True)
     try:
         yield
     finally:
-        LAZY_PARTIAL = old
+        leave(scope)
 
 
 def clear_cache() -> None:
@@ -286,7 +283,8 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
     """
     pls = _placements(call)
     clear_if_table_changed()
-    key = (*_key(call), exact_only, LAZY_PARTIAL)
+    lazy = current_modes().lazy_partials
+    key = (*_key(call), exact_only, lazy)
     hit = _CACHE.get(key)
     if hit is not None:
         return Inference(call, *hit)
@@ -320,7 +318,7 @@ def infer(call: OpCall, exact_only: bool = False) -> Inference:
             costs = tuple(_cost(o.layout, lay, o.dtype.itemsize) if m and lay is not None
                           else 0.0 for o, lay, m in zip(ops, need, moved))
             out = Layout(call.out_shape, pl, tuple(r.output for r in combo))
-            charge = 0.0 if LAZY_PARTIAL else _partial_cost(out, out_item)
+            charge = 0.0 if lazy else _partial_cost(out, out_item)
             if charge:
                 owed = sum(_partial_cost(o.layout, o.dtype.itemsize)
                            for o, t, m in zip(ops, is_t, moved) if t and not m)
@@ -398,7 +396,7 @@ def axis_estimates(call: OpCall, pl: Placement, rows: Sequence[Resolved], table:
             box = tuple(axis_change_cost(o.layout, a, r.inputs[i], o.dtype.itemsize, table)
                         if isinstance(o, GlobalTensor) else 0.0 for i, o in enumerate(ops))
             charge = 0.0
-            if isinstance(r.output, Partial) and not LAZY_PARTIAL:
+            if isinstance(r.output, Partial) and not current_modes().lazy_partials:
                 out_a = Layout(call.out_shape, pl, tuple(r.output if b == a else Broadcast()
                                                          for b in range(pl.ndim)))
                 charge = axis_reduce_cost(out_a, a, call.out_dtype.itemsize, table)

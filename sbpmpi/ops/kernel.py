@@ -17,8 +17,8 @@ import numpy as np
 from ..backend.memory import FRESH, Scratch
 from ..core.dtypes import HALF, float32
 from ..core.layout import Layout
+from ..core.modes import DEFAULT_MODES, current_modes
 from ..env import get_rank
-from ..runtime.recording import RECORDERS
 from .precision import needs_widening, widen
 
 __all__ = ["Kernel", "Into", "Scratch", "FRESH", "with_into", "written_into", "take_into",
@@ -138,13 +138,15 @@ def local_result(name: str, kernel: Kernel, xp: ModuleType, args: Any,
         raise RuntimeError(f"{name}: internal error: local result has shape "
                            f"{tuple(res.shape)}, layout {layout} expects {shape} on rank "
                            f"{get_rank()}")
-    if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
-        RECORDERS[0].kernel(name, (name, kernel, shape, dtype, layout),
-                            lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
-                                                   shards=a, view=view),
-                            args, res, None if into is None or view else
-                            _bound(into, xp, shape, getattr(kernel, "into_scratch", False),
-                                   computed if widened else None))
+    # a step being captured as a graph (sm.graph): replayed as this call
+    modes = current_modes()  # outside every mode (the common case): one identity test
+    if modes is not DEFAULT_MODES and (recorder := modes.recorder) is not None:
+        recorder.kernel(name, (name, kernel, shape, dtype, layout),
+                        lambda a: local_result(name, kernel, xp, a, shape, dtype, layout,
+                                               shards=a, view=view),
+                        args, res, None if into is None or view else
+                        _bound(into, xp, shape, getattr(kernel, "into_scratch", False),
+                               computed if widened else None))
     return res
 
 

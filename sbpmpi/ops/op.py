@@ -27,6 +27,7 @@ import numpy as np
 from .. import backend
 from ..comm.agreement import all_ok
 from ..core.keywords import ALIASES, KeywordAliases
+from ..core.modes import DEFAULT_MODES, current_modes
 from ..env import get_rank
 from ..runtime import redistribute
 from ..runtime.consistency import (
@@ -43,7 +44,7 @@ from ..runtime.consistency import (
 )
 from ..tape import record_op
 from ..tensor import GlobalTensor
-from . import autocast, dispatch, inference
+from . import autocast, dispatch
 from .call import OpCall
 from .dispatch import OUTSIDE
 from .exactness import partners_finite, risky_partners
@@ -201,11 +202,14 @@ class GlobalOp:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         kwargs = self.canonical_keywords(kwargs)
-        if autocast.ACTIVE:  # inside sm.autocast: the operands cast as its lists say
+        modes = current_modes()
+        plain = modes is DEFAULT_MODES  # no mode on (the common case): one test
+        if not plain and modes.autocast.enabled:
+            # inside sm.autocast: the operands cast as its lists say
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         k = dispatch.key(self, args, kwargs) if self.fast else None
-        if k is not None and inference.LAZY_PARTIAL:  # chosen without the partial charge
-            k = (*k, "lazy partial outputs")
+        if k is not None and not plain and modes.lazy_partials:
+            k = (*k, "lazy partial outputs")  # chosen without the partial charge
         if k is not None:
             clear_if_table_changed()  # a new cost table empties the caches
             hit = dispatch.lookup(k)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.dtypes import accumulation_dtype, float32, is_floating, is_half
+from ..core.modes import current_modes
 from ..core.reduction import REDUCTIONS, identity_value
 from ..core.sbp import PARTIALS, Broadcast, Partial, Split
 from ..grad_mode import no_grad
@@ -150,7 +151,7 @@ class _Mean(GlobalOp):
     then runs in float32 too, rather than on partials each rounded to the half dtype)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+        if current_modes().autocast.enabled:  # as GlobalOp.__call__: float32 operands inside autocast
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, GlobalTensor) and is_half(x.dtype) \
@@ -226,7 +227,7 @@ class _Var(GlobalOp):
     and leaves the result a partial sum: nothing is gathered)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+        if current_modes().autocast.enabled:  # as GlobalOp.__call__: float32 operands inside autocast
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, GlobalTensor) and any(not isinstance(s, Broadcast) for s in x.sbp):
@@ -332,7 +333,7 @@ class _Softmax(GlobalOp):
         self.log = log
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if autocast.ACTIVE:  # as GlobalOp.__call__: float32 operands inside autocast
+        if current_modes().autocast.enabled:  # as GlobalOp.__call__: float32 operands inside autocast
             args, kwargs = autocast.cast_operands(self.name, args, kwargs)
         x = args[0] if args else kwargs.get("x")
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)

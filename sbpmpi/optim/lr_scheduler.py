@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..runtime.recording import RECORDERS
+from ..core.modes import current_modes
 
 __all__ = ["LRScheduler", "LambdaLR", "LinearLR", "CosineAnnealingLR", "SequentialLR"]
 
@@ -77,8 +77,9 @@ class LRScheduler:
 
     def step(self) -> None:
         """Move to the next epoch and set each group's learning rate."""
-        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call
-            with RECORDERS[0].host_call(self.step, (), ()):
+        # a step being captured as a graph (sm.graph): replayed as a call
+        if (recorder := current_modes().recorder) is not None:
+            with recorder.host_call(self.step, (), ()):
                 self.last_epoch += 1
                 self._set(self.lr_at(self.last_epoch))
             return

@@ -18,10 +18,10 @@ import numpy as np
 
 from .. import backend
 from ..backend.memory import Scratch, Temporaries
+from ..core.modes import current_modes
 from ..core.sbp import Partial, broadcast
 from ..creation import full, tensor
 from ..grad_mode import no_grad
-from ..runtime.recording import RECORDERS
 from ..tensor import GlobalTensor
 
 __all__ = ["Optimizer", "recorded_step", "check_number"]
@@ -52,9 +52,9 @@ def recorded_step(step: Any, run: Any, params: list[GlobalTensor],
     """``run()``, an optimizer's update; while a step is captured as a graph
     (``sm.graph``), recorded as the host call ``step()``, which updates ``params`` and
     ``state`` in place at every replay."""
-    if RECORDERS:
+    if (recorder := current_modes().recorder) is not None:
         mutated = [(t, t._local) for i, p in enumerate(params) for t in (p, *state[i].values())]
-        with RECORDERS[0].host_call(step, (), mutated):
+        with recorder.host_call(step, (), mutated):
             run()
         return
     run()
@@ -166,8 +166,9 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: ``p.grad = None``, or new zeros when not ``set_to_none``
         (never in place: a gradient may be shared by several leaves)."""
-        if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as a call
-            with RECORDERS[0].host_call(self.zero_grad, (set_to_none,), ()):
+        # a step being captured as a graph (sm.graph): replayed as a call
+        if (recorder := current_modes().recorder) is not None:
+            with recorder.host_call(self.zero_grad, (set_to_none,), ()):
                 self._zero_grad(set_to_none)
             return
         self._zero_grad(set_to_none)

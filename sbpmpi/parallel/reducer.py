@@ -36,8 +36,8 @@ backward touched it); :meth:`Reducer.close` removes its hooks and gives the para
 back to the unbucketed path.
 
 Inside :func:`no_sync` (or ``DataParallel.no_sync()``) nothing is reduced: the local
-contributions accumulate in the buckets and ``.grad`` is their ``partial_sum`` view (its
-global value is the gradient so far, reduced if it is read); the next synchronised
+contributions accumulate in the buckets and ``.grad`` is their ``partial_sum`` view
+(its global value is the gradient so far, reduced if it is read); the next synchronised
 backward adds its contributions and reduces the accumulated sum once, as DDP's
 ``no_sync`` does for gradient accumulation.
 
@@ -68,8 +68,8 @@ all-gather: half the bytes of the float32 all-reduce, on the wire and as ``sm.tr
 counts them) and cast back into the bucket, so the float32 masters' ``.grad`` hold
 ``half(sum_float32(half(g_r)))``. MPI cannot add half-width values; an emulated MPI
 operation would add in half width at every step of its tree, in Python. The partial
-gradients are already parts of the global loss's gradient (the loss's mean is over the
-global batch), so nothing is divided before the cast: a float16 value overflows only
+gradients are already parts of the global loss's gradient (the loss's mean is over
+the global batch), so nothing is divided before the cast: a float16 value overflows only
 where the sum itself, or one rank's part, is beyond float16's range, and then the inf
 reaches every rank (the all-gather hands every rank the same rounded sums), where
 ``sm.amp.GradScaler`` sees it and every rank skips the step. A world of one on the axis
@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -98,6 +97,7 @@ from ..autograd.hooks import (
 )
 from ..comm.collectives import CollectiveWork, all_done
 from ..core.dtypes import as_dtype, is_bfloat16
+from ..core.modes import current_modes, enter, leave
 from ..core.sbp import Partial
 from ..runtime.consistency import check_enabled, check_step, debug_enabled, note_known_step
 from ..runtime.half_width import HalfWidthReduction
@@ -119,21 +119,18 @@ MIB = 1 << 20
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
-# False inside ``sm.nn.no_sync()``: a mode, as grad mode is, kept per context (thread or
-# task) rather than in a module-level list; each reducer reads it once per backward
-_SYNC_ALL: ContextVar[bool] = ContextVar("sbpmpi_data_parallel_sync", default=True)
-
-
 @contextlib.contextmanager
 def no_sync() -> Iterator[None]:
     """``with sm.nn.no_sync():`` backward reduces no bucket of any
     :class:`~sbpmpi.nn.DataParallel` (gradient accumulation); the next backward outside
     reduces the accumulated sum."""
-    token = _SYNC_ALL.set(False)
+    # the ``no_sync`` field of the scoped modes (per thread, as grad mode); each reducer
+    # reads it once per backward
+    scope = enter("no_sync", True)
     try:
         yield
     finally:
-        _SYNC_ALL.reset(token)
+        leave(scope)
 
 
 class Reducer:
@@ -216,7 +213,7 @@ class Reducer:
         slot = self._slots[id(leaf)]
         if not self._touched:
             self._touched = True
-            self._syncing = self.require_sync and _SYNC_ALL.get()
+            self._syncing = self.require_sync and not current_modes().no_sync
         if grad is not None:
             self._write(slot, grad)
         if last:

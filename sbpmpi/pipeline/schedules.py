@@ -23,13 +23,13 @@ from ..capture.recorder import GraphBreak, user_line
 from ..comm import trace as comm_trace
 from ..conversion import destination
 from ..core.layout import Layout
+from ..core.modes import current_modes
 from ..core.placement import Placement
 from ..core.sbp import broadcast
 from ..errors import PeerAbortedError
 from ..grad_mode import is_grad_enabled, no_grad
 from ..ops import cat
 from ..runtime.consistency import check_step, conversion_check
-from ..runtime.recording import RECORDERS
 from ..runtime.redistribution import PendingConversion, start_redistribute
 from ..tensor import GlobalTensor
 from .microbatch import batch_size, microbatch_bounds, split_microbatches
@@ -183,7 +183,8 @@ class _Schedule:
         """Check the arguments of a step (the same on every rank, before any
         communication); the micro-batches' inputs and targets."""
         name = f"{type(self).__name__}.{what}"
-        if RECORDERS:  # every rank of the capture: the same decision everywhere
+        # every rank of the capture: the same decision everywhere
+        if current_modes().recorder is not None:
             raise GraphBreak(f"sm.graph: {name} at {user_line()} cannot be captured: its "
                              f"transfers between stages are started and waited for apart "
                              f"(runtime.start_redistribute), which a graph cannot replay; "

@@ -5,8 +5,8 @@
 
 - ``bool(x)``, ``float(x)``, ``int(x)``, ``complex(x)``, ``operator.index(x)`` follow
   NumPy: the value of a one-element (``bool``) or 0-d (the others) tensor, gathered
-  collectively; otherwise the error NumPy raises, on every rank (it depends on the
-  global shape only, so no rank goes on alone).
+  collectively; otherwise the error NumPy raises, on every rank (it depends on the shape
+  of the whole tensor only, so no rank goes on alone).
 - NumPy ufuncs (NEP 13: ``np.exp(x)``, ``np.sin(x)``, ``np.add(x, 1)``,
   ``np.float64(2) * x``) run as the sbpmpi op the op registry names for them and return
   GlobalTensors. ``out=`` a GlobalTensor writes the result into it (NumPy's

@@ -23,16 +23,26 @@ from .cost_cache import cached_device_row
 
 __all__ = ["get_cost_table", "set_cost_table", "version", "job_topology"]
 
-_version = 0
+class _Installed:
+    """The table :func:`set_cost_table` installed, whether one is (else the defaults), and
+    a number that changes whenever the table in use may have (plan caches key on it)."""
+
+    __slots__ = ("current", "installed", "version")
+
+    def __init__(self) -> None:
+        self.current: CostTable = DEFAULT_TABLE
+        self.installed = False
+        self.version = 0
+
+
+_TABLE = _Installed()
 
 
 def version() -> int:
     """A number that changes whenever :func:`set_cost_table` runs (plan caches key on it)."""
-    return _version
+    return _TABLE.version
 
 
-_current: CostTable = DEFAULT_TABLE
-_installed = False
 _auto: dict[str, CostTable] = {}
 
 
@@ -78,7 +88,7 @@ def _on_job_hosts(table: CostTable) -> CostTable:
 
 def get_cost_table() -> CostTable:
     """The table in use."""
-    return _on_job_hosts(_current if _installed else _default_table())
+    return _on_job_hosts(_TABLE.current if _TABLE.installed else _default_table())
 
 
 def set_cost_table(table: CostTable | None) -> CostTable:
@@ -86,23 +96,20 @@ def set_cost_table(table: CostTable | None) -> CostTable:
 
     Every rank must install the same table, or plans may differ between ranks.
     """
-    global _current, _installed, _version
     if table is not None and not isinstance(table, CostTable):
         raise TypeError(f"table must be a CostTable or None, got {type(table).__name__}")
     prev = get_cost_table()
-    _current, _installed = (DEFAULT_TABLE if table is None else table), table is not None
-    _auto.clear()
-    _placed.clear()
-    _version += 1
+    _TABLE.current = DEFAULT_TABLE if table is None else table
+    _TABLE.installed = table is not None
+    _forget_defaults(None)
     return prev
 
 
 def _forget_defaults(_: object) -> None:
     """The GPU transport or the cache file may have changed: so may the default table."""
-    global _version
     _auto.clear()
     _placed.clear()
-    _version += 1
+    _TABLE.version += 1
 
 
 for _name in ("gpu_transport", "cuda_aware", "cost_cache"):

@@ -1,7 +1,9 @@
 """The hook through which a step is recorded for :mod:`sbpmpi.capture` (``sm.graph``).
 
-While a capture runs, :data:`RECORDERS` holds its recorder (at most one); the doors where
-a step's work happens tell it what they did, each behind one truth test of this list:
+While a capture runs, the ``recorder`` field of the scoped modes
+(:func:`sbpmpi.core.modes.current_modes`) holds its recorder (at most one; None outside);
+the doors where a step's work happens tell it what they did, each behind one test of
+that field:
 
 - ``ops.kernel.local_result``: an op's local kernel ran (:meth:`Recorder.kernel`, with
   the kernel's form that writes into a given array where it has one);
@@ -23,7 +25,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-__all__ = ["Recorder", "RECORDERS"]
+__all__ = ["Recorder"]
 
 
 class Recorder(Protocol):
@@ -47,6 +49,3 @@ class Recorder(Protocol):
     def host_call(self, fn: Callable[..., Any], args: tuple[Any, ...],
                   mutated: Sequence[tuple[Any, Any]]) -> AbstractContextManager[None]: ...
 
-
-#: The active recorder, if any (a list: the doors test it with one truth test).
-RECORDERS: list[Recorder] = []

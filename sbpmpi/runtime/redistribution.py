@@ -31,12 +31,12 @@ from ..boxing.plan import Plan, Step, group_of, why_meaningless
 from ..boxing.planner import candidate_plans, plan_conversion
 from ..comm.agreement import checks
 from ..core.layout import Layout
+from ..core.modes import current_modes
 from ..core.sbp import Split, check_partials
 from ..env import get_rank
 from . import cost_table
 from .consistency import agree_on_conversion
 from .execute import Program, compile_plan
-from .recording import RECORDERS
 
 __all__ = ["redistribute", "start_redistribute", "PendingConversion", "program_for", "clear_cache", "plan_for_layouts", "explain_layouts",
            "conversion_cost", "check_dtype"]
@@ -93,8 +93,9 @@ def redistribute(local: Any, src: Layout, dst: Layout, dtype: Any, *,
     Without it, checked mode makes one, and every rank of the world must call
     ``redistribute`` (members of neither placement too).
     """
-    if RECORDERS:  # a step being captured as a graph (sm.graph): replayed as this call
-        return RECORDERS[0].conversion(
+    # a step being captured as a graph (sm.graph): replayed as this call
+    if (recorder := current_modes().recorder) is not None:
+        return recorder.conversion(
             (src, dst, np.dtype(dtype)), lambda a: _redistribute(a, src, dst, dtype, agreed),
             lambda a: _redistribute(a, src, dst, dtype, True), local)
     return _redistribute(local, src, dst, dtype, agreed)

@@ -73,7 +73,7 @@ def test_erf_of_numpy_arrays_matches_math_erf(kernel, monkeypatch):
     if kernel == "scipy":
         pytest.importorskip("scipy.special")
     else:
-        monkeypatch.setattr(special, "_scipy_erf", None)
+        monkeypatch.setattr(special, "_scipy", lambda: None)
     x = np.concatenate([np.linspace(-7, 7, 4001), [0.0, 2.5, -2.5, 6.5, np.inf, -np.inf]])
     np.testing.assert_allclose(erf(x), np_erf(x), rtol=4e-15, atol=1e-300)
     assert np.isnan(erf(np.array([np.nan])))[0]

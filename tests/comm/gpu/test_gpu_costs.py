@@ -15,8 +15,8 @@ from sbpmpi.runtime import cost_cache, cost_table
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
     monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: True)  # as on a GPU node
-    prev_installed = cost_table._installed
-    prev = cost_table._current
+    prev_installed = cost_table._TABLE.installed
+    prev = cost_table._TABLE.current
     cost_table.set_cost_table(None)
     with sm.config.override(gpu_transport=None, cost_cache=str(tmp_path / "costs.json")):
         yield monkeypatch
@@ -98,7 +98,7 @@ def test_bench_table_has_the_device_copy_proxy():
 
 def test_without_a_gpu_the_plain_defaults(monkeypatch):
     monkeypatch.setattr(cost_table.backend, "cupy_available", lambda: False)
-    prev_installed, prev = cost_table._installed, cost_table._current
+    prev_installed, prev = cost_table._TABLE.installed, cost_table._TABLE.current
     cost_table.set_cost_table(None)
     try:
         with sm.config.override(gpu_transport="ipc"):
@@ -118,9 +118,9 @@ def test_cpu_only_work_binds_no_gpu(monkeypatch, tmp_path):
 
     calls: list[tuple[str, int]] = []
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy_module(calls))
-    monkeypatch.setattr(backend, "_bound", None)
+    monkeypatch.setattr(backend._BINDING, "device", None)
     backend._cupy.cache_clear()  # the module is looked up once per process
-    prev_installed, prev = cost_table._installed, cost_table._current
+    prev_installed, prev = cost_table._TABLE.installed, cost_table._TABLE.current
     try:
         assert backend.cupy_available()
 
