@@ -8,7 +8,7 @@ layout change: the destination layout is derived from ``placement=``/``sbp=`` by
 rank before any communication) and the local shard is converted by ``redistribute``
 (which validates and plans the conversion once per layouts and dtype). ``x.to_global``
 adds the cross-rank consistency check (``SBPMPI_CHECK``), described once per distinct
-step by :func:`sbpmpi.runtime.consistency.conversion_check`, over the conversion's group
+step by :func:`sbpmpi.runtime.step_checks.conversion_check`, over the conversion's group
 (the ranks of the source and destination placements); a rank outside it makes no check
 and no MPI call: its result is an empty shard in the destination layout.
 
@@ -34,17 +34,9 @@ from .core.placement import Placement
 from .core.sbp import SBP, Broadcast, Partial
 from .env import get_rank, get_world_size
 from .runtime import explain_layouts, plan_for_layouts, redistribute
-from .runtime.consistency import (
-    TO_GLOBAL,
-    check_broadcast_shards,
-    check_step,
-    conversion_check,
-    conversion_meta,
-    is_outside,
-    step_check,
-    step_ranks,
-)
+from .runtime.consistency import check_broadcast_shards, check_step, is_outside, step_ranks
 from .runtime.redistribution import program_for
+from .runtime.step_checks import TO_GLOBAL, conversion_check, conversion_meta, step_check
 from .tensor import GlobalTensor
 
 __all__ = ["convert", "box", "gather_global", "plan_for", "explain_conversion", "destination",

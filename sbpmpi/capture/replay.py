@@ -43,7 +43,8 @@ from ..comm.agreement import all_ok
 from ..grad_mode import is_grad_enabled
 from ..ops.kernel import Scratch, zero_d
 from ..runtime import cost_table
-from ..runtime.consistency import check_collective, check_enabled, meta_text
+from ..runtime.consistency import check_collective, check_enabled
+from ..runtime.step_checks import meta_text
 from ..tensor import GlobalTensor
 from .recorder import (
     Call,

@@ -33,7 +33,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.layout import Layout
-from ..runtime.consistency import StepCheck, check_enabled, debug_enabled, note_known_step
+from ..runtime.consistency import check_enabled, debug_enabled, note_known_step
+from ..runtime.step_checks import StepCheck
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from .kernel import Kernel, local_result

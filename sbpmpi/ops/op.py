@@ -38,10 +38,10 @@ from ..runtime.consistency import (
     is_outside,
     note_known_step,
     note_step,
-    step_check,
     step_group,
     step_ranks,
 )
+from ..runtime.step_checks import step_check
 from ..tape import record_op
 from ..tensor import GlobalTensor
 from . import autocast, dispatch

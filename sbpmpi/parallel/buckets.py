@@ -29,7 +29,7 @@ from ..core.layout import Layout, empty_shape
 from ..core.placement import Placement
 from ..core.sbp import Broadcast, partial_sum
 from ..env import get_rank
-from ..runtime.consistency import StepCheck, step_check
+from ..runtime.step_checks import StepCheck, step_check
 from ..tensor import GlobalTensor
 
 __all__ = ["BucketSlot", "GradientBucket", "SlotSpan", "BucketPlan", "BUCKET_STEP",

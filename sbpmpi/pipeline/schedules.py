@@ -29,8 +29,9 @@ from ..core.sbp import broadcast
 from ..errors import PeerAbortedError
 from ..grad_mode import is_grad_enabled, no_grad
 from ..ops import cat
-from ..runtime.consistency import check_step, conversion_check
+from ..runtime.consistency import check_step
 from ..runtime.redistribution import PendingConversion, start_redistribute
+from ..runtime.step_checks import conversion_check
 from ..tensor import GlobalTensor
 from .microbatch import batch_size, microbatch_bounds, split_microbatches
 from .stage import PipelineStage

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import sbpmpi as sm
 from sbpmpi.comm import agreement
-from sbpmpi.runtime import consistency
+from sbpmpi.runtime import consistency, step_checks
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -45,16 +45,16 @@ def test_conversion_meta_normalises_against_ndim():
     pl = sm.placement("cpu", [0])
     x = sm.tensor(np.zeros((2, 3)), placement=pl, sbp=sm.sbp.split(0))
     sbps = (sm.sbp.split(-1), sm.sbp.split(1), [sm.sbp.split(1)], (sm.sbp.split(-1),))
-    texts = {consistency.step_check("x.to_global", consistency.conversion_meta(x, None, s)).text
+    texts = {step_checks.step_check("x.to_global", step_checks.conversion_meta(x, None, s)).text
              for s in sbps}
     # x.to_global's own check (cached per raw arguments) describes them alike too
-    assert {consistency.conversion_check(x, None, s).text for s in sbps} == texts
+    assert {step_checks.conversion_check(x, None, s).text for s in sbps} == texts
     assert texts == {"x.to_global(tensor((2, 3), float64, sbp=(S(0)), placement=cpu[0]), None, "
                      "(S(1),))"}, texts
     # an SBP that does not normalise is described as given (the conversion refuses it later)
-    assert consistency.conversion_meta(x, None, sm.sbp.split(2)).sbp == sm.sbp.split(2)
-    assert consistency.conversion_meta(x, None, "S(1)").sbp == "S(1)"
-    assert consistency.conversion_meta(x, None, None).sbp is None
+    assert step_checks.conversion_meta(x, None, sm.sbp.split(2)).sbp == sm.sbp.split(2)
+    assert step_checks.conversion_meta(x, None, "S(1)").sbp == "S(1)"
+    assert step_checks.conversion_meta(x, None, None).sbp is None
 
 
 MODES = ["check", "checked mode", "both"]
@@ -105,7 +105,7 @@ def test_a_repeated_to_global_is_checked_like_the_first():
     still raises on every rank, with the same message as the first time."""
     if not consistency.check_enabled():
         pytest.skip("SBPMPI_CHECK is off")
-    consistency.clear_step_checks()
+    step_checks.clear_step_checks()
     a, x = _x()
     first = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
                                           sm.sbp.broadcast))
@@ -115,8 +115,8 @@ def test_a_repeated_to_global_is_checked_like_the_first():
     np.testing.assert_array_equal(y.to_local(), a)
     np.testing.assert_array_equal(z.numpy(), a)
     for sbp in (sm.sbp.broadcast, sm.sbp.split(1)):  # cached: the same check again
-        assert consistency.conversion_check(x, None, sbp) is \
-            consistency.conversion_check(x, None, sbp)
+        assert step_checks.conversion_check(x, None, sbp) is \
+            step_checks.conversion_check(x, None, sbp)
     again = errors_of(lambda: x.to_global(sbp=sm.sbp.split(1) if rank == 0 else
                                           sm.sbp.broadcast))
     assert again == first and again[0] == "CollectiveMismatchError", (first, again)
@@ -274,7 +274,7 @@ def test_repeated_step_checks_are_cached_only_where_equal_means_alike():
     pl = sm.placement("cpu", [0], world_size=1)
     a = sm.zeros(4, 3, placement=sm.placement("cpu", [0]), sbp=sm.sbp.split(0))
     b = a.astype(np.float64)
-    check = consistency.step_check
+    check = step_checks.step_check
     assert check("f", (1,)) is not check("f", (1,))  # a number: described afresh
     assert check("f", (1,)).text != check("f", (True,)).text
     listed = (a, [sm.sbp.split(0)])
@@ -284,7 +284,7 @@ def test_repeated_step_checks_are_cached_only_where_equal_means_alike():
     assert ta is check("x.to_global", meta)  # cached
     tb = check("x.to_global", (b, pl, (sm.sbp.broadcast,)))
     assert ta.text != tb.text and "float64" in tb.text
-    consistency.clear_step_checks()
+    step_checks.clear_step_checks()
     fresh = check("x.to_global", meta)
     assert fresh == ta and fresh is not ta
     # the fingerprint the check compares and the digest a local step folds in: the text's
@@ -292,9 +292,9 @@ def test_repeated_step_checks_are_cached_only_where_equal_means_alike():
     assert ta.digest == hashlib.blake2b(ta.text.encode(), digest_size=8).digest()
     # x.to_global's check (SBP normalised) is cached apart from a step of the same arguments
     raw = (a, None, sm.sbp.split(-1))
-    assert consistency.conversion_check(*raw).text.endswith("(S(1),))")
+    assert step_checks.conversion_check(*raw).text.endswith("(S(1),))")
     assert check("x.to_global", raw).text.endswith("S(-1))")
-    assert consistency.conversion_check(*raw).text.endswith("(S(1),))")  # not overwritten
+    assert step_checks.conversion_check(*raw).text.endswith("(S(1),))")  # not overwritten
 
 
 @pytest.mark.mpi(min_size=1)

@@ -19,7 +19,7 @@ from sbpmpi import config
 from sbpmpi.comm import agreement
 from sbpmpi.comm.lifecycle import abort, watchdog
 from sbpmpi.errors import CollectiveMismatchError
-from sbpmpi.runtime import consistency
+from sbpmpi.runtime import consistency, step_checks
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec on PATH")
 
@@ -163,17 +163,17 @@ def test_meta_text_and_fingerprint_are_stable_and_metadata_only():
     pl = sm.placement("cpu", [0])
     x = sm.tensor(np.arange(6.0).reshape(2, 3), placement=pl, sbp=sm.sbp.split(1))
     y = sm.tensor(np.zeros((2, 3)), placement=pl, sbp=sm.sbp.split(1))
-    assert consistency.meta_text(x) == consistency.meta_text(y)  # data does not count
-    assert consistency.meta_text(x) == "tensor((2, 3), float64, sbp=(S(1)), placement=cpu[0])"
-    assert consistency.meta_text((np.float32, np.dtype("<i4"), [1, 2.5], {"b": 1, "a": None})) \
+    assert step_checks.meta_text(x) == step_checks.meta_text(y)  # data does not count
+    assert step_checks.meta_text(x) == "tensor((2, 3), float64, sbp=(S(1)), placement=cpu[0])"
+    assert step_checks.meta_text((np.float32, np.dtype("<i4"), [1, 2.5], {"b": 1, "a": None})) \
         == "(float32, int32, [1, 2.5], {'a': None, 'b': 1})"
-    assert consistency.meta_text(object()) == "<object>"  # no memory addresses
+    assert step_checks.meta_text(object()) == "<object>"  # no memory addresses
     metas = [(x,), (x, 1), (x, sm.sbp.broadcast), ("add", (2, 3)),
              ("add", (3, 2)), ("mul", (2, 3)), (np.zeros((2, 3)),), (np.zeros((3, 2)),)]
-    fps = [consistency.fingerprint(m) for m in metas]
+    fps = [step_checks.fingerprint(m) for m in metas]
     assert all(0 <= f < 2**63 for f in fps)
     assert len(set(fps[1:])) == len(fps) - 1
-    assert fps[0] == consistency.fingerprint((y,))
+    assert fps[0] == step_checks.fingerprint((y,))
 
 
 def test_check_switches(switches, monkeypatch):
