@@ -1,7 +1,7 @@
 """Consistency checks and collective decisions: every rank takes the same branch.
 
 This module is the policy (when to check, over which ranks, folding local steps into the
-next check, statistics, error texts); what a check describes is :mod:`.step_checks`'; the exchanges themselves are
+next check, statistics, error texts); what a check describes is :mod:`.step_checks`'s; the exchanges themselves are
 :mod:`sbpmpi.comm.agreement`'s, the one mechanism that comm's checked mode uses too.
 
 Ops and conversions on global tensors are collective: every rank must call the
@@ -33,11 +33,11 @@ along broadcast mesh axes are really identical. ``sm.config.update(check=..., de
 changes them at run time (on every rank alike); see :mod:`sbpmpi.config`.
 
 A conversion's SBP is described after normalising it against the tensor's ndim and the
-mesh (:func:`conversion_meta`), so ``split(-1)`` and ``split(1)`` of a 2-d tensor agree.
+mesh (:func:`.step_checks.conversion_meta`), so ``split(-1)`` and ``split(1)`` of a 2-d tensor agree.
 
-:func:`step_check` describes a step once: its text, the fingerprint the check
+:func:`.step_checks.step_check` describes a step once: its text, the fingerprint the check
 compares and the digest a local step folds in, cached for repeated steps (one cache,
-keyed only by values whose equality implies an equal text); :func:`conversion_check`
+keyed only by values whose equality implies an equal text); :func:`.step_checks.conversion_check`
 does the same for ``x.to_global``. :func:`agree_on_conversion` is comm's checked mode's
 own agreement on a conversion, made by :func:`sbpmpi.runtime.redistribute` when no
 consistency check covered it. The mismatch message itself is
@@ -196,7 +196,7 @@ def note_step(what: str, meta: Any = (), ranks: Ranks = None) -> None:
 
 
 def note_known_step(step: StepCheck, ranks: Ranks = None) -> None:
-    """Fold a local step whose :func:`step_check` the caller made once and kept (the ops'
+    """Fold a local step whose :func:`.step_checks.step_check` the caller made once and kept (the ops'
     dispatch fast path) into the running hash of its group ``ranks``; the caller checks
     that checking is on and debug mode off. Same effect as :func:`note_step` with that
     step."""
@@ -253,7 +253,7 @@ def check_collective(what: str, meta: Any = (), group: Group | None = None,
 
 def check_step(what: str, step: StepCheck, ranks: Ranks = None) -> bool:
     """:func:`check_collective` on the step group ``ranks`` (None: the world; call it on
-    its members only) for a step whose :func:`step_check` (or :func:`conversion_check`)
+    its members only) for a step whose :func:`step_check` (or :func:`.step_checks.conversion_check`)
     the caller made: the same exchange and result, without describing the step again."""
     if not _CHECK.value:
         return False
