@@ -344,12 +344,15 @@ array_api_sbp: Setting[str | None] = _declare(Setting(
     "`sm.config.override(array_api_sbp=\"broadcast\")`."))
 check: Setting[bool] = _declare(Setting(
     "check", SWITCH, True,
-    "Before each step that communicates, ranks compare a fingerprint of the step (op, "
-    "shapes, dtypes, SBPs, placements) in one 16-byte all-reduce; local steps are folded "
-    "into the next comparison. 0: off (benchmarks).",
-    details="Local-only ops (no data moves) are folded into the next comparison, so they "
-    "cost no communication. While it waits, the check also watches for peers that reached "
-    "the end of the program. `0` turns the check off; the end-of-program handshake stays."))
+    "Before each step that communicates, the ranks of its placements compare a fingerprint "
+    "of the step (op, shapes, dtypes, SBPs, placements) in one 16-byte all-reduce over "
+    "their communicator; local steps are folded into their group's next comparison; ranks "
+    "outside make no call. 0: off (benchmarks).",
+    details="Local-only ops (no data moves) are folded into the next comparison of their "
+    "group (the ranks of their placements), so they cost no communication. A rank outside "
+    "an op's placements takes no part in its check. While it waits, the check also "
+    "watches for peers that reached the end of the program. `0` turns the check off; the "
+    "end-of-program handshake stays."))
 comm_check: Setting[bool] = _declare(Setting(
     "comm_check", SWITCH, False,
     "Checked mode of sm.comm: every call first compares its arguments across ranks (dtype, "
