@@ -58,6 +58,14 @@ _einops_backend.register()  # einops' own front end on GlobalTensors, where eino
 # are installed from here, above both, and imported on first use
 _names_from_above.install("sbpmpi.nn", dict.fromkeys(("DataParallel", "no_sync", "shard"),
                                                      "sbpmpi.parallel"))
+# sm.boxing shows the functions that act on tensors or on this rank's cost table, defined
+# in the layers above the pure planner
+_names_from_above.install("sbpmpi.boxing", {
+    **dict.fromkeys(("box", "gather_global", "plan_for", "explain_conversion"),
+                    "sbpmpi.conversion"),
+    **dict.fromkeys(("conversion_cost", "calibrate", "get_cost_table", "set_cost_table"),
+                    "sbpmpi.runtime"),
+})
 
 # Public names that live in larger modules, imported on first use.
 _LAZY: dict[str, str] = {

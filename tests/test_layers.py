@@ -89,12 +89,6 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
     ("sbpmpi", "sbpmpi.launch"):
         "sm.launch is the public name of the launcher's functions (README: expect_world, "
         "find_mpiexec); imported only when a program touches sm.launch",
-    ("sbpmpi.boxing", "sbpmpi.conversion"):
-        "the public sm.boxing namespace keeps box/gather_global/plan_for/explain_conversion "
-        "from before the split; boxing/__init__ looks them up on first attribute access and "
-        "no boxing module calls them",
-    ("sbpmpi.boxing", "sbpmpi.runtime"):
-        "likewise for sm.boxing.calibrate/get_cost_table/set_cost_table/conversion_cost",
 }
 
 #: Modules outside comm/ and tools/ that import mpi4py, and why: none.

@@ -12,36 +12,36 @@ communicates or touches array data: :mod:`sbpmpi.runtime` runs the plans.
 The public ``sm.boxing`` namespace also offers the functions that act on tensors or on
 this rank's cost table (``box``, ``gather_global``, ``plan_for``, ``explain_conversion``,
 ``conversion_cost``, ``calibrate``, ``get_cost_table``, ``set_cost_table``). They live
-in the layers above (:mod:`sbpmpi.conversion`, :mod:`sbpmpi.runtime`) and are looked up
-there on first use, so that importing this package stays pure.
+in the layers above (:mod:`sbpmpi.conversion`, :mod:`sbpmpi.runtime`), which the
+composition root installs here (:mod:`sbpmpi.names_from_above`), imported on first use:
+this package names no layer above it, and importing it stays pure.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from .. import names_from_above as _above
 from .cost import CostTable
 from .explanation import Explanation
 from .plan import Plan, PlanChoice, Step, check_conversion, modelled_result
 from .planner import candidate_plans, plan_conversion
 
-# public name -> the module above that defines it
-_ABOVE: dict[str, str] = {
-    **dict.fromkeys(("box", "gather_global", "plan_for", "explain_conversion"), "sbpmpi.conversion"),
-    **dict.fromkeys(("conversion_cost", "calibrate", "get_cost_table", "set_cost_table"),
-                    "sbpmpi.runtime"),
-}
-
 __all__ = [
     "Plan", "PlanChoice", "Step", "Explanation", "CostTable", "candidate_plans",
-    "plan_conversion", "modelled_result", "check_conversion", *_ABOVE,
+    "plan_conversion", "modelled_result", "check_conversion",
+    # installed from above by the composition root (sbpmpi/__init__)
+    "box", "gather_global", "plan_for", "explain_conversion", "conversion_cost",
+    "calibrate", "get_cost_table", "set_cost_table",
 ]
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _above.names(__name__))
+
+
 def __getattr__(name: str) -> Any:
-    if name in _ABOVE:
-        value = getattr(importlib.import_module(_ABOVE[name]), name)
-        globals()[name] = value  # looked up once
+    if name in _above.names(__name__):
+        value = globals()[name] = _above.load(__name__, name)  # looked up once
         return value
     raise AttributeError(f"module 'sbpmpi.boxing' has no attribute {name!r}")
