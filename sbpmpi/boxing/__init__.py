@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | _above.names(__name__))
-
-
 def __getattr__(name: str) -> Any:
     if name in _above.names(__name__):
         value = globals()[name] = _above.load(__name__, name)  # looked up once
