@@ -108,10 +108,11 @@ class SlurmCluster:
         return self.root / "slurm.conf"
 
     def run(self, cmd: Sequence[str], *, timeout: float = 60, cwd: str | Path | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-        """Run a client command (``sbatch``, ``srun``, ...) against this cluster."""
-        p = subprocess.run(list(cmd), env=self.env, cwd=cwd, capture_output=True, text=True,
-                           timeout=timeout, check=False)
+            check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run a client command (``sbatch``, ``srun``, ...) against this cluster, with
+        ``env`` added to the cluster's environment."""
+        p = subprocess.run(list(cmd), env=dict(self.env, **(env or {})), cwd=cwd,
+                           capture_output=True, text=True, timeout=timeout, check=False)
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}{p.stderr}"
                                f"{self.logs()}")
@@ -157,10 +158,11 @@ class SlurmCluster:
                     return True
         return False
 
-    def submit(self, args: Sequence[str], timeout: float, *,
-               cwd: str | Path | None = None) -> dict[str, str]:
-        """``sbatch`` ``args`` and wait for the end of the job (``wait_job``)."""
-        out = self.run(["sbatch", *args], cwd=cwd).stdout
+    def submit(self, args: Sequence[str], timeout: float, *, cwd: str | Path | None = None,
+               env: dict[str, str] | None = None) -> dict[str, str]:
+        """``sbatch`` ``args`` (``env`` added to the environment) and wait for the end of
+        the job (``wait_job``)."""
+        out = self.run(["sbatch", *args], cwd=cwd, env=env).stdout
         m = re.search(r"Submitted batch job (\d+)", out)
         if m is None:
             raise RuntimeError(f"sbatch {' '.join(args)}: no job id in {out!r}")

@@ -142,23 +142,17 @@ def slurm() -> Iterator[slurm_cluster.SlurmCluster]:
 def run(slurm: slurm_cluster.SlurmCluster, command: str, *, timeout: float = 60,
         env: dict[str, str] | None = None):
     """Run a command line of the docs in the work directory."""
-    old = slurm.env
-    slurm.env = dict(old, **(env or {}))
-    try:
-        return slurm.run(shlex.split(command), cwd=slurm.root / "work", timeout=timeout)
-    finally:
-        slurm.env = old
+    return slurm.run(shlex.split(command), cwd=slurm.root / "work", timeout=timeout, env=env)
 
 
 def submit(slurm: slurm_cluster.SlurmCluster, command: str,
            env: dict[str, str] | None = None) -> tuple[dict[str, str], str, float]:
     """Submit with ``command`` (an sbatch line), wait for the end of the job; return its
     ``scontrol show job`` fields, its output file's text and the seconds it took."""
+    name, *args = shlex.split(command)
+    assert name == "sbatch", command
     t0 = time.monotonic()
-    out = run(slurm, command, env=env).stdout
-    m = re.search(r"Submitted batch job (\d+)", out)
-    assert m, out
-    info = slurm.wait_job(m.group(1), JOB_TIMEOUT)
+    info = slurm.submit(args, JOB_TIMEOUT, cwd=slurm.root / "work", env=env)
     seconds = time.monotonic() - t0
     text = Path(info["StdOut"]).read_text(errors="replace")
     return info, text, seconds
